@@ -1,0 +1,90 @@
+"""The model registry: zoo names and user models (``module:function``).
+
+``get_model("gpt-tiny")`` returns a zoo model; ``get_model("mypkg.models:build")`` imports
+``mypkg.models`` and calls ``build()``, which must return a :class:`LayeredModel` or an
+``nn.Sequential`` (wrapped by :func:`hybridplan.models.user.from_sequential`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+
+from hybridplan.errors import ModelError
+from hybridplan.models.base import LayeredModel
+from hybridplan.models.gpt import GPT, GPT_CONFIGS
+
+__all__ = ["get_model", "model_names", "register"]
+
+_FACTORIES: dict[str, Callable[[], LayeredModel]] = {}
+
+
+def register(name: str, factory: Callable[[], LayeredModel]) -> None:
+    """Add a zoo entry (used by the zoo modules at import)."""
+    _FACTORIES[name] = factory
+
+
+for _name, _cfg in GPT_CONFIGS.items():
+    register(_name, lambda n=_name, c=_cfg: GPT(n, c))
+
+
+def _load_zoo() -> None:
+    # Further families register themselves on import; a missing family must not break the others.
+    for module in ("moe", "wresnet", "vgg"):
+        try:
+            importlib.import_module(f"hybridplan.models.{module}")
+        except ModuleNotFoundError as e:
+            if e.name != f"hybridplan.models.{module}":
+                raise
+
+
+def model_names() -> list[str]:
+    """All zoo names, in registration order."""
+    _load_zoo()
+    return list(_FACTORIES)
+
+
+def get_model(name: str) -> LayeredModel:
+    """A zoo model by name, or a user model from ``module:function``.
+
+    Raises:
+        ModelError: for an unknown name, an import failure, or a function returning something else.
+    """
+    _load_zoo()
+    if name in _FACTORIES:
+        return _FACTORIES[name]()
+    if ":" in name:
+        return _user_model(name)
+    close = [n for n in _FACTORIES if n.split("-")[0] == name.split("-")[0]]
+    raise ModelError(
+        f"unknown model {name!r}",
+        fix=(f"did you mean one of {close}? " if close else "")
+        + "run 'hybridplan models' for the zoo, or give 'module:function' returning a LayeredModel or nn.Sequential",
+    )
+
+
+def _user_model(spec: str) -> LayeredModel:
+    from torch import nn
+
+    from hybridplan.models.user import from_sequential
+
+    module_name, _, func_name = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ModelError(
+            f"cannot import module {module_name!r} for model {spec!r}: {e}",
+            fix="make the module importable (installed, or on PYTHONPATH)",
+        ) from None
+    func = getattr(module, func_name, None)
+    if not callable(func):
+        raise ModelError(f"module {module_name!r} has no callable {func_name!r}", fix="give 'module:function'")
+    made = func()
+    if isinstance(made, LayeredModel):
+        return made
+    if isinstance(made, nn.Sequential):
+        return from_sequential(made, name=spec)
+    raise ModelError(
+        f"{spec} returned {type(made).__name__}, not a LayeredModel or nn.Sequential",
+        fix="return a hybridplan.models.LayeredModel, or an nn.Sequential",
+    )

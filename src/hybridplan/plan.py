@@ -1,0 +1,364 @@
+"""A partitioning-and-parallelization plan: pipeline stages, each pipeline-only, data- or tensor-parallel.
+
+The JSON form (other tools rely on exactly these keys; extra keys are kept)::
+
+    {"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 8,
+     "stages": [
+       {"layers": [0, 3],  "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
+       {"layers": [3, 7],  "parallelism": "none",   "degree": 1, "devices": [2]},
+       {"layers": [7, 10], "parallelism": "data",   "degree": 1, "devices": [3]}]}
+
+``layers`` is half-open ``[start, stop)`` over the model's layers; ``devices`` are global device
+indices (node = index // devices per node). The rules (checked by :meth:`Plan.validate`):
+
+- stages cover every layer once, in order: the first starts at 0, each starts where the previous
+  stopped, the last stops at the model's layer count;
+- ``parallelism`` is "none", "data" or "tensor"; "none" has degree 1; ``len(devices) == degree``;
+- every device of the cluster belongs to exactly one stage, and a stage never spans nodes (so on each
+  node the stages' degrees sum to the devices per node: the CAPTURE plan space, seed 000 III-C);
+- the global batch splits into ``num_microbatches`` equal micro-batches, and a data-parallel stage's
+  degree divides the micro-batch size;
+- every layer of a tensor-parallel stage supports tensor parallelism at that degree.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hybridplan.errors import PlanError
+
+if TYPE_CHECKING:
+    from hybridplan.cluster import Cluster
+    from hybridplan.models.base import LayeredModel
+
+__all__ = ["SCHEDULES", "PARALLELISMS", "StagePlan", "Plan"]
+
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
+"""Pipeline schedules the runtime executes: GPipe and 1F1B (PipeDream-Flush)."""
+
+PARALLELISMS: tuple[str, ...] = ("none", "data", "tensor")
+"""Per-stage parallelism kinds."""
+
+_STAGE_KEYS = ("layers", "parallelism", "degree", "devices")
+_PLAN_KEYS = ("schedule", "global_batch_size", "num_microbatches", "stages")
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """One pipeline stage: layers ``[start, stop)`` run with ``parallelism`` on ``devices``."""
+
+    start: int
+    stop: int
+    parallelism: str
+    degree: int
+    devices: tuple[int, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def layers(self) -> range:
+        """The stage's layer indices."""
+        return range(self.start, self.stop)
+
+    @property
+    def num_layers(self) -> int:
+        """How many layers the stage holds."""
+        return self.stop - self.start
+
+    @property
+    def kind(self) -> str:
+        """``"none"`` for degree-1 stages whatever their label, else the parallelism (they compute the same)."""
+        return "none" if self.degree == 1 else self.parallelism
+
+    def describe(self) -> str:
+        """E.g. ``layers [3, 7) tensor x2 on devices [2, 3]``."""
+        return f"layers [{self.start}, {self.stop}) {self.parallelism} x{self.degree} on devices {list(self.devices)}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form of the stage."""
+        out: dict[str, Any] = {
+            "layers": [self.start, self.stop],
+            "parallelism": self.parallelism,
+            "degree": self.degree,
+            "devices": list(self.devices),
+        }
+        out.update(self.extra)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Any, index: int) -> StagePlan:
+        """Parse one stage, checking keys and types."""
+        where = f"stage {index}"
+        if not isinstance(data, Mapping):
+            raise PlanError(f"{where} must be an object with keys {list(_STAGE_KEYS)}, got {data!r}")
+        missing = [k for k in _STAGE_KEYS if k not in data]
+        if missing:
+            raise PlanError(f"{where} lacks key(s) {missing}", fix=f"every stage needs {list(_STAGE_KEYS)}")
+        layers = data["layers"]
+        if (
+            not isinstance(layers, Sequence)
+            or isinstance(layers, str)
+            or len(layers) != 2
+            or not all(_is_int(v) for v in layers)
+        ):
+            raise PlanError(
+                f"{where}: 'layers' must be [start, stop) as two integers, got {layers!r}",
+                fix='write e.g. "layers": [0, 3] for layers 0, 1 and 2',
+            )
+        if not isinstance(data["parallelism"], str):
+            raise PlanError(f"{where}: 'parallelism' must be one of {list(PARALLELISMS)}, got {data['parallelism']!r}")
+        if not _is_int(data["degree"]):
+            raise PlanError(f"{where}: 'degree' must be an integer, got {data['degree']!r}")
+        devices = data["devices"]
+        if not isinstance(devices, Sequence) or isinstance(devices, str) or not all(_is_int(d) for d in devices):
+            raise PlanError(f"{where}: 'devices' must be a list of device indices, got {devices!r}")
+        extra = {k: v for k, v in data.items() if k not in _STAGE_KEYS}
+        return cls(int(layers[0]), int(layers[1]), data["parallelism"], int(data["degree"]), tuple(int(d) for d in devices), extra)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A full plan: schedule, batch, and the pipeline stages in order."""
+
+    schedule: str
+    global_batch_size: int
+    num_microbatches: int
+    stages: tuple[StagePlan, ...]
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    # ------------------------------------------------------------------ derived
+    @property
+    def microbatch_size(self) -> int:
+        """Samples per micro-batch (global batch / micro-batches)."""
+        return self.global_batch_size // self.num_microbatches
+
+    @property
+    def num_layers(self) -> int:
+        """Layers covered (the last stage's stop)."""
+        return self.stages[-1].stop if self.stages else 0
+
+    @property
+    def num_stages(self) -> int:
+        """Pipeline depth."""
+        return len(self.stages)
+
+    @property
+    def num_devices(self) -> int:
+        """Devices used (sum of degrees)."""
+        return sum(s.degree for s in self.stages)
+
+    def stage_of_device(self, device: int) -> int:
+        """Index of the stage that runs on ``device``.
+
+        Raises:
+            PlanError: if no stage uses the device.
+        """
+        for i, s in enumerate(self.stages):
+            if device in s.devices:
+                return i
+        raise PlanError(f"device {device} is not used by any stage of the plan")
+
+    def describe(self) -> str:
+        """Multi-line summary for terminals."""
+        head = (
+            f"schedule {self.schedule}, global batch {self.global_batch_size}, "
+            f"{self.num_microbatches} micro-batches of {self.microbatch_size}"
+        )
+        return "\n".join([head] + [f"  stage {i}: {s.describe()}" for i, s in enumerate(self.stages)])
+
+    # ------------------------------------------------------------------ JSON
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form."""
+        out: dict[str, Any] = {
+            "schedule": self.schedule,
+            "global_batch_size": self.global_batch_size,
+            "num_microbatches": self.num_microbatches,
+            "stages": [s.to_dict() for s in self.stages],
+        }
+        out.update(self.extra)
+        return out
+
+    def to_json(self) -> str:
+        """Indented JSON, one stage per line."""
+        stages = ",\n    ".join(json.dumps(s.to_dict()) for s in self.stages)
+        head = {k: v for k, v in self.to_dict().items() if k != "stages"}
+        body = json.dumps(head)[:-1]
+        return f'{body},\n  "stages": [\n    {stages}]}}\n'
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Plan:
+        """Parse and structurally check a plan mapping (call :meth:`validate` for the full rules)."""
+        if not isinstance(data, Mapping):
+            raise PlanError(f"a plan must be a JSON object with keys {list(_PLAN_KEYS)}, got {type(data).__name__}")
+        missing = [k for k in _PLAN_KEYS if k not in data]
+        if missing:
+            raise PlanError(f"plan lacks key(s) {missing}", fix=f"a plan needs {list(_PLAN_KEYS)}")
+        for key in ("global_batch_size", "num_microbatches"):
+            if not _is_int(data[key]):
+                raise PlanError(f"plan '{key}' must be an integer, got {data[key]!r}")
+        if not isinstance(data["schedule"], str):
+            raise PlanError(f"plan 'schedule' must be one of {list(SCHEDULES)}, got {data['schedule']!r}")
+        stages = data["stages"]
+        if not isinstance(stages, Sequence) or isinstance(stages, str) or not stages:
+            raise PlanError("plan 'stages' must be a non-empty list of stages")
+        extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
+        return cls(
+            schedule=data["schedule"],
+            global_batch_size=int(data["global_batch_size"]),
+            num_microbatches=int(data["num_microbatches"]),
+            stages=tuple(StagePlan.from_dict(s, i) for i, s in enumerate(stages)),
+            extra=extra,
+        )
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        """Read a plan file.
+
+        Raises:
+            PlanError: if the file is missing, not JSON, or structurally malformed.
+        """
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise PlanError(f"plan file {str(p)!r} does not exist", fix="check the path, or create one with 'hybridplan plan'") from None
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise PlanError(f"plan file {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+        return cls.from_dict(data)
+
+    def save(self, path: str | Path) -> None:
+        """Write the plan as JSON."""
+        Path(path).write_text(self.to_json())
+
+    # ------------------------------------------------------------------ rules
+    def validate(
+        self,
+        *,
+        num_layers: int | None = None,
+        cluster: Cluster | None = None,
+        model: LayeredModel | None = None,
+    ) -> None:
+        """Check every rule of the plan space (module docstring) that the given context allows.
+
+        Args:
+            num_layers: the model's layer count (taken from ``model`` when given).
+            cluster: the mesh the plan must fill exactly.
+            model: the model, to check tensor-parallel support of tensor stages' layers.
+
+        Raises:
+            PlanError: naming the first broken rule, the bad value and the fix.
+        """
+        if self.schedule not in SCHEDULES:
+            raise PlanError(f"unknown schedule {self.schedule!r}", fix=f"use one of {list(SCHEDULES)}")
+        self._validate_batch()
+        if model is not None:
+            num_layers = model.num_layers
+        self._validate_layers(num_layers)
+        self._validate_stage_kinds()
+        self._validate_devices(cluster)
+        if model is not None:
+            for i, s in enumerate(self.stages):
+                if s.parallelism == "tensor" and s.degree > 1:
+                    for layer in s.layers:
+                        problem = model.tensor_parallel_problem(layer, s.degree)
+                        if problem is not None:
+                            raise PlanError(
+                                f"stage {i} ({s.describe()}): layer {layer} ({model.layer_name(layer)}) cannot be"
+                                f" tensor-parallel at degree {s.degree}: {problem}",
+                                fix="make this stage 'data' or 'none', or move the layer to another stage",
+                            )
+
+    def _validate_batch(self) -> None:
+        if self.global_batch_size < 1:
+            raise PlanError(f"global_batch_size must be at least 1, got {self.global_batch_size}")
+        if self.num_microbatches < 1:
+            raise PlanError(f"num_microbatches must be at least 1, got {self.num_microbatches}")
+        if self.global_batch_size % self.num_microbatches:
+            raise PlanError(
+                f"global_batch_size {self.global_batch_size} does not split into {self.num_microbatches} equal micro-batches",
+                fix="choose num_microbatches dividing the global batch size",
+            )
+
+    def _validate_layers(self, num_layers: int | None) -> None:
+        expected = 0
+        for i, s in enumerate(self.stages):
+            if s.start != expected:
+                what = "start at layer 0" if i == 0 else f"start where stage {i - 1} stops (layer {expected})"
+                raise PlanError(
+                    f"stage {i} covers layers [{s.start}, {s.stop}) but must {what}",
+                    fix="stages must cover every layer once, in order, with half-open [start, stop) ranges",
+                )
+            if s.stop <= s.start:
+                raise PlanError(f"stage {i} covers layers [{s.start}, {s.stop}), which is empty", fix="every stage needs stop > start")
+            expected = s.stop
+        if num_layers is not None and expected != num_layers:
+            raise PlanError(
+                f"the stages cover layers [0, {expected}) but the model has {num_layers} layers",
+                fix=f"the last stage must stop at layer {num_layers}",
+            )
+
+    def _validate_stage_kinds(self) -> None:
+        for i, s in enumerate(self.stages):
+            if s.parallelism not in PARALLELISMS:
+                raise PlanError(f"stage {i}: unknown parallelism {s.parallelism!r}", fix=f"use one of {list(PARALLELISMS)}")
+            if s.degree < 1:
+                raise PlanError(f"stage {i}: degree must be at least 1, got {s.degree}")
+            if s.parallelism == "none" and s.degree != 1:
+                raise PlanError(
+                    f"stage {i}: parallelism 'none' needs degree 1, got {s.degree}",
+                    fix="use 'data' or 'tensor' for a stage on several devices",
+                )
+            if len(s.devices) != s.degree:
+                raise PlanError(
+                    f"stage {i}: degree {s.degree} but {len(s.devices)} device(s) {list(s.devices)}",
+                    fix="list exactly 'degree' devices",
+                )
+            if s.parallelism == "data" and self.microbatch_size % s.degree:
+                raise PlanError(
+                    f"stage {i}: data-parallel degree {s.degree} does not divide the micro-batch size {self.microbatch_size}"
+                    f" (global batch {self.global_batch_size} / {self.num_microbatches} micro-batches)",
+                    fix="choose a batch size or micro-batch count giving a micro-batch divisible by every data-parallel degree",
+                )
+
+    def _validate_devices(self, cluster: Cluster | None) -> None:
+        seen: dict[int, int] = {}
+        for i, s in enumerate(self.stages):
+            for d in s.devices:
+                if d < 0:
+                    raise PlanError(f"stage {i}: device index {d} is negative")
+                if d in seen:
+                    raise PlanError(
+                        f"device {d} is used by stage {seen[d]} and stage {i}", fix="each device runs exactly one stage"
+                    )
+                seen[d] = i
+        if cluster is None:
+            return
+        for i, s in enumerate(self.stages):
+            for d in s.devices:
+                if d >= cluster.num_devices:
+                    raise PlanError(
+                        f"stage {i}: device {d} does not exist on cluster {cluster.shape} (devices 0..{cluster.num_devices - 1})",
+                        fix="use device indices below the cluster's device count, or a larger --cluster",
+                    )
+            nodes = {cluster.node_of(d) for d in s.devices}
+            if len(nodes) > 1:
+                raise PlanError(
+                    f"stage {i} ({s.describe()}) spans nodes {sorted(nodes)} of cluster {cluster.shape}",
+                    fix=f"a stage's devices must share a node (node = device // {cluster.devices_per_node})",
+                )
+        unused = [d for d in range(cluster.num_devices) if d not in seen]
+        if unused:
+            raise PlanError(
+                f"device(s) {unused} of cluster {cluster.shape} are not used by any stage",
+                fix="every device must belong to exactly one stage (on each node the stages' degrees sum to the devices"
+                " per node); to use fewer devices, give a smaller --cluster",
+            )
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
