@@ -49,7 +49,7 @@ class GPTConfig:
 
 
 GPT_CONFIGS: dict[str, GPTConfig] = {
-    "gpt-tiny": GPTConfig(num_blocks=6, hidden_size=64, num_heads=4, seq_len=16, vocab_size=128),
+    "gpt-tiny": GPTConfig(num_blocks=8, hidden_size=64, num_heads=4, seq_len=16, vocab_size=128),
     "gpt3-125m": GPTConfig(num_blocks=12, hidden_size=768, num_heads=12, seq_len=1024, vocab_size=51200),
     "gpt3-350m": GPTConfig(num_blocks=24, hidden_size=1024, num_heads=16, seq_len=1024, vocab_size=51200),
     "gpt3-760m": GPTConfig(num_blocks=24, hidden_size=1536, num_heads=16, seq_len=1024, vocab_size=51200),
@@ -138,8 +138,8 @@ class GPT(LayeredModel):
 
     Example:
         >>> m = GPT("gpt-tiny", GPT_CONFIGS["gpt-tiny"])
-        >>> m.num_layers, m.layer_name(0), m.layer_name(7)
-        (8, 'embed', 'head')
+        >>> m.num_layers, m.layer_name(0), m.layer_name(9)
+        (10, 'embed', 'head')
     """
 
     def __init__(self, name: str, cfg: GPTConfig) -> None:

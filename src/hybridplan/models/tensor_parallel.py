@@ -33,9 +33,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 import torch.nn.utils.parametrize as parametrize
 from torch import nn
+
+from hybridplan import collectives
 
 __all__ = [
     "TensorParallelGroup",
@@ -79,7 +80,7 @@ class _CopyToRegion(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
         grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
+        collectives.all_reduce(grad, group=ctx.group)
         return grad, None
 
 
@@ -89,7 +90,7 @@ class _ReduceFromRegion(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
         x = x.contiguous()
-        dist.all_reduce(x, group=group)
+        collectives.all_reduce(x, group=group)
         return x
 
     @staticmethod
@@ -106,7 +107,7 @@ class _GatherFromRegion(torch.autograd.Function):
         ctx.tp, ctx.dim, ctx.width = tp, dim, x.shape[dim]
         moved = x.movedim(dim, 0).contiguous()
         out = torch.empty((tp.size * moved.shape[0], *moved.shape[1:]), dtype=x.dtype, device=x.device)
-        dist.all_gather_into_tensor(out, moved, group=tp.group)
+        collectives.all_gather_into_tensor(out, moved, group=tp.group)
         return out.movedim(0, dim).contiguous() if dim != 0 else out
 
     @staticmethod

@@ -1,0 +1,5 @@
+import sys
+
+from hybridplan.cli import main
+
+sys.exit(main())

@@ -1,0 +1,29 @@
+"""``hybridplan models``: list the model zoo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hybridplan.models import get_model, model_names
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("models", help="list the model zoo", description="List the zoo models with their layers and sizes.")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    rows = []
+    for name in model_names():
+        model = get_model(name)
+        rows.append({"name": name, "layers": model.num_layers, "parameters": model.parameter_count(), "config": model.config(), "describe": model.describe()})
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    print(f"{'model':<16} {'layers':>6} {'parameters':>14}  description")
+    for r in rows:
+        print(f"{r['name']:<16} {r['layers']:>6} {r['parameters']:>14,}  {r['describe'].split(': ', 1)[-1]}")
+    print("\nUser models: --model module:function (returning a LayeredModel or an nn.Sequential).")
+    return 0

@@ -1,0 +1,299 @@
+"""One rank's training loop: its stage's schedule actions, cross-stage transfers, gradient sync, step.
+
+Per iteration, every rank: waits at a barrier, resets its peak, frees last iteration's gradients
+(``zero_grad(set_to_none=True)``), takes its rows of the synthetic global batch, then runs its
+stage's actions (:mod:`hybridplan.runtime.schedule`):
+
+- ``F j``: receive the rows of micro-batch j it holds (from the previous stage's ranks, as routed by
+  :mod:`hybridplan.runtime.routing`) into a fresh buffer, run the stage, and send the output's rows on;
+  the last stage computes the loss instead, weighted by its share of the micro-batch;
+- ``B j``: receive the output gradient rows, back-propagate, send the input gradient rows back.
+
+then sums gradients over the stage's data-parallel group and steps AdamW.
+
+[Note: loss weighting] The model's loss is a mean over samples. A rank holding ``n`` of a micro-batch's
+``b`` rows weights its loss by ``n / b / m`` (m micro-batches), so that SUMMING gradients over
+micro-batches and data-parallel replicas gives exactly the gradient of the global-batch mean loss, as
+on one device. Tensor-parallel ranks hold all rows and each back-propagates the full loss.
+
+[Note: releasing the stage output] After its rows are sent, a stage's output is needed only for its
+autograd edge, not its values (unless its producer saved it for backward). Like Megatron-LM's
+``deallocate_output_tensor`` the executor drops the values and keeps the edge
+(``torch.autograd.graph.get_gradient_edge``), so a micro-batch in flight costs its saved activations,
+not also its output. Sends are asynchronous; the memory tracker stops counting a sent buffer when the
+executor drops it (see runtime/memory.py).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.autograd.graph import get_gradient_edge
+
+from hybridplan import collectives
+from hybridplan.models.base import LayeredModel
+from hybridplan.plan import Plan
+from hybridplan.runtime.routing import Transfer, layout_of, route
+from hybridplan.runtime.schedule import Action, max_in_flight, stage_actions
+
+__all__ = ["StageExecutor", "IterationRecord", "data_seed"]
+
+
+def data_seed(seed: int, iteration: int) -> int:
+    """Seed of the synthetic global batch of ``iteration`` (identical under every plan)."""
+    return (seed * 7_368_787 + iteration * 104_729 + 1) % (2**63 - 1)
+
+
+@dataclass
+class IterationRecord:
+    """What one rank measured in one iteration."""
+
+    seconds: float
+    peak: int
+    static: int
+    loss: float
+    peak_breakdown: dict[str, int] = field(default_factory=dict)
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class BoundarySpec:
+    """Shape of one sample (without the batch dim) and dtype of a tensor crossing a stage boundary."""
+
+    sample_shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class StageExecutor:
+    """Runs one rank's part of a plan.
+
+    Args:
+        model: the layered model (for data and loss).
+        plan: the plan.
+        rank: this rank (= device index).
+        module: the stage's layers (already tensor-parallel if the stage is).
+        optimizer: the optimizer over ``module``'s parameters.
+        meter: a memory meter (runtime.memory).
+        device: where tensors live.
+        dp_group: the stage's process group if it is data-parallel on several devices, else None.
+        input_spec: what the stage receives (None for the first stage).
+        output_spec: what the stage sends (None for the last stage).
+        seed: data seed base.
+    """
+
+    def __init__(
+        self,
+        *,
+        model: LayeredModel,
+        plan: Plan,
+        rank: int,
+        module: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        meter: Any,
+        device: torch.device,
+        dp_group: Any,
+        input_spec: BoundarySpec | None,
+        output_spec: BoundarySpec | None,
+        seed: int,
+        record_timeline: bool = True,
+    ) -> None:
+        self.model = model
+        self.plan = plan
+        self.rank = rank
+        self.module = module
+        self.optimizer = optimizer
+        self.meter = meter
+        self.device = device
+        self.dp_group = dp_group
+        self.input_spec = input_spec
+        self.output_spec = output_spec
+        self.seed = seed
+        self.record_timeline = record_timeline
+
+        self.stage_index = plan.stage_of_device(rank)
+        self.stage = plan.stages[self.stage_index]
+        self.first = self.stage_index == 0
+        self.last = self.stage_index == plan.num_stages - 1
+        self.actions: list[Action] = stage_actions(
+            plan.schedule, plan.num_stages, self.stage_index, plan.num_microbatches
+        )
+        self.in_flight = max_in_flight(self.actions)
+
+        b = plan.microbatch_size
+        here = layout_of(self.stage)
+        self.rows = here.rows_of(self.stage.devices.index(rank), b)
+        prev = layout_of(plan.stages[self.stage_index - 1]) if not self.first else None
+        nxt = layout_of(plan.stages[self.stage_index + 1]) if not self.last else None
+        self.fwd_recv = [t for t in route(prev, here, b) if t.dst == rank] if prev else []
+        self.fwd_send = [t for t in route(here, nxt, b) if t.src == rank] if nxt else []
+        self.bwd_recv = [t for t in route(nxt, here, b) if t.dst == rank] if nxt else []
+        self.bwd_send = [t for t in route(here, prev, b) if t.src == rank] if prev else []
+
+        self._pending: list[Any] = []
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        for p in self._params:
+            p.register_post_accumulate_grad_hook(lambda q: self.meter.retag(q.grad, "gradients"))
+
+    # ------------------------------------------------------------------ data
+    def _local_batch(self, iteration: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """This rank's rows of every micro-batch: inputs if first stage, targets if last."""
+        if not (self.first or self.last):
+            return None, None
+        with self.meter.paused():
+            gen = torch.Generator().manual_seed(data_seed(self.seed, iteration))
+            inputs, targets = self.model.make_batch(self.plan.global_batch_size, gen)
+            b, (lo, hi) = self.plan.microbatch_size, self.rows
+            index = torch.cat([torch.arange(j * b + lo, j * b + hi) for j in range(self.plan.num_microbatches)])
+        with self.meter.in_phase("data"):
+            local_in = inputs.index_select(0, index).to(self.device) if self.first else None
+            local_tgt = targets.index_select(0, index).to(self.device) if self.last else None
+        return local_in, local_tgt
+
+    # ------------------------------------------------------------------ p2p
+    @staticmethod
+    def _tag(microbatch: int, backward: bool) -> int:
+        return 2 * microbatch + int(backward)
+
+    def _receive(self, transfers: list[Transfer], spec: BoundarySpec, microbatch: int, backward: bool) -> torch.Tensor:
+        lo, hi = self.rows
+        buf = torch.empty((hi - lo, *spec.sample_shape), dtype=spec.dtype, device=self.device)
+        works = [
+            dist.irecv(buf[t.start - lo : t.stop - lo], src=t.src, tag=self._tag(microbatch, backward))
+            for t in transfers
+        ]
+        for w in works:
+            w.wait()
+        return buf
+
+    def _send(self, tensor: torch.Tensor, transfers: list[Transfer], microbatch: int, backward: bool) -> None:
+        lo = self.rows[0]
+        for t in transfers:
+            piece = tensor[t.start - lo : t.stop - lo]
+            self._pending.append((dist.isend(piece, dst=t.dst, tag=self._tag(microbatch, backward)), piece))
+
+    def _wait_sends(self) -> None:
+        for work, _ in self._pending:
+            work.wait()
+        self._pending.clear()
+
+    # ------------------------------------------------------------------ actions
+    def _forward(self, j: int, local_in: torch.Tensor | None, local_tgt: torch.Tensor | None, stash: dict) -> float:
+        n = self.rows[1] - self.rows[0]
+        if self.first:
+            x = local_in[j * n : (j + 1) * n]
+        else:
+            x = self._receive(self.fwd_recv, self.input_spec, j, backward=False)
+            if x.is_floating_point():
+                x.requires_grad_()
+        y = self.module(x)
+        if self.last:
+            weight = n / self.plan.microbatch_size / self.plan.num_microbatches
+            loss = self.model.loss(y, local_tgt[j * n : (j + 1) * n]) * weight
+            stash[j] = (x, get_gradient_edge(loss), None)
+            return float(loss.detach())
+        self._send(y, self.fwd_send, j, backward=False)
+        if y.grad_fn is None:  # nothing to back-propagate into (e.g. a stage of identity layers on integer input)
+            stash[j] = (x, None, None)
+        else:
+            stash[j] = (x, get_gradient_edge(y), y.shape)
+            _release_output(y, x, self.meter)
+        return 0.0
+
+    def _backward(self, j: int, stash: dict) -> None:
+        x, edge, out_shape = stash.pop(j)
+        if self.last:
+            if edge is not None:
+                torch.autograd.backward([edge], grad_tensors=[torch.ones((), device=self.device)])
+        else:
+            grad = self._receive(self.bwd_recv, self.output_spec, j, backward=True)
+            if edge is not None:
+                torch.autograd.backward([edge], grad_tensors=[grad])
+            del grad
+        if not self.first:
+            g = x.grad if x.grad is not None else torch.zeros_like(x)
+            self._send(g, self.bwd_send, j, backward=True)
+            self.meter.forget(g)
+            del g
+        del x
+
+    def _sync_gradients(self) -> None:
+        if self.dp_group is None:
+            return
+        for p in self._params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            collectives.all_reduce(p.grad, group=self.dp_group)
+
+    # ------------------------------------------------------------------ iteration
+    def run_iteration(self, iteration: int) -> IterationRecord:
+        """Train one iteration; return this rank's measurements."""
+        gc.collect()
+        gc.disable()
+        try:
+            dist.barrier()
+            start = time.perf_counter()
+            self.optimizer.zero_grad(set_to_none=True)
+            self.meter.reset_peak()
+            static = self.meter.current
+            local_in, local_tgt = self._local_batch(iteration)
+            stash: dict[int, Any] = {}
+            loss = 0.0
+            timeline: list[dict[str, Any]] = []
+            for action in self.actions:
+                before = self.meter.start_window()
+                if action.kind == "F":
+                    with self.meter.in_phase("activations"):
+                        loss += self._forward(action.microbatch, local_in, local_tgt, stash)
+                else:
+                    with self.meter.in_phase("backward"):
+                        self._backward(action.microbatch, stash)
+                if self.record_timeline:
+                    timeline.append(
+                        {"action": str(action), "before": before, "peak": self.meter.window_peak, "after": self.meter.current}
+                    )
+            del local_in, local_tgt
+            before = self.meter.start_window()
+            with self.meter.in_phase("step"):
+                self._sync_gradients()
+                self.optimizer.step()
+            for state in self.optimizer.state.values():
+                for v in state.values():
+                    if isinstance(v, torch.Tensor) and v.dim() > 0:
+                        self.meter.retag(v, "optimizer")
+            if self.record_timeline:
+                timeline.append({"action": "step", "before": before, "peak": self.meter.window_peak, "after": self.meter.current})
+            self._wait_sends()
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            peak, breakdown = self.meter.peak, dict(self.meter.peak_by_category)
+            dist.barrier()
+            seconds = time.perf_counter() - start
+        finally:
+            gc.enable()
+        return IterationRecord(seconds=seconds, peak=peak, static=static, loss=loss, peak_breakdown=breakdown, timeline=timeline)
+
+
+def _release_output(y: torch.Tensor, x: torch.Tensor, meter: Any) -> None:
+    """Drop a sent stage output's values if nothing else needs them (see [Note: releasing the stage output])."""
+    if y._base is not None or y.grad_fn is None:
+        return
+    storage = y.untyped_storage()
+    if x.untyped_storage().data_ptr() == storage.data_ptr():
+        return
+    for name in dir(y.grad_fn):
+        if not name.startswith("_saved_"):
+            continue
+        saved = getattr(y.grad_fn, name)
+        items = saved if isinstance(saved, (tuple, list)) else (saved,)
+        for item in items:
+            if isinstance(item, torch.Tensor) and item.untyped_storage().data_ptr() == storage.data_ptr():
+                return
+    old = y.detach()
+    y.data = torch.empty((0,), dtype=y.dtype, device=y.device)
+    meter.forget(old)

@@ -1,0 +1,289 @@
+"""Per-device peak memory: an exact tensor-storage tracker on CPU, the CUDA allocator's counters on GPU.
+
+[Note: what "memory" means on CPU] PyTorch keeps no allocator statistics for CPU tensors, and the
+process RSS is neither tensor memory nor deterministic (../shared/notes/pytorch-cpu-facts.md). The
+:class:`StorageTracker` counts the bytes of every live tensor storage this process allocates: each
+storage once however many views share it, freed when its last reference dies (a weakref callback on
+the storage). Tensor subclasses are flattened, so a DTensor counts its local shard, not the wrapper.
+It sees every allocation made through the dispatcher (forward, autograd backward, optimizer, p2p
+receive buffers, collectives' outputs), which is what ``torch.cuda.max_memory_allocated`` counts on
+a GPU minus the allocator's block rounding. Frees of garbage in reference cycles would depend on
+when the cyclic collector runs, so the runtime disables it during a measured iteration.
+
+Two rules keep the count deterministic across runs:
+
+- a buffer handed to an asynchronous send stops counting when the runtime drops it (``forget``), not
+  when the transport finishes with it (that moment depends on thread timing);
+- the peak covers the window between ``reset_peak`` calls; the runtime resets it at the start of
+  each iteration.
+
+An allocation that takes the count over ``capacity_bytes`` raises :class:`DeviceOutOfMemory`, as a
+GPU's allocator would.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+__all__ = ["DeviceOutOfMemory", "StorageTracker", "CudaMemoryMeter", "NullMeter", "CATEGORIES"]
+
+CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "backward", "step", "other")
+"""Where bytes are attributed: by the phase they were allocated in, except gradients (re-tagged when
+they are accumulated into ``param.grad``) and parameters/optimizer state (registered)."""
+
+
+class DeviceOutOfMemory(RuntimeError):
+    """A device's tensor memory would exceed its capacity."""
+
+    def __init__(self, needed: int, capacity: int, phase: str) -> None:
+        super().__init__(
+            f"out of memory: {needed} bytes of tensors live during {phase}, capacity {capacity} bytes"
+        )
+        self.needed = needed
+        self.capacity = capacity
+        self.phase = phase
+
+
+def _storage_tensors(t: Any) -> Iterator[torch.Tensor]:
+    """The plain tensors that own storage behind ``t`` (a DTensor, parameter or not, yields its local shard)."""
+    if not isinstance(t, torch.Tensor):
+        return
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
+        names, _ = t.__tensor_flatten__()
+        for name in names:
+            yield from _storage_tensors(getattr(t, name, None))
+        return
+    yield t
+
+
+class StorageTracker(TorchDispatchMode):
+    """Exact live tensor bytes of this process, with peak, per-category split and a capacity check.
+
+    Use as a context manager around everything that allocates (``with tracker:``); register tensors
+    created before it with :meth:`track_all`.
+
+    Example:
+        >>> tr = StorageTracker()
+        >>> with tr:
+        ...     x = torch.empty(256)          # 1 KiB of float32
+        ...     y = x.view(16, 16)            # a view: no new storage
+        >>> tr.current, tr.peak
+        (1024, 1024)
+    """
+
+    def __init__(self, capacity_bytes: int | None = None) -> None:
+        super().__init__()
+        self.capacity_bytes = capacity_bytes
+        self.current = 0
+        self.peak = 0
+        self.window_peak = 0
+        self.phase = "other"
+        self._live: dict[int, tuple[int, str, Any]] = {}
+        self._by_category = dict.fromkeys(CATEGORIES, 0)
+        self.peak_by_category = dict(self._by_category)
+        self._paused = 0
+
+    # ------------------------------------------------------------------ accounting
+    def _release(self, key: int, _ref: Any = None) -> None:
+        entry = self._live.pop(key, None)
+        if entry is not None:
+            self.current -= entry[0]
+            self._by_category[entry[1]] -= entry[0]
+
+    def track(self, t: Any, category: str | None = None) -> None:
+        """Count ``t``'s storage (once) under ``category`` (default: the current phase)."""
+        for plain in _storage_tensors(t):
+            if plain.device.type == "meta":
+                continue
+            storage = plain.untyped_storage()
+            key = storage._cdata
+            nbytes = storage.nbytes()
+            entry = self._live.get(key)
+            if entry is not None:
+                if entry[0] == nbytes:
+                    continue
+                self._release(key)  # resized in place: count the new size
+            cat = category or self.phase
+            self._live[key] = (nbytes, cat, weakref.ref(storage, functools.partial(self._release, key)))
+            self.current += nbytes
+            self._by_category[cat] += nbytes
+            if self.current > self.window_peak:
+                self.window_peak = self.current
+            if self.current > self.peak:
+                self.peak = self.current
+                self.peak_by_category = dict(self._by_category)
+            if self.capacity_bytes is not None and self.current > self.capacity_bytes:
+                raise DeviceOutOfMemory(self.current, self.capacity_bytes, self.phase)
+
+    def track_all(self, objects: Iterable[Any], category: str) -> None:
+        """Register pre-existing tensors: modules (parameters, gradients, buffers), optimizers (state), tensors."""
+        for obj in objects:
+            if isinstance(obj, torch.nn.Module):
+                for p in obj.parameters():
+                    self.track(p, category)
+                    if p.grad is not None:
+                        self.track(p.grad, "gradients")
+                for b in obj.buffers():
+                    self.track(b, category)
+            elif isinstance(obj, torch.optim.Optimizer):
+                for state in obj.state.values():
+                    for v in state.values():
+                        if isinstance(v, torch.Tensor) and v.dim() > 0:
+                            self.track(v, "optimizer")
+            else:
+                for v in tree_flatten(obj)[0]:
+                    self.track(v, category)
+
+    def retag(self, t: Any, category: str) -> None:
+        """Move ``t``'s bytes to ``category`` (e.g. a freshly accumulated gradient to "gradients")."""
+        for plain in _storage_tensors(t):
+            key = plain.untyped_storage()._cdata
+            entry = self._live.get(key)
+            if entry is not None and entry[1] != category:
+                self._by_category[entry[1]] -= entry[0]
+                self._by_category[category] += entry[0]
+                self._live[key] = (entry[0], category, entry[2])
+
+    def forget(self, t: Any) -> None:
+        """Stop counting ``t``'s storage now (it is only kept alive for an in-flight send)."""
+        for plain in _storage_tensors(t):
+            self._release(plain.untyped_storage()._cdata)
+
+    def counts(self, t: Any) -> bool:
+        """Whether ``t``'s storage is currently counted."""
+        return all(p.untyped_storage()._cdata in self._live for p in _storage_tensors(t))
+
+    def reset_peak(self) -> None:
+        """Start a new peak window at the current level."""
+        self.peak = self.current
+        self.window_peak = self.current
+        self.peak_by_category = dict(self._by_category)
+
+    def start_window(self) -> int:
+        """Start a sub-window (for per-action peaks); returns the current level."""
+        self.window_peak = self.current
+        return self.current
+
+    @property
+    def by_category(self) -> dict[str, int]:
+        """Live bytes per category now."""
+        return dict(self._by_category)
+
+    # ------------------------------------------------------------------ phases
+    @contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        """Attribute allocations inside the block to ``phase`` (one of :data:`CATEGORIES`)."""
+        previous, self.phase = self.phase, phase
+        try:
+            yield
+        finally:
+            self.phase = previous
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """Do not count allocations made inside the block (e.g. generating the synthetic data set)."""
+        self._paused += 1
+        try:
+            yield
+        finally:
+            self._paused -= 1
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        out = func(*args, **(kwargs or {}))
+        if not self._paused:
+            for t in tree_flatten(out)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
+        return out
+
+
+class CudaMemoryMeter:
+    """The same interface over the CUDA caching allocator's counters (``max_memory_allocated``).
+
+    Phases, forgetting and registration are no-ops: the allocator sees everything on its own.
+    A capacity is enforced with ``torch.cuda.set_per_process_memory_fraction``.
+    """
+
+    def __init__(self, device: torch.device, capacity_bytes: int | None = None) -> None:
+        self.device = device
+        self.capacity_bytes = capacity_bytes
+        self.phase = "other"
+        self.peak_by_category: dict[str, int] = {}
+        self.by_category: dict[str, int] = {}
+        if capacity_bytes is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, capacity_bytes / total), device)
+
+    def __enter__(self) -> CudaMemoryMeter:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+    @property
+    def current(self) -> int:
+        return int(torch.cuda.memory_allocated(self.device))
+
+    @property
+    def peak(self) -> int:
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    @property
+    def window_peak(self) -> int:
+        return self.peak
+
+    def reset_peak(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+
+    def start_window(self) -> int:
+        return self.current
+
+    def track(self, t: Any, category: str | None = None) -> None:
+        return None
+
+    def track_all(self, objects: Iterable[Any], category: str) -> None:
+        return None
+
+    def retag(self, t: Any, category: str) -> None:
+        return None
+
+    def forget(self, t: Any) -> None:
+        return None
+
+    @contextmanager
+    def in_phase(self, phase: str) -> Iterator[None]:
+        yield
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        yield
+
+
+class NullMeter(CudaMemoryMeter):
+    """No memory measurement (``track_memory=False``): every reading is 0."""
+
+    def __init__(self) -> None:
+        self.capacity_bytes = None
+        self.phase = "other"
+        self.peak_by_category = {}
+        self.by_category = {}
+
+    @property
+    def current(self) -> int:
+        return 0
+
+    @property
+    def peak(self) -> int:
+        return 0
+
+    def reset_peak(self) -> None:
+        return None

@@ -1,0 +1,130 @@
+"""``hybridplan run`` and ``hybridplan models`` as a user calls them."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hybridplan.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = {
+    "schedule": "1f1b",
+    "global_batch_size": 32,
+    "num_microbatches": 8,
+    "stages": [
+        {"layers": [0, 3], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
+        {"layers": [3, 7], "parallelism": "none", "degree": 1, "devices": [2]},
+        {"layers": [7, 10], "parallelism": "data", "degree": 1, "devices": [3]},
+    ],
+}
+
+
+@pytest.fixture
+def example(tmp_path):
+    f = tmp_path / "plan.json"
+    f.write_text(json.dumps(EXAMPLE))
+    return f
+
+
+def test_models_lists_the_zoo(capsys):
+    assert main(["models"]) == 0
+    out = capsys.readouterr().out
+    for name in ("gpt-tiny", "gpt3-1.3b", "moe-tiny", "wresnet-tiny", "vgg11", "vgg11-tiny"):
+        assert name in out
+
+
+@pytest.mark.distributed
+def test_run_example_entry_point(example, tmp_path):
+    """Through the installed console script, as a user runs it."""
+    out = tmp_path / "result.json"
+    cmd = [str(Path(sys.executable).parent / "hybridplan"), "run", "--model", "gpt-tiny", "--cluster", "1x4",
+           "--plan", str(example), "--iterations", "3", "--out", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok" and result["reason"] is None
+    assert len(result["losses"]) == 3 and result["iteration_seconds"] > 0
+    assert [(d["device"], d["stage"]) for d in result["devices"]] == [(0, 0), (1, 0), (2, 1), (3, 2)]
+    assert all(isinstance(d["peak_memory_bytes"], int) and d["peak_memory_bytes"] > 0 for d in result["devices"])
+    assert "peak memory" in proc.stdout
+
+
+@pytest.mark.distributed
+def test_run_user_sequential_model(tmp_path, capsys):
+    plan = {"schedule": "gpipe", "global_batch_size": 8, "num_microbatches": 2, "stages": [
+        {"layers": [0, 2], "parallelism": "data", "degree": 2, "devices": [0, 1]},
+        {"layers": [2, 5], "parallelism": "tensor", "degree": 2, "devices": [2, 3]}]}
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(plan))
+    code = main(["run", "--model", "tests.cli.user_models:mlp", "--cluster", "1x4", "--plan", str(f),
+                 "--iterations", "2", "--json"])
+    assert code == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["status"] == "ok" and len(result["losses"]) == 2
+
+
+@pytest.mark.distributed
+def test_run_oom_exit_code(example, capsys):
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(example), "--device-memory", "1MiB"]) == 1
+    assert "status: oom" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "gpt-huge"], "unknown model 'gpt-huge'"),
+        (["--cluster", "1x3"], "device 3 does not exist on cluster 1x3"),
+        (["--cluster", "3 nodes"], "neither the shorthand NxK"),
+        (["--device-memory", "lots"], "is not a size"),
+        (["--iterations", "0"], "--iterations must be at least 1"),
+        (["--model", "wresnet-tiny"], "model has 7 layers"),
+    ],
+)
+def test_bad_input_exits_2_with_one_clear_line(example, capsys, args, message):
+    base = {"--model": "gpt-tiny", "--cluster": "1x4", "--plan": str(example)}
+    base.update(dict(zip(args[::2], args[1::2])))
+    argv = ["run"] + [x for kv in base.items() for x in kv]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert err.startswith("hybridplan run: error:")
+
+
+def test_malformed_plan_file(tmp_path, capsys):
+    f = tmp_path / "p.json"
+    f.write_text('{"schedule": "1f1b", "stages": []')
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(f)]) == 2
+    assert "not valid JSON" in capsys.readouterr().err
+
+
+def test_write_config_for_torchrun(example, tmp_path):
+    cfg = tmp_path / "run.json"
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(example), "--write-config", str(cfg)]) == 0
+    from hybridplan.runtime.config import config_from_json
+
+    loaded = config_from_json(cfg.read_text())
+    assert loaded.plan.to_dict() == EXAMPLE and loaded.cluster.shape == "1x4"
+
+
+@pytest.mark.distributed
+def test_torchrun_worker(example, tmp_path):
+    """The multi-machine path: torchrun starts the ranks, rank 0 writes the result."""
+    cfg, out = tmp_path / "run.json", tmp_path / "result.json"
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(example), "--iterations", "2",
+                 "--write-config", str(cfg)]) == 0
+    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
+         "-m", "hybridplan.runtime.worker", "--config", str(cfg), "--out", str(out)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["status"] == "ok" and len(result["losses"]) == 2
+    assert len(result["devices"]) == 4

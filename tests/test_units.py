@@ -1,0 +1,38 @@
+import pytest
+
+from hybridplan.errors import UsageError
+from hybridplan.units import format_bytes, parse_bandwidth, parse_bytes
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("200MiB", 200 * 1024**2), ("40GB", 40 * 10**9), ("1.5GiB", 3 * 1024**3 // 2), ("512", 512), ("2 KiB", 2048), (4096, 4096)],
+)
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["lots", "12XB", "-5MiB", "", True])
+def test_parse_bytes_rejects_with_fix(text):
+    with pytest.raises(UsageError) as err:
+        parse_bytes(text, what="--device-memory")
+    assert "--device-memory" in str(err.value) or "size" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [("100Gbps", 100e9 / 8), ("100Gb/s", 100e9 / 8), ("25GB/s", 25e9), ("25GBps", 25e9), (5e9, 5e9), ("800MB/s", 800e6)],
+)
+def test_parse_bandwidth(text, expected):
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+def test_parse_bandwidth_rejects():
+    with pytest.raises(UsageError, match="not a bandwidth"):
+        parse_bandwidth("fast")
+
+
+def test_format_bytes():
+    assert format_bytes(1024**2 * 3) == "3.00 MiB"
+    assert format_bytes(100) == "100 B"
+    assert format_bytes(None) == "-"
