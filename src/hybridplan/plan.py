@@ -262,7 +262,15 @@ class Plan:
         self._validate_stage_kinds()
         self._validate_devices(cluster)
         if model is not None:
+            g = model.sample_granularity
             for i, s in enumerate(self.stages):
+                rows = self.microbatch_size // (s.degree if s.parallelism == "data" else 1)
+                if rows % g:
+                    raise PlanError(
+                        f"stage {i} ({s.describe()}) would process {rows} samples per micro-batch on each device,"
+                        f" but {model.name} needs a multiple of {g}",
+                        fix=f"choose a global batch and micro-batch count giving micro-batches (and data-parallel shards) of a multiple of {g} samples",
+                    )
                 if s.parallelism == "tensor" and s.degree > 1:
                     for layer in s.layers:
                         problem = model.tensor_parallel_problem(layer, s.degree)

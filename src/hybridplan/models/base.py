@@ -78,6 +78,14 @@ class LayeredModel(ABC):
         """Scalar loss: the MEAN over the samples of the batch (the runtime relies on the mean to
         weight micro-batch and data-parallel shards)."""
 
+    @property
+    def sample_granularity(self) -> int:
+        """Every micro-batch and data-parallel shard must hold a multiple of this many samples.
+
+        1 for most models; a GShard MoE groups tokens across samples (hybridplan/models/moe.py).
+        """
+        return 1
+
     def tensor_parallel_plan(self, index: int) -> TensorParallelPlan | None:
         """How layer ``index`` is split for tensor parallelism, or ``None`` if it cannot be."""
         return None

@@ -57,6 +57,9 @@ class IterationRecord:
     seconds: float
     peak: int
     static: int
+    """Live bytes at the start of the iteration (parameters, optimizer state, buffers)."""
+    data: int
+    """Bytes of this rank's share of the batch (inputs on the first stage, targets on the last)."""
     loss: float
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -173,8 +176,11 @@ class StageExecutor:
 
     def _send(self, tensor: torch.Tensor, transfers: list[Transfer], microbatch: int, backward: bool) -> None:
         lo = self.rows[0]
+        # Detached: a plain view of the output would keep the output's autograd graph (and through its
+        # AccumulateGrad node the received input buffer) alive until the send is waited for.
+        values = tensor.detach()
         for t in transfers:
-            piece = tensor[t.start - lo : t.stop - lo]
+            piece = values[t.start - lo : t.stop - lo]
             self._pending.append((dist.isend(piece, dst=t.dst, tag=self._tag(microbatch, backward)), piece))
 
     def _wait_sends(self) -> None:
@@ -242,6 +248,7 @@ class StageExecutor:
             self.meter.reset_peak()
             static = self.meter.current
             local_in, local_tgt = self._local_batch(iteration)
+            data = self.meter.current - static
             stash: dict[int, Any] = {}
             loss = 0.0
             timeline: list[dict[str, Any]] = []
@@ -276,7 +283,9 @@ class StageExecutor:
             seconds = time.perf_counter() - start
         finally:
             gc.enable()
-        return IterationRecord(seconds=seconds, peak=peak, static=static, loss=loss, peak_breakdown=breakdown, timeline=timeline)
+        return IterationRecord(
+            seconds=seconds, peak=peak, static=static, data=data, loss=loss, peak_breakdown=breakdown, timeline=timeline
+        )
 
 
 def _release_output(y: torch.Tensor, x: torch.Tensor, meter: Any) -> None:

@@ -221,6 +221,7 @@ def aggregate(cfg: RunConfig, reports: list[dict[str, Any] | None], *, wall_seco
                 node=rep["node"],
                 rank_in_stage=rep["rank_in_stage"],
                 static_memory_bytes=rep["static"][-1] if rep["static"] else None,
+                data_bytes=rep["data"][-1] if rep["data"] else None,
                 peak_breakdown={k: v for k, v in rep["breakdowns"][best].items() if v} if best is not None else {},
                 iteration_peaks=peaks,
                 in_flight=rep["in_flight"],

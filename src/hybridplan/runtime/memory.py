@@ -205,47 +205,19 @@ class StorageTracker(TorchDispatchMode):
         return out
 
 
-class CudaMemoryMeter:
-    """The same interface over the CUDA caching allocator's counters (``max_memory_allocated``).
+class _PassiveMeter:
+    """A meter that sees allocations by other means: registration, phases and forgetting are no-ops."""
 
-    Phases, forgetting and registration are no-ops: the allocator sees everything on its own.
-    A capacity is enforced with ``torch.cuda.set_per_process_memory_fraction``.
-    """
+    phase = "other"
+    capacity_bytes: int | None = None
+    peak_by_category: dict[str, int] = {}
+    by_category: dict[str, int] = {}
 
-    def __init__(self, device: torch.device, capacity_bytes: int | None = None) -> None:
-        self.device = device
-        self.capacity_bytes = capacity_bytes
-        self.phase = "other"
-        self.peak_by_category: dict[str, int] = {}
-        self.by_category: dict[str, int] = {}
-        if capacity_bytes is not None:
-            total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, capacity_bytes / total), device)
-
-    def __enter__(self) -> CudaMemoryMeter:
+    def __enter__(self) -> _PassiveMeter:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         return None
-
-    @property
-    def current(self) -> int:
-        return int(torch.cuda.memory_allocated(self.device))
-
-    @property
-    def peak(self) -> int:
-        return int(torch.cuda.max_memory_allocated(self.device))
-
-    @property
-    def window_peak(self) -> int:
-        return self.peak
-
-    def reset_peak(self) -> None:
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-
-    def start_window(self) -> int:
-        return self.current
 
     def track(self, t: Any, category: str | None = None) -> None:
         return None
@@ -268,22 +240,59 @@ class CudaMemoryMeter:
         yield
 
 
-class NullMeter(CudaMemoryMeter):
-    """No memory measurement (``track_memory=False``): every reading is 0."""
+class CudaMemoryMeter(_PassiveMeter):
+    """The same interface over the CUDA caching allocator's counters (``max_memory_allocated``).
 
-    def __init__(self) -> None:
-        self.capacity_bytes = None
+    The allocator sees every tensor by itself. A capacity is enforced with
+    ``torch.cuda.set_per_process_memory_fraction``.
+    """
+
+    def __init__(self, device: torch.device, capacity_bytes: int | None = None) -> None:
+        self.device = device
+        self.capacity_bytes = capacity_bytes
+        self._earlier_peak = 0  # peak of the windows closed since reset_peak
         self.phase = "other"
-        self.peak_by_category = {}
-        self.by_category = {}
+        self.peak_by_category: dict[str, int] = {}
+        self.by_category: dict[str, int] = {}
+        if capacity_bytes is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, capacity_bytes / total), device)
 
     @property
     def current(self) -> int:
-        return 0
+        return int(torch.cuda.memory_allocated(self.device))
 
     @property
     def peak(self) -> int:
-        return 0
+        return max(self._earlier_peak, self.window_peak)
+
+    @property
+    def window_peak(self) -> int:
+        torch.cuda.synchronize(self.device)
+        return int(torch.cuda.max_memory_allocated(self.device))
+
+    def reset_peak(self) -> None:
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._earlier_peak = 0
+
+    def start_window(self) -> int:
+        """Close the running window (keeping its peak) and open a new one: the allocator's peak counter
+        is global, so per-action peaks need a reset at each action."""
+        self._earlier_peak = max(self._earlier_peak, self.window_peak)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return self.current
+
+
+class NullMeter(_PassiveMeter):
+    """No memory measurement (``track_memory=False``): every reading is 0."""
+
+    current = 0
+    peak = 0
+    window_peak = 0
 
     def reset_peak(self) -> None:
         return None
+
+    def start_window(self) -> int:
+        return 0

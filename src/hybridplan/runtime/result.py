@@ -34,6 +34,8 @@ class DeviceResult:
     rank_in_stage: int = 0
     static_memory_bytes: int | None = None
     """Live bytes at the start of the last measured iteration (parameters, optimizer state, buffers)."""
+    data_bytes: int | None = None
+    """Bytes of this device's share of the batch held during the iteration (first and last stage)."""
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     """Bytes per category at the peak (see runtime.memory.CATEGORIES)."""
     iteration_peaks: list[int] = field(default_factory=list)

@@ -43,12 +43,12 @@ def build_stage_module(
 
 
 def boundary_specs(model: LayeredModel, stop: int | None = None) -> list[BoundarySpec]:
-    """``specs[i]`` describes the input of layer ``i`` (``specs[num_layers]`` the model output).
+    """``specs[i]`` describes one sample of the input of layer ``i`` (``specs[num_layers]``: the output).
 
     Computed by running the layers on the meta device: no memory, no compute.
     """
     stop = model.num_layers if stop is None else stop
-    inputs, _ = model.make_batch(1, torch.Generator().manual_seed(0))
+    inputs, _ = model.make_batch(model.sample_granularity, torch.Generator().manual_seed(0))
     x = inputs.to("meta")
     specs = [BoundarySpec(tuple(x.shape[1:]), x.dtype)]
     with torch.device("meta"):
@@ -68,7 +68,7 @@ def boundary_specs(model: LayeredModel, stop: int | None = None) -> list[Boundar
                     fix="every layer must return one tensor whose first dimension is the batch",
                 )
             specs.append(BoundarySpec(tuple(x.shape[1:]), x.dtype))
-    return specs
+    return specs  # per-sample shapes: the batch dimension is dropped
 
 
 def _unsplit_name(name: str) -> str:

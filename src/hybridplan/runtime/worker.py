@@ -119,6 +119,7 @@ def run_rank(
         "in_flight": executor.in_flight,
         "iteration_peaks": [r.peak for r in records] if tracked else [],
         "static": [r.static for r in records] if tracked else [],
+        "data": [r.data for r in records] if tracked else [],
         "breakdowns": [r.peak_breakdown for r in records] if tracked else [],
         "seconds": [r.seconds for r in records],
         "losses": [r.loss for r in records],
