@@ -1,0 +1,308 @@
+"""AMP's cost model: the iteration time of a plan from layer times, device speeds and link bandwidths.
+
+[Note: the AMP cost model] (Li et al. NeurIPS'22, seed 002 section 3.4; symbols as there)
+
+- Stage compute ``t_i`` per micro-batch = sum over the stage's layers of forward + backward seconds at the
+  stage's tensor degree ``t`` for the ``M / d`` samples each replica gets (``M``: micro-batch, ``d``: data
+  degree), on the stage's slowest device, per layer (every layer of a tensor group waits for its slowest
+  member). A device whose type the profile has runs that type's times (its ``speed`` is relative to the
+  profiled device, so it is not applied again); a device whose type the profile lacks runs the reference
+  type's times divided by its ``speed``.
+- Tensor-parallel all-reduces inside layers, unless the profile's times already contain them
+  (``tensor_comm_in_times``, true for AMP's profiles): a layer with ``(n_f, n_b)`` all-reduces (Megatron
+  block: (2, 2), Shoeybi et al. 2019 section 3 figure 4) adds ``(n_f + n_b) * 2(t-1)/t * (M/d) * a / B``
+  with ``a`` the layer's activation bytes per sample and ``B`` the slowest link of the tensor group.
+- Ring all-reduce (section 3.4, eq. 3): ``2 (n-1) M / (n B)``, ``B`` the lowest bandwidth in the group.
+- Pipeline p2p ``e_i`` for the boundary after stage ``i`` (section 3.4: ``e = v / b``): the activation goes
+  forward and its gradient, the same size, comes back, so ``e_i = 2 v / b``. ``v`` is what one device must
+  send or receive: ``max(V / (d_i t_i), V / d_{i+1})`` with ``V = M a`` (a data replica of the next stage needs
+  its share of the samples; a tensor group needs all of them; senders of one shard share the sending). ``b``
+  is the slowest link among the device pairs that exchange data: rank ``k`` to rank ``k`` when both stages
+  have the same degrees (AMP's pairing), otherwise every pair of replicas whose samples overlap.
+- Pipeline (eq. 5): ``T_pp = (gas - 1) max_i t_i + sum_i t_i + sum_i e_i``. [Note: p2p overlap] Section 6.1:
+  a sender hands the message off and goes on computing, only the receiver waits; so p2p lies on the
+  critical path once (pipeline fill and drain) and not in the steady-state term - as long as a transfer is
+  shorter than the computation it hides behind. Eq. 5 misses the other case: a one-way transfer ``e_i / 2``
+  longer than every stage paces the steady state (a link carries one micro-batch at a time). We therefore
+  use ``T_pp = (gas - 1) max(max_i t_i, max_i e_i / 2) + sum_i t_i + sum_i e_i``, which IS eq. 5 whenever
+  compute dominates (every one of AMP's 52 trials: benchmarks/amp_trials). With ``overlap_p2p=False``
+  (blocking sends) a stage's steady-state time also holds its own sends, ``t_i + e_i / 2 + e_{i-1} / 2``.
+- The schedule does not enter: GPipe and 1F1B have the same fill-and-drain critical path; they differ in memory.
+- Data-parallel sync (eq. 4): ``T = T_pp + max over stages and tensor ranks`` of the ring all-reduce of the
+  stage's gradient bytes / ``t`` over the data group of that tensor rank. Layers that share parameters
+  (tied embeddings) count once per stage.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from hybridplan.cluster import Cluster
+from hybridplan.plan import Plan
+from hybridplan.predict.layout import DeviceGroup, Layout, StageLayout
+from hybridplan.predict.time_profile import TimeProfile
+
+__all__ = [
+    "LayerCosts",
+    "StageTime",
+    "TimeBreakdown",
+    "allreduce_seconds",
+    "slowest_link",
+    "stage_layer_costs",
+    "p2p_seconds",
+    "sync_seconds",
+    "pipeline_seconds",
+    "predict_iteration_time",
+]
+
+
+@dataclass(frozen=True)
+class LayerCosts:
+    """Per-layer seconds of one micro-batch on one stage configuration (arrays over ALL profile layers)."""
+
+    forward: np.ndarray
+    backward: np.ndarray
+    tensor_comm: np.ndarray
+
+    @property
+    def total(self) -> np.ndarray:
+        """forward + backward + tensor-parallel communication, per layer."""
+        return self.forward + self.backward + self.tensor_comm
+
+
+@dataclass(frozen=True)
+class StageTime:
+    """One stage's share of the iteration (seconds; per micro-batch except ``sync_s``)."""
+
+    start: int
+    stop: int
+    kind: str
+    devices: tuple[int, ...]
+    forward_s: float
+    backward_s: float
+    tensor_comm_s: float
+    p2p_s: float
+    """Forward activation + backward gradient across the boundary to the NEXT stage (0 for the last)."""
+    sync_s: float
+    """Data-parallel gradient all-reduce, once per iteration."""
+
+    @property
+    def compute_s(self) -> float:
+        """``t_i`` of eq. 5: forward + backward + tensor-parallel all-reduces."""
+        return self.forward_s + self.backward_s + self.tensor_comm_s
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Predicted iteration time, per stage and in total."""
+
+    stages: tuple[StageTime, ...]
+    num_microbatches: int
+    microbatch_size: int
+    pipeline_s: float
+    sync_s: float
+    overlap_p2p: bool = True
+
+    @property
+    def total_s(self) -> float:
+        """Seconds per iteration: pipeline + the slowest data-parallel sync (eq. 4)."""
+        return self.pipeline_s + self.sync_s
+
+    @property
+    def bottleneck_stage(self) -> int:
+        """Index of the stage with the largest ``t_i``."""
+        return int(np.argmax([s.compute_s for s in self.stages]))
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (seconds)."""
+        return {
+            "total_s": self.total_s,
+            "pipeline_s": self.pipeline_s,
+            "sync_s": self.sync_s,
+            "num_microbatches": self.num_microbatches,
+            "microbatch_size": self.microbatch_size,
+            "overlap_p2p": self.overlap_p2p,
+            "stages": [
+                {
+                    "layers": [s.start, s.stop], "kind": s.kind, "devices": list(s.devices),
+                    "forward_s": s.forward_s, "backward_s": s.backward_s, "tensor_comm_s": s.tensor_comm_s,
+                    "p2p_s": s.p2p_s, "sync_s": s.sync_s,
+                }
+                for s in self.stages
+            ],
+        }
+
+    def table(self) -> str:
+        """A terminal table in milliseconds, one row per stage, then the totals."""
+        head = f"{'stage':>5} {'layers':>9} {'kind':>11} {'devices':>8} {'fwd ms':>9} {'bwd ms':>9} {'tp ms':>8} {'p2p ms':>8} {'sync ms':>9}"
+        rows = [head, "-" * len(head)]
+        for i, s in enumerate(self.stages):
+            mark = "*" if i == self.bottleneck_stage else " "
+            rows.append(
+                f"{i:>4}{mark} {f'[{s.start},{s.stop})':>9} {s.kind:>11} {len(s.devices):>8} {s.forward_s * 1e3:>9.2f}"
+                f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
+            )
+        rows.append(
+            f"{self.num_microbatches} micro-batches of {self.microbatch_size}: pipeline {self.pipeline_s * 1e3:.1f} ms"
+            f" + sync {self.sync_s * 1e3:.1f} ms = {self.total_s * 1e3:.1f} ms per iteration (* = bottleneck stage)"
+        )
+        return "\n".join(rows)
+
+
+def allreduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
+    """Ring all-reduce of ``nbytes`` over ``n`` workers on links of ``bandwidth`` bytes/s (eq. 3)."""
+    if n <= 1 or nbytes == 0:
+        return 0.0
+    return 2.0 * (n - 1) * nbytes / (n * bandwidth)
+
+
+def slowest_link(cluster: Cluster, devices: tuple[int, ...]) -> float:
+    """The lowest bandwidth between any two of ``devices`` (AMP's approximation for a non-uniform group)."""
+    if len(devices) < 2:
+        return float("inf")
+    return min(cluster.bandwidth(a, b) for a in devices for b in devices if a != b)
+
+
+def _device_times(profile: TimeProfile, cluster: Cluster, device: int, tensor_degree: int, samples: float) -> tuple[np.ndarray, np.ndarray]:
+    spec = cluster.devices[device]
+    if spec.type in profile.device_types:
+        return profile.layer_times(spec.type, tensor_degree, samples)
+    fwd, bwd = profile.layer_times(profile.reference_device_type, tensor_degree, samples)
+    return fwd / spec.speed, bwd / spec.speed
+
+
+def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: DeviceGroup, microbatch_size: int) -> LayerCosts:
+    """Per-layer seconds of one micro-batch for a stage on ``group`` (the note, first two bullets).
+
+    Raises:
+        ProfileError: if the profile lacks the stage's tensor degree for the devices' type.
+    """
+    samples = microbatch_size / group.data_degree
+    representatives: dict[tuple[str, float], int] = {}
+    for d in group.devices:
+        representatives.setdefault((cluster.devices[d].type, cluster.devices[d].speed), d)
+    times = [_device_times(profile, cluster, d, group.tensor_degree, samples) for d in representatives.values()]
+    fwd = np.max([f for f, _ in times], axis=0)
+    bwd = np.max([b for _, b in times], axis=0)
+    t = group.tensor_degree
+    if t == 1 or profile.tensor_comm_in_times:
+        comm = np.zeros_like(fwd)
+    else:
+        bandwidth = min(slowest_link(cluster, group.replica(r)) for r in range(group.data_degree))
+        counts = np.array([sum(layer.tensor_parallel_allreduces) for layer in profile.layers], dtype=float)
+        comm = counts * allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes()
+    return LayerCosts(fwd, bwd, comm)
+
+
+def _exchange_pairs(sender: DeviceGroup, receiver: DeviceGroup) -> list[tuple[int, int]]:
+    if (sender.data_degree, sender.tensor_degree) == (receiver.data_degree, receiver.tensor_degree):
+        return list(zip(sender.devices, receiver.devices))
+    d1, d2 = sender.data_degree, receiver.data_degree
+    pairs = []
+    for r1 in range(d1):
+        for r2 in range(d2):
+            if r1 * d2 < (r2 + 1) * d1 and r2 * d1 < (r1 + 1) * d2:  # sample ranges overlap
+                pairs += [(a, b) for a in sender.replica(r1) for b in receiver.replica(r2)]
+    return pairs
+
+
+def p2p_seconds(
+    profile: TimeProfile, cluster: Cluster, sender: DeviceGroup, receiver: DeviceGroup, microbatch_size: int
+) -> np.ndarray:
+    """``e`` for a boundary after each layer between two consecutive stages, per micro-batch (the note)."""
+    bandwidth = min(
+        (cluster.bandwidth(a, b) for a, b in _exchange_pairs(sender, receiver)), default=float("inf")
+    )
+    share = max(1.0 / (sender.data_degree * sender.tensor_degree), 1.0 / receiver.data_degree)
+    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth
+
+
+def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StageLayout) -> float:
+    """The stage's data-parallel gradient all-reduce, slowest tensor rank (the note, last bullet)."""
+    d, t = stage.data_degree, stage.tensor_degree
+    if d == 1:
+        return 0.0
+    seen: set[str] = set()
+    nbytes = 0.0
+    for layer in profile.layers[stage.start : stage.stop]:
+        if layer.shared_parameters is not None:
+            if layer.shared_parameters in seen:
+                continue
+            seen.add(layer.shared_parameters)
+        nbytes += layer.parameter_bytes
+    return max(
+        allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.group.data_group(k))) for k in range(t)
+    )
+
+
+def pipeline_seconds(compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int) -> float:
+    """``(gas - 1) max(max t_i, max e_i / 2) + sum t_i + sum e_i`` (eq. 5 with the p2p-overlap note);
+    ``p2p_s`` has one entry (both directions) per boundary."""
+    t = np.asarray(compute_s, dtype=float)
+    e = np.asarray(p2p_s, dtype=float)
+    steady = max(float(t.max()), float(e.max()) / 2 if e.size else 0.0)
+    return float((num_microbatches - 1) * steady + t.sum() + e.sum())
+
+
+def predict_iteration_time(
+    plan: Plan | Layout, profile: TimeProfile, cluster: Cluster, *, overlap_p2p: bool = True
+) -> TimeBreakdown:
+    """Predicted seconds per training iteration of ``plan`` (the note at the top of the module).
+
+    Args:
+        plan: a Plan (CAPTURE's mixed stages) or a Layout (also AMP's ``dp x tp`` stages).
+        profile: the model's layer times and sizes.
+        cluster: device types, speeds and bandwidths.
+        overlap_p2p: AMP's section 6.1 overlap (default); False models blocking sends.
+
+    Raises:
+        PlanError: if the plan does not cover the profile's layers or names devices the cluster lacks.
+        ProfileError: if the profile lacks a tensor degree the plan uses.
+
+    Example:
+        >>> from hybridplan.predict.time_profile import LayerInfo, TimingTable
+        >>> p = TimeProfile(model="toy", layers=(LayerInfo(name="l", activation_bytes_per_sample=0.0,
+        ...     parameter_bytes=0.0),), timings=(TimingTable(device_type="cpu", tensor_degree=1,
+        ...     micro_batch_size=1, forward_s=(1.0,), backward_s=(2.0,)),))
+        >>> layout = Layout.uniform(boundaries=[0, 1], data_degree=1, tensor_degree=1, micro_batch_size=1,
+        ...     global_batch_size=4)
+        >>> predict_iteration_time(layout, p, Cluster.uniform(1, 1)).total_s   # (4 - 1) * 3 + 3
+        12.0
+    """
+    layout = Layout.from_plan(plan) if isinstance(plan, Plan) else plan
+    layout.check_fits(profile.num_layers, cluster)
+    m = layout.microbatch_size
+    costs = [stage_layer_costs(profile, cluster, s.group, m) for s in layout.stages]
+    e = [
+        float(p2p_seconds(profile, cluster, a.group, b.group, m)[a.stop - 1])
+        for a, b in zip(layout.stages, layout.stages[1:])
+    ]
+    stages = []
+    for i, (s, c) in enumerate(zip(layout.stages, costs)):
+        sl = slice(s.start, s.stop)
+        stages.append(
+            StageTime(
+                start=s.start, stop=s.stop, kind=s.group.kind, devices=s.devices,
+                forward_s=float(c.forward[sl].sum()), backward_s=float(c.backward[sl].sum()),
+                tensor_comm_s=float(c.tensor_comm[sl].sum()), p2p_s=e[i] if i < len(e) else 0.0,
+                sync_s=sync_seconds(profile, cluster, s),
+            )
+        )
+    compute = np.array([s.compute_s for s in stages])
+    if overlap_p2p:
+        pipeline = pipeline_seconds(compute, e, layout.num_microbatches)
+    else:
+        out = np.array(e + [0.0]) / 2 + np.array([0.0] + e) / 2
+        blocking = compute + out
+        pipeline = float((layout.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
+    return TimeBreakdown(
+        stages=tuple(stages),
+        num_microbatches=layout.num_microbatches,
+        microbatch_size=m,
+        pipeline_s=pipeline,
+        sync_s=max(s.sync_s for s in stages),
+        overlap_p2p=overlap_p2p,
+    )
