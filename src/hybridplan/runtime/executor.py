@@ -139,6 +139,7 @@ class StageExecutor:
         self.bwd_send = [t for t in route(here, prev, b) if t.src == rank] if prev else []
 
         self._pending: list[Any] = []
+        self._forward_sends: dict[int, list[Any]] = {}
         self._params = [p for p in module.parameters() if p.requires_grad]
         for p in self._params:
             p.register_post_accumulate_grad_hook(lambda q: self.meter.retag(q.grad, "gradients"))
@@ -174,19 +175,23 @@ class StageExecutor:
             w.wait()
         return buf
 
-    def _send(self, tensor: torch.Tensor, transfers: list[Transfer], microbatch: int, backward: bool) -> None:
+    def _send(self, tensor: torch.Tensor, transfers: list[Transfer], microbatch: int, backward: bool) -> list[Any]:
+        """Post the sends of ``tensor``'s rows; returns the (work, buffer) pairs to wait for later."""
         lo = self.rows[0]
         # Detached: a plain view of the output would keep the output's autograd graph (and through its
         # AccumulateGrad node the received input buffer) alive until the send is waited for.
         values = tensor.detach()
+        sends = []
         for t in transfers:
             piece = values[t.start - lo : t.stop - lo]
-            self._pending.append((dist.isend(piece, dst=t.dst, tag=self._tag(microbatch, backward)), piece))
+            sends.append((dist.isend(piece, dst=t.dst, tag=self._tag(microbatch, backward)), piece))
+        return sends
 
     def _wait_sends(self) -> None:
         for work, _ in self._pending:
             work.wait()
         self._pending.clear()
+        self._forward_sends.clear()  # a last stage has none; any other stage waited for all in its backwards
 
     # ------------------------------------------------------------------ actions
     def _forward(self, j: int, local_in: torch.Tensor | None, local_tgt: torch.Tensor | None, stash: dict) -> float:
@@ -203,7 +208,7 @@ class StageExecutor:
             loss = self.model.loss(y, local_tgt[j * n : (j + 1) * n]) * weight
             stash[j] = (x, get_gradient_edge(loss), None)
             return float(loss.detach())
-        self._send(y, self.fwd_send, j, backward=False)
+        self._forward_sends[j] = self._send(y, self.fwd_send, j, backward=False)
         if y.grad_fn is None:  # nothing to back-propagate into (e.g. a stage of identity layers on integer input)
             stash[j] = (x, None, None)
         else:
@@ -221,9 +226,15 @@ class StageExecutor:
             if edge is not None:
                 torch.autograd.backward([edge], grad_tensors=[grad])
             del grad
+            # [Note: waiting for forward sends] The next stage has back-propagated micro-batch j, so it
+            # received our output long ago: this wait returns at once, and dropping the buffer now frees
+            # an output its op had saved for backward when the program is done with it (not at the end
+            # of the iteration), on every backend alike.
+            for work, _ in self._forward_sends.pop(j):
+                work.wait()
         if not self.first:
             g = x.grad if x.grad is not None else torch.zeros_like(x)
-            self._send(g, self.bwd_send, j, backward=True)
+            self._pending += self._send(g, self.bwd_send, j, backward=True)
             self.meter.forget(g)
             del g
         del x
