@@ -14,7 +14,7 @@ from hybridplan.errors import HybridPlanError
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("models", "run")
+_COMMANDS = ("models", "run", "profile", "predict", "plan", "validate")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,6 +43,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":

@@ -1,0 +1,86 @@
+"""``hybridplan plan``: recommend a plan (lowest predicted per-device peak memory) from a profile."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from hybridplan.cli.common import add_cluster, cluster_from
+from hybridplan.errors import UsageError
+from hybridplan.predict.memory import DEGREE_FITS, MemoryPredictor
+from hybridplan.profiling.store import ProfileStore
+from hybridplan.search import MeshAttempt, PlanSpace, fewest_devices, solve_bayesian, solve_exact, solve_exhaustive
+from hybridplan.units import format_bytes
+
+MODES = {"exact": solve_exact, "exhaustive": solve_exhaustive, "bayesian": solve_bayesian}
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "plan",
+        help="recommend the plan with the lowest predicted peak memory",
+        description="Search every partitioning and parallelization plan on the mesh (CAPTURE) for the lowest "
+        "predicted per-device peak memory, ties broken by dropping the highest device and comparing the rest.",
+    )
+    p.add_argument("--db", required=True, help="profile database written by 'hybridplan profile'")
+    add_cluster(p)
+    p.add_argument("--objective", choices=("memory",), default="memory", help="what to minimise (default memory)")
+    p.add_argument("--mode", choices=tuple(MODES), default="exact", help="solver (default exact: same optimum as exhaustive)")
+    p.add_argument("--pipeline-only", action="store_true", help="only pipeline-parallel stages (mCAP)")
+    p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory)")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), help="target schedule (default: the profile's)")
+    p.add_argument("--global-batch-size", type=int, help="target global batch (default: the profile's)")
+    p.add_argument("--num-microbatches", type=int, help="target micro-batch count (default: the profile's)")
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bayesian mode")
+    p.add_argument("--out", help="write the plan JSON here")
+    p.add_argument("--json", action="store_true", help="print the plan JSON")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    cluster = cluster_from(args)
+    predictor = MemoryPredictor.from_db(
+        args.db, schedule=args.schedule, global_batch_size=args.global_batch_size,
+        num_microbatches=args.num_microbatches, degree_fit=args.degree_fit,
+    )
+    with ProfileStore(args.db, create=False) as store:
+        model_name = store.get_meta("model")
+    L = predictor.num_layers
+    if args.fewest_devices:
+        capacity = cluster.memory_of(0)
+        if capacity is None:
+            raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
+        found = fewest_devices(predictor, cluster, L, capacity=capacity, pipeline_only=args.pipeline_only)
+        for attempt in found.tried:
+            print(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}", file=sys.stderr)
+        result, cluster = found.result, found.cluster
+        print(f"smallest mesh that fits {format_bytes(capacity)} per device: {cluster.shape}", file=sys.stderr)
+    else:
+        space = PlanSpace.for_cluster(cluster, L, pipeline_only=args.pipeline_only)
+        solver = MODES[args.mode]
+        result = solver(predictor, space, seed=args.seed) if args.mode == "bayesian" else solver(predictor, space)
+    plan = result.to_plan(
+        schedule=predictor.schedule, global_batch_size=predictor.global_batch_size, num_microbatches=predictor.num_microbatches
+    )
+    plan = type(plan).from_dict({**plan.to_dict(), "model": model_name, "cluster": cluster.shape,
+                                 "predicted_peak_bytes": int(round(result.peak))})
+    if args.out:
+        Path(args.out).write_text(plan.to_json())
+    if args.json:
+        print(plan.to_json(), end="")
+        return 0
+    print(f"{model_name} on {cluster.describe()}: {result.solver} search, {result.visited} visited in {result.elapsed_s:.3f} s")
+    print(plan.describe())
+    prediction = predictor.predict(plan)
+    print(f"{'device':>6} {'stage':>5} {'predicted peak':>15}")
+    for d in prediction.devices:
+        print(f"{d.device:>6} {d.stage:>5} {format_bytes(d.peak_memory_bytes):>15}")
+    print(f"predicted plan peak: {format_bytes(prediction.peak_memory_bytes)}" + (f"; written to {args.out}" if args.out else ""))
+    return 0
+
+
+def _attempt_text(attempt: MeshAttempt) -> str:
+    peak = "no plan" if attempt.peak is None else f"best peak {format_bytes(attempt.peak)}"
+    return f"{peak}, {'fits' if attempt.fits else 'does not fit'} ({attempt.note})"

@@ -1,0 +1,39 @@
+"""``hybridplan predict``: predicted per-device peak memory of a plan, from a profile."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import DEGREE_FITS, MemoryPredictor
+from hybridplan.units import format_bytes
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("predict", help="predict per-device peak memory of a plan from a profile")
+    p.add_argument("--db", required=True, help="profile database written by 'hybridplan profile'")
+    p.add_argument("--plan", required=True, help="plan JSON file")
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
+    p.add_argument("--method", choices=("quantities", "capture"), default="quantities",
+                   help="quantities: schedule-aware (default); capture: seed 000's peak statistics")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    plan = Plan.load(args.plan)
+    predictor = MemoryPredictor.from_db(
+        args.db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
+        num_microbatches=plan.num_microbatches, degree_fit=args.degree_fit, method=args.method,
+    )
+    prediction = predictor.predict(plan)
+    if args.json:
+        print(json.dumps(prediction.to_dict(), indent=1))
+        return 0
+    print(plan.describe())
+    print(f"{'device':>6} {'stage':>5} {'in-flight':>9} {'predicted peak':>15}")
+    for d in prediction.devices:
+        print(f"{d.device:>6} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>15}")
+    print(f"plan peak: {format_bytes(prediction.peak_memory_bytes)}")
+    return 0

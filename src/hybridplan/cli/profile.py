@@ -1,0 +1,74 @@
+"""``hybridplan profile``: run the profiling campaign into a database."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hybridplan.cli.common import add_cluster, add_model, cluster_from
+from hybridplan.errors import UsageError
+from hybridplan.profiling.campaign import Campaign, CampaignConfig
+from hybridplan.profiling.partitions import Scenario
+from hybridplan.profiling.store import ProfileStore
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "profile",
+        help="run the profiling campaign (per-layer memory statistics)",
+        description="Profile the model's memory with short runs of chosen partitionings (CAPTURE). Every run is "
+        "written to the database as it finishes; running the same command again resumes.",
+    )
+    add_model(p)
+    add_cluster(p)
+    p.add_argument("--global-batch-size", type=int, required=True, help="the target global batch size")
+    p.add_argument("--num-microbatches", type=int, required=True, help="the target micro-batch count")
+    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="schedule of the profiling runs")
+    p.add_argument("--db", required=True, help="SQLite profile database (created or resumed)")
+    p.add_argument("--profile-batch-sizes", help="two global batch sizes to profile, e.g. 32,16 (default: B/2,B/4)")
+    p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4 (default: all that apply)")
+    p.add_argument("--neighbors", type=int, help="layers per neighbour chain for M_a (default ceil(L/G), as CAPTURE)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a profiling run is ended")
+    p.set_defaults(handler=handle)
+
+
+def _ints(text: str, what: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(x) for x in text.split(","))
+    except ValueError:
+        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+
+
+def handle(args: argparse.Namespace) -> int:
+    if args.global_batch_size < 1 or args.num_microbatches < 1:
+        raise UsageError("--global-batch-size and --num-microbatches must be positive")
+    cfg = CampaignConfig(
+        model=args.model,
+        cluster=cluster_from(args),
+        global_batch_size=args.global_batch_size,
+        num_microbatches=args.num_microbatches,
+        schedule=args.schedule,
+        batch_sizes=_ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None,
+        scenarios=tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None,
+        neighbors=args.neighbors,
+        seed=args.seed,
+        timeout_s=args.timeout,
+    )
+    with ProfileStore(args.db) as store:
+        campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        print(
+            f"profiling {args.model} ({campaign.L} layers) for {cfg.cluster.describe()}: scenarios "
+            f"{', '.join(s.name for s in campaign.scenarios)} at global batch sizes {campaign.batch_sizes}",
+            file=sys.stderr,
+        )
+        summary = campaign.run()
+    print(
+        f"done: {summary.runs_executed} runs executed, {summary.runs_resumed} resumed from the database,"
+        f" {summary.runs_failed} failed, in {summary.seconds:.0f} s; statistics in {args.db}"
+    )
+    for key, count in summary.runs_per_scenario.items():
+        print(f"  {key}: {count} runs")
+    for key, spans in summary.unmeasured.items():
+        print(f"  {key}: not measured: {spans}")
+    return 0

@@ -1,0 +1,332 @@
+"""Per-device peak memory of any plan, from a profile database (CAPTURE seed 000 III-B, extended).
+
+For a stage ``[a, b)`` run as ``kind`` x ``degree`` at some position of a plan:
+
+1. its quantities (profiling/quantities.py) at each profiled batch size: measured if that exact span
+   was profiled, else ``M_i(a) + sum M_a(a+1..b-1)`` (profiling/statistics.py);
+2. scaled to the plan's batch by the straight line through the two profiled sizes (seed 000 III-B2):
+   per micro-batch quantities against the micro-batch size, the data share against the global batch;
+3. replayed through the stage's actions under the plan's schedule at its position
+   (predict/schedule_memory.py): this is what makes 1F1B predictions as accurate as GPipe's;
+4. for a data/tensor degree that was not profiled (above 4), the stage peak is fitted through the two
+   profiled degrees with seed 000's logarithmic function ``P(d) = P(2) + (P(4) - P(2)) log2(d / 2)``,
+   or ``P(d) = alpha + beta / d`` (``degree_fit="inverse"``, the analytical form seed 000 motivates
+   its choice with).
+
+``method="capture"`` reproduces seed 000 instead: the measured stage *peaks* composed by M_i/M_a and
+scaled by batch, blind to the schedule position (for comparisons).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybridplan.errors import PlanError, ProfileError
+from hybridplan.plan import Plan
+from hybridplan.predict.schedule_memory import peak_terms
+from hybridplan.profiling.quantities import INDEX, QUANTITIES
+from hybridplan.profiling.statistics import SpanStatistics
+from hybridplan.runtime.schedule import in_flight_count
+
+__all__ = ["MemoryPredictor", "DevicePrediction", "PlanPrediction", "DEGREE_FITS"]
+
+DEGREE_FITS = ("log", "inverse")
+_PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
+
+
+@dataclass
+class DevicePrediction:
+    """Predicted memory of one device."""
+
+    device: int
+    stage: int
+    peak_memory_bytes: int
+    in_flight: int
+    quantities: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class PlanPrediction:
+    """Predicted per-device peaks of a plan."""
+
+    devices: list[DevicePrediction]
+    method: str
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(d.peak_memory_bytes for d in self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"method": self.method, "peak_memory_bytes": self.peak_memory_bytes, "devices": [asdict(d) for d in self.devices]}
+
+
+def _first_backward(v1: np.ndarray, v2: np.ndarray, target: np.ndarray, b1: int, b2: int, b: int) -> np.ndarray:
+    """The first backward's transient at micro-batch ``b``: a maximum of two regimes, fitted piece by piece.
+
+    [Note: the first backward] Back-propagating the first micro-batch allocates every gradient while it
+    frees that micro-batch's activations, layer by layer, so its peak (above the level it starts from)
+    is the larger of the start, where it is a later backward's transient ``TB``, and the end, where
+    it is ``G - A + X`` with ``X`` the first layer's activation and backward transient. Measured on
+    gpt-tiny (6 blocks): the end dominates at micro-batch 2, the start at 4 and 8, so a straight line
+    through two profiled sizes misses (by 715 KiB at 8); each piece is linear in the batch, though.
+    ``X`` is fitted through the profiled sizes where the end dominated (through the origin if only one
+    did); where it never did, the start is kept.
+    """
+    tb0, tb = INDEX["first_backward_transient"], INDEX["backward_transient"]
+    ga = lambda v: v[..., INDEX["gradient"]] - v[..., INDEX["activation"]]  # noqa: E731
+    x1, x2 = v1[..., tb0] - ga(v1), v2[..., tb0] - ga(v2)
+    end1, end2 = v1[..., tb0] > v1[..., tb], v2[..., tb0] > v2[..., tb]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = np.where(
+            end1 & end2,
+            x1 + (x2 - x1) * (b - b1) / (b2 - b1),
+            np.where(end2, x2 * b / b2, np.where(end1, x1 * b / b1, -np.inf)),
+        )
+        return np.maximum(target[..., tb], ga(target) + x)
+
+
+class MemoryPredictor:
+    """Predicts per-device peak memory for plans of one model and batch configuration.
+
+    Args:
+        stats: ``{(kind, degree): [SpanStatistics, ...]}`` with two profiled batch sizes per scenario
+            (kind "none" with degree 1 is pipeline-only).
+        num_layers: the model's layer count.
+        schedule: "gpipe" or "1f1b".
+        global_batch_size: the target global batch.
+        num_microbatches: the target micro-batch count.
+        degree_fit: "log" (seed 000) or "inverse".
+        method: "quantities" (default) or "capture" (seed 000's peak statistics).
+    """
+
+    def __init__(
+        self,
+        stats: dict[tuple[str, int], list[SpanStatistics]],
+        *,
+        num_layers: int,
+        schedule: str,
+        global_batch_size: int,
+        num_microbatches: int,
+        degree_fit: str = "log",
+        method: str = "quantities",
+    ) -> None:
+        if degree_fit not in DEGREE_FITS:
+            raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
+        if method not in ("quantities", "capture"):
+            raise ProfileError(f"unknown prediction method {method!r}", fix="use 'quantities' or 'capture'")
+        if global_batch_size % num_microbatches:
+            raise PlanError(f"global batch {global_batch_size} does not split into {num_microbatches} micro-batches")
+        self.stats = stats
+        self.num_layers = num_layers
+        self.schedule = schedule
+        self.global_batch_size = global_batch_size
+        self.num_microbatches = num_microbatches
+        self.degree_fit = degree_fit
+        self.method = method
+        self.position_horizon = num_microbatches if schedule != "gpipe" else 1
+        self._tables: dict[tuple[str, int], np.ndarray] = {}
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_db(
+        cls,
+        path: str | Path,
+        *,
+        schedule: str | None = None,
+        global_batch_size: int | None = None,
+        num_microbatches: int | None = None,
+        degree_fit: str = "log",
+        method: str = "quantities",
+    ) -> MemoryPredictor:
+        """A predictor from a profile database; unset targets default to the campaign's."""
+        from hybridplan.profiling.campaign import load_statistics
+        from hybridplan.profiling.store import ProfileStore
+
+        with ProfileStore(path, create=False) as store:
+            meta = store.meta()
+            stats = load_statistics(store)
+        if "num_layers" not in meta:
+            raise ProfileError(f"{str(path)!r} holds no finished profiling campaign", fix="run 'hybridplan profile' first")
+        return cls(
+            stats,
+            num_layers=meta["num_layers"],
+            schedule=schedule or meta["schedule"],
+            global_batch_size=global_batch_size or meta["global_batch_size"],
+            num_microbatches=num_microbatches or meta["num_microbatches"],
+            degree_fit=degree_fit,
+            method=method,
+        )
+
+    @property
+    def microbatch_size(self) -> int:
+        return self.global_batch_size // self.num_microbatches
+
+    # ------------------------------------------------------------------ per stage
+    def _scenario(self, kind: str, degree: int) -> tuple[str, int]:
+        return ("none", 1) if degree == 1 else (kind, degree)
+
+    def profiled_degrees(self, kind: str) -> list[int]:
+        """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
+        return sorted(d for (k, d), s in self.stats.items() if k == kind and len(s) >= 2)
+
+    def _scaled(self, values: list[np.ndarray], sizes: list[SpanStatistics]) -> np.ndarray:
+        """Linear fit through the two profiled batch sizes, evaluated at the target (seed 000 III-B2).
+
+        ``values`` hold one array per profiled size whose LAST axis runs over the statistics (a span's
+        vector, or a whole ``[L, L+1, Q]`` table).
+        """
+        (s1, v1), (s2, v2) = sorted(zip(sizes, values), key=lambda p: p[0].microbatch_size)[:2]
+        b1, b2, b = s1.microbatch_size, s2.microbatch_size, self.microbatch_size
+        t = (b - b1) / (b2 - b1)
+        out = v1 + (v2 - v1) * t
+        # The data share grows with the global batch, not the micro-batch.
+        g = (self.global_batch_size - s1.batch_size) / (s2.batch_size - s1.batch_size)
+        d = INDEX["data"]
+        out[..., d] = v1[..., d] + (v2[..., d] - v1[..., d]) * g
+        out[..., INDEX["first_backward_transient"]] = _first_backward(v1, v2, out, b1, b2, b)
+        return out
+
+    def span_quantities(self, start: int, stop: int, kind: str, degree: int) -> np.ndarray | None:
+        """Quantities (and, last, the measured-peak statistic) of a profiled scenario, scaled to the target batch."""
+        sizes = self.stats.get(self._scenario(kind, degree))
+        if not sizes or len(sizes) < 2:
+            return None
+        vectors = [s.span(start, stop) for s in sizes]
+        if any(v is None for v in vectors):
+            return None
+        return self._scaled(vectors, sizes)
+
+    def _profiled_peak(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float | None:
+        q = self.span_quantities(start, stop, kind, degree)
+        if q is None:
+            return None
+        if self.method == "capture":
+            return float(q[_PEAK])
+        return float(np.max(peak_terms(self.schedule, stages_after, self.num_microbatches) @ q[:_PEAK]))
+
+    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float:
+        """Predicted per-device peak bytes of a stage (``inf`` if the profile cannot predict it)."""
+        if degree == 1 or (kind, degree) in self.stats:
+            value = self._profiled_peak(start, stop, kind, degree, stages_after)
+            return math.inf if value is None else value
+        degrees = self.profiled_degrees(kind)
+        if len(degrees) < 2:
+            return math.inf
+        d1, d2 = degrees[-2], degrees[-1]
+        p1 = self._profiled_peak(start, stop, kind, d1, stages_after)
+        p2 = self._profiled_peak(start, stop, kind, d2, stages_after)
+        if p1 is None or p2 is None:
+            return math.inf
+        if self.degree_fit == "log":
+            return p1 + (p2 - p1) * math.log(degree / d1) / math.log(d2 / d1)
+        beta = (p1 - p2) / (1 / d1 - 1 / d2)
+        return p2 - beta / d2 + beta / degree
+
+    def allowed(self, start: int, stop: int, kind: str, degree: int) -> bool:
+        """Whether the profile predicts this stage config (and its batch split is possible)."""
+        if kind == "data" and degree > 1 and self.microbatch_size % degree:
+            return False
+        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0))
+
+    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int) -> np.ndarray:
+        """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable)."""
+        L = num_layers
+        out = np.full((L, L + 1), math.inf)
+        if kind == "data" and degree > 1 and self.microbatch_size % degree:
+            return out
+        if degree != 1 and (kind, degree) not in self.stats:
+            degrees = self.profiled_degrees(kind)
+            if len(degrees) < 2:
+                return out
+            d1, d2 = degrees[-2], degrees[-1]
+            p1 = self.stage_memory_matrix(kind, d1, stages_after, L)
+            p2 = self.stage_memory_matrix(kind, d2, stages_after, L)
+            with np.errstate(invalid="ignore"):
+                if self.degree_fit == "log":
+                    fitted = p1 + (p2 - p1) * math.log(degree / d1) / math.log(d2 / d1)
+                else:
+                    beta = (p1 - p2) / (1 / d1 - 1 / d2)
+                    fitted = p2 - beta / d2 + beta / degree
+            return np.where(np.isfinite(p1) & np.isfinite(p2), fitted, math.inf)
+        table = self._scaled_table(kind, degree)
+        if table is None:
+            return out
+        if self.method == "capture":
+            values = table[..., _PEAK]
+        else:
+            values = np.max(table[..., :_PEAK] @ peak_terms(self.schedule, stages_after, self.num_microbatches).T, axis=-1)
+        return np.where(np.isnan(values), math.inf, values)
+
+    def _scaled_table(self, kind: str, degree: int) -> np.ndarray | None:
+        key = self._scenario(kind, degree)
+        if key not in self._tables:
+            sizes = self.stats.get(key)
+            if not sizes or len(sizes) < 2:
+                return None
+            spans = [s.all_spans() for s in sizes]
+            self._tables[key] = self._scaled(spans, sizes)
+        return self._tables[key]
+
+    # ------------------------------------------------------------------ plans
+    def predict(self, plan: Plan) -> PlanPrediction:
+        """Per-device predicted peaks of ``plan``.
+
+        Raises:
+            PlanError: if the plan does not fit the profiled model.
+            ProfileError: if a stage cannot be predicted from the profile (naming it and why).
+        """
+        plan.validate(num_layers=self.num_layers)
+        if (plan.schedule, plan.global_batch_size, plan.num_microbatches) != (
+            self.schedule,
+            self.global_batch_size,
+            self.num_microbatches,
+        ):
+            other = MemoryPredictor(
+                self.stats,
+                num_layers=self.num_layers,
+                schedule=plan.schedule,
+                global_batch_size=plan.global_batch_size,
+                num_microbatches=plan.num_microbatches,
+                degree_fit=self.degree_fit,
+                method=self.method,
+            )
+            return other.predict(plan)
+        devices = []
+        for i, stage in enumerate(plan.stages):
+            after = plan.num_stages - 1 - i
+            value = self.stage_memory(stage.start, stage.stop, stage.parallelism, stage.degree, after)
+            if not math.isfinite(value):
+                raise ProfileError(
+                    f"stage {i} ({stage.describe()}) cannot be predicted: {self._why_missing(stage.start, stage.stop, stage.parallelism, stage.degree)}",
+                    fix="profile the missing scenario (hybridplan profile ... --scenarios), or change the plan",
+                )
+            q = self.span_quantities(stage.start, stage.stop, stage.parallelism, stage.degree)
+            breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
+            flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
+            for d in stage.devices:
+                devices.append(DevicePrediction(d, i, int(round(value)), flight, breakdown))
+        devices.sort(key=lambda d: d.device)
+        return PlanPrediction(devices, self.method)
+
+    def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
+        key = self._scenario(kind, degree)
+        name = "pipeline" if key[0] == "none" else f"{key[0]}{key[1]}"
+        sizes = self.stats.get(key)
+        if not sizes:
+            if degree > 1 and len(self.profiled_degrees(kind)) < 2:
+                return f"the profile has no {kind} statistics at two degrees to fit degree {degree} from"
+            return f"the profile has no {name} statistics"
+        if len(sizes) < 2:
+            return f"{name} was profiled at one batch size only"
+        for s in sizes:
+            if s.span(start, stop) is None:
+                missing = [l for l in range(start, stop) if np.isnan(s.mi[l]).any() and l == start] + [
+                    l for l in range(start + 1, stop) if np.isnan(s.ma[l]).any()
+                ]
+                return f"{name} statistics at batch {s.batch_size} lack layer(s) {missing or list(range(start, stop))}"
+        return "unknown"

@@ -1,0 +1,412 @@
+"""The profiling campaign: run the profiling partitionings, record them, and derive the statistics.
+
+For each profiled batch size (by default half and a quarter of the target global batch, seed 000
+III-A2, with the target's micro-batch count) and each scenario (pipeline-only; data- and
+tensor-parallel at degrees 2 and 4 where the nodes have that many devices and the layers can be
+split), the campaign packs the spans still to measure into runs (profiling/partitions.py), runs each
+on the runtime for two iterations, and writes every device's measurement to the database the moment
+the run ends. Progress goes to ``progress`` (runs done/total, time left).
+
+Resuming: a run is identified by its scenario, batch size and plan; a campaign started again on the
+same database skips every run it finds there and continues where it stopped.
+
+Failures (mCAP substituted partitionings by hand; here it is automatic): a span whose stage ran out of
+memory is replaced by the smallest spans that yield the same statistic (``M_a(l)`` from ``l-1..l``
+instead of a longer chain); a filler that ran out of memory makes later runs split gaps into more
+fillers; a run that failed otherwise is retried once. Statistics that stay unmeasurable are reported
+by name and make the predictor refuse plans that need them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hybridplan.cluster import Cluster
+from hybridplan.errors import ProfileError
+from hybridplan.models.base import LayeredModel
+from hybridplan.plan import Plan
+from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
+from hybridplan.profiling.quantities import quantities_from_report
+from hybridplan.profiling.statistics import SpanStatistics, build_statistics
+from hybridplan.profiling.store import ProfileStore
+
+__all__ = ["CampaignConfig", "Campaign", "CampaignSummary", "load_statistics", "default_scenarios"]
+
+_FAILED_DEVICE = re.compile(r"^device (\d+) \(stage (\d+)\)")
+_MAX_ATTEMPTS = 2
+
+
+@dataclass(frozen=True, kw_only=True)
+class CampaignConfig:
+    """What to profile and how."""
+
+    model: str
+    """Zoo name or ``module:function``."""
+    cluster: Cluster
+    """The target mesh: the device budget of a run and the node size that bounds degrees."""
+    global_batch_size: int
+    """The target global batch (B)."""
+    num_microbatches: int
+    """The target micro-batch count (m), kept in every profiling run."""
+    schedule: str = "1f1b"
+    """Schedule of the profiling runs; the statistics serve every schedule (profiling/quantities.py)."""
+    batch_sizes: tuple[int, ...] | None = None
+    """Profiled global batch sizes (two); default B/2 and B/4 (seed 000 III-A2)."""
+    scenarios: tuple[Scenario, ...] | None = None
+    """Default: pipeline, data2, data4, tensor2, tensor4 where possible (:func:`default_scenarios`)."""
+    neighbors: int | None = None
+    """Chain length per anchor for M_a; default ceil(L / G) as Description 1."""
+    seed: int = 0
+    iterations: int = 2
+    """Iterations per run: one warm-up and one measured (seed 000: two training iterations)."""
+    timeout_s: float = 900.0
+    run_options: dict[str, Any] = field(default_factory=dict)
+    """Further RunConfig fields (e.g. precision) applied to every run."""
+
+
+@dataclass
+class CampaignSummary:
+    """What a campaign did."""
+
+    runs_total: int = 0
+    runs_executed: int = 0
+    runs_resumed: int = 0
+    runs_failed: int = 0
+    runs_per_scenario: dict[str, int] = field(default_factory=dict)
+    unmeasured: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: list[int]) -> list[Scenario]:
+    """Pipeline, and data/tensor at 2 and 4 where a node has the devices, the micro-batches split, and
+    (for tensor) at least one layer can be split."""
+    out = [Scenario("none", 1)]
+    for degree in (2, 4):
+        if degree > cluster.devices_per_node:
+            continue
+        g = model.sample_granularity
+        if all(b % degree == 0 and (b // degree) % g == 0 for b in microbatch_sizes):
+            out.append(Scenario("data", degree))
+        if any(model.tensor_parallel_problem(l, degree) is None for l in range(model.num_layers)):
+            out.append(Scenario("tensor", degree))
+    return out
+
+
+class Campaign:
+    """Runs a :class:`CampaignConfig` into a :class:`ProfileStore`.
+
+    Args:
+        cfg: the campaign.
+        store: the database (resumed if it holds this campaign already).
+        progress: called with one line per event.
+        execute: runs a plan and returns the run result (default: the runtime's launcher); tests and
+            the simulator substitute their own.
+    """
+
+    def __init__(
+        self,
+        cfg: CampaignConfig,
+        store: ProfileStore,
+        *,
+        progress: Callable[[str], None] | None = None,
+        execute: Callable[[Plan, Cluster], Any] | None = None,
+    ) -> None:
+        from hybridplan.runtime.worker import resolve_model
+
+        self.cfg = cfg
+        self.store = store
+        self.say = progress or (lambda _msg: None)
+        self.model = resolve_model(cfg.model)
+        self.execute = execute or self._launch
+        self.L = self.model.num_layers
+        self.batch_sizes = self._batch_sizes()
+        micro = [b // cfg.num_microbatches for b in self.batch_sizes]
+        self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro)
+        self._check_scenarios(micro)
+        self._record_meta()
+
+    # ------------------------------------------------------------------ setup
+    def _batch_sizes(self) -> list[int]:
+        cfg, m, g = self.cfg, self.cfg.num_microbatches, self.model.sample_granularity
+        sizes = list(cfg.batch_sizes) if cfg.batch_sizes else [cfg.global_batch_size // 2, cfg.global_batch_size // 4]
+        if len(set(sizes)) != 2:
+            raise ProfileError(f"profiling needs two different batch sizes, got {sizes}", fix="give two with --profile-batch-sizes")
+        for b in sizes:
+            if b < m or b % m or (b // m) % g:
+                raise ProfileError(
+                    f"profiled batch size {b} does not split into {m} micro-batches of a multiple of {g} sample(s)",
+                    fix=f"choose a global batch whose halves and quarters are multiples of {m * g}, or set --profile-batch-sizes",
+                )
+        return sorted(sizes)
+
+    def _check_scenarios(self, micro: list[int]) -> None:
+        k = self.cfg.cluster.devices_per_node
+        for s in self.scenarios:
+            if s.degree > k:
+                raise ProfileError(f"scenario {s.name} needs {s.degree} devices per node, the cluster has {k}")
+            if s.kind == "data" and any(b % s.degree or (b // s.degree) % self.model.sample_granularity for b in micro):
+                raise ProfileError(
+                    f"scenario {s.name}: profiled micro-batch sizes {micro} do not split {s.degree} ways",
+                    fix="use a larger global batch or other --profile-batch-sizes",
+                )
+
+    def _record_meta(self) -> None:
+        cfg = self.cfg
+        identity = {
+            "model": cfg.model,
+            "model_config": self.model.config(),
+            "num_layers": self.L,
+            "layer_names": [self.model.layer_name(i) for i in range(self.L)],
+            "cluster": cfg.cluster.to_dict(),
+            "global_batch_size": cfg.global_batch_size,
+            "num_microbatches": cfg.num_microbatches,
+            "batch_sizes": self.batch_sizes,
+            "seed": cfg.seed,
+            "run_options": cfg.run_options,
+        }
+        old = self.store.get_meta("identity")
+        if old is not None and old != json.loads(json.dumps(identity)):
+            diff = sorted(k for k in identity if old.get(k) != json.loads(json.dumps(identity[k])))
+            raise ProfileError(
+                f"{str(self.store.path)!r} holds another campaign (differs in {diff})",
+                fix="use a new --db file for a different model, cluster or batch configuration",
+            )
+        self.store.set_meta("identity", identity)
+        for key in ("model", "num_layers", "global_batch_size", "num_microbatches", "batch_sizes"):
+            self.store.set_meta(key, identity[key])
+        self.store.set_meta("schedule", cfg.schedule)
+        self.store.set_meta("scenarios", [s.name for s in self.scenarios])
+        self.store.set_meta("neighbors", {s.name: self._neighbors(s) for s in self.scenarios})
+
+    # ------------------------------------------------------------------ spans
+    def _allowed(self, scenario: Scenario) -> Callable[[Span], bool]:
+        if scenario.kind != "tensor":
+            return lambda span: True
+        ok = [self.model.tensor_parallel_problem(l, scenario.degree) is None for l in range(self.L)]
+        return lambda span: all(ok[span.start : span.stop])
+
+    def _groups(self, scenario: Scenario) -> int:
+        c = self.cfg.cluster
+        return c.num_nodes * (c.devices_per_node // scenario.degree)
+
+    def _requests(self, scenario: Scenario) -> set[Span]:
+        G, d = self.cfg.cluster.num_devices, scenario.degree
+        allowed = self._allowed(scenario)
+        if G - d >= 2:
+            return set(required_spans(self.L, self._neighbors(scenario), allowed))
+        # One or no device is left besides the stage: only prefixes/suffixes (or the whole model) can
+        # occur in a plan, and they are measured directly.
+        spans = {Span(0, self.L)} if G == d else {Span(0, b) for b in range(1, self.L)} | {Span(a, self.L) for a in range(1, self.L)}
+        return {s for s in spans if allowed(s)}
+
+    def _neighbors(self, scenario: Scenario) -> int:
+        return self.cfg.neighbors or default_neighbors(self.L, self._groups(scenario))
+
+    def anchor(self, scenario: Scenario) -> Callable[[int], int]:
+        """The neighbour anchor the campaign profiles for layer ``l`` in ``scenario``."""
+        return _anchor(self._neighbors(scenario))
+
+    # ------------------------------------------------------------------ running
+    def run(self) -> CampaignSummary:
+        """Profile everything not yet in the database; returns what was done."""
+        summary = CampaignSummary()
+        started = time.perf_counter()
+        plan = [(b, s) for b in self.batch_sizes for s in self.scenarios]
+        estimate = {key: self._estimate_runs(key[1]) for key in plan}
+        summary.runs_total = sum(estimate.values())
+        executed_seconds: list[float] = []
+        for batch, scenario in plan:
+            self._profile(batch, scenario, summary, estimate, executed_seconds)
+            self._refresh_statistics(batch, scenario)
+        summary.seconds = time.perf_counter() - started
+        self.store.set_meta("complete", True)
+        return summary
+
+    def _estimate_runs(self, scenario: Scenario) -> int:
+        pending, n = self._requests(scenario), 0
+        while pending:
+            run = self._pack(pending, scenario, 1)
+            if run is None:
+                break
+            pending -= set(run.measured)
+            n += 1
+        return n
+
+    def _pack(self, pending: set[Span], scenario: Scenario, fillers: int) -> ProfilingRun | None:
+        return pack_run(
+            pending,
+            num_layers=self.L,
+            scenario=scenario,
+            devices=self.cfg.cluster.num_devices,
+            max_groups=self._groups(scenario),
+            fillers_per_gap=fillers,
+        )
+
+    def _profile(self, batch: int, scenario: Scenario, summary: CampaignSummary, estimate: dict, seconds: list[float]) -> None:
+        pending = self._requests(scenario)
+        attempts: dict[Span, int] = {}
+        given_up: dict[Span, str] = {}
+        fillers = 1
+        done_here = 0
+        while True:
+            todo = pending - given_up.keys()
+            run = self._pack(todo, scenario, fillers)
+            if run is None:
+                for span in sorted(todo):
+                    given_up[span] = "does not fit on the mesh"
+                break
+            plan = run.plan(schedule=self.cfg.schedule, global_batch_size=batch, num_microbatches=self.cfg.num_microbatches)
+            attempt = max(attempts.get(s, 0) for s in run.measured)
+            key = f"{scenario.name}|{batch}|{fillers}|{attempt}|{json.dumps(plan.to_dict(), sort_keys=True)}"
+            stored = self.store.find_run(key)
+            done_here += 1
+            total = max(summary.runs_total, summary.runs_executed + summary.runs_resumed + 1)
+            if stored is not None:
+                status, reason, failed = stored.status, stored.reason, _failed_stage(stored.reason)
+                summary.runs_resumed += 1
+            else:
+                status, reason, failed, wall = self._run_one(run, plan, key, scenario, batch)
+                seconds.append(wall)
+                summary.runs_executed += 1
+                done = summary.runs_executed + summary.runs_resumed
+                left = max(0, total - done) * (sum(seconds) / len(seconds))
+                spans = " ".join(f"[{s.start},{s.stop})" for s in run.measured)
+                self.say(
+                    f"[{done}/{total}] {scenario.name} @ batch {batch}: {status} in {wall:.1f} s, measured {spans}"
+                    f" on {run.devices} devices; about {_duration(left)} left"
+                )
+            summary.runs_per_scenario[f"{scenario.name}@{batch}"] = done_here
+            if status == "ok":
+                pending -= set(run.measured)
+                continue
+            summary.runs_failed += 1
+            fillers = self._after_failure(run, status, reason, failed, pending, attempts, given_up, fillers)
+        if given_up:
+            summary.unmeasured[f"{scenario.name}@{batch}"] = [(s.start, s.stop) for s in sorted(given_up)]
+            self.say(f"{scenario.name} @ batch {batch}: could not measure {len(given_up)} span(s): "
+                     + ", ".join(f"[{s.start},{s.stop}) ({why})" for s, why in sorted(given_up.items())[:5]))
+
+    def _after_failure(
+        self,
+        run: ProfilingRun,
+        status: str,
+        reason: str | None,
+        failed_stage: int | None,
+        pending: set[Span],
+        attempts: dict[Span, int],
+        given_up: dict[Span, str],
+        fillers: int,
+    ) -> int:
+        """Bookkeeping after a failed run; returns the filler split for the next runs."""
+        stage = run.stages[failed_stage] if failed_stage is not None and failed_stage < len(run.stages) else None
+        culprit = Span(stage.start, stage.stop) if stage is not None else None
+        if status == "oom" and culprit is not None and culprit in run.measured:
+            given_up[culprit] = "out of memory"
+            self._substitute(culprit, pending, given_up)
+            return fillers
+        if status == "oom" and culprit is not None:  # a filler ran out of memory: split gaps finer
+            if fillers < self.cfg.cluster.num_devices:
+                return fillers + 1
+        for span in run.measured:
+            attempts[span] = attempts.get(span, 0) + 1
+            if attempts[span] >= _MAX_ATTEMPTS:
+                given_up[span] = f"{status}: {reason}"
+        return fillers
+
+    def _substitute(self, span: Span, pending: set[Span], given_up: dict[Span, str]) -> None:
+        """Replace an unmeasurable chain span by the nearest-neighbour pair giving the same M_a."""
+        if len(span) < 2:
+            return
+        l = span.stop - 1  # the span was [n, l+1) or [n, l) of some layer's pair
+        for layer in (l, l + 1):
+            if 1 <= layer < self.L:
+                for s in (Span(layer - 1, layer), Span(layer - 1, layer + 1)):
+                    if s not in given_up:
+                        pending.add(s)
+
+    def _run_one(self, run: ProfilingRun, plan: Plan, key: str, scenario: Scenario, batch: int) -> tuple[str, str | None, int | None, float]:
+        memory = self.cfg.cluster.memory_of(0)
+        cluster = Cluster.uniform(1, run.devices, device_type=self.cfg.cluster.devices[0].type, memory_bytes=memory)
+        started = time.perf_counter()
+        result = self.execute(plan, cluster)
+        wall = time.perf_counter() - started
+        measurements = []
+        if result.status == "ok":
+            for d in result.devices:
+                s = plan.stages[d.stage]
+                q = quantities_from_report(_as_dict(d))
+                measurements.append(
+                    {
+                        "device": d.device, "stage": d.stage, "start": s.start, "stop": s.stop,
+                        "kind": "none" if s.degree == 1 else s.parallelism, "degree": s.degree,
+                        "batch_size": batch, "microbatch_size": plan.microbatch_size,
+                        "peak": d.peak_memory_bytes, "quantities": q, "timeline": d.timeline,
+                    }
+                )
+        self.store.record_run(
+            key=key, scenario=scenario.name, batch_size=batch, plan=plan.to_dict(), status=result.status,
+            reason=result.reason, wall_seconds=wall, measurements=measurements,
+        )
+        return result.status, result.reason, _failed_stage(result.reason), wall
+
+    def _launch(self, plan: Plan, cluster: Cluster) -> Any:
+        from hybridplan.runtime.config import RunConfig
+        from hybridplan.runtime.launch import launch
+
+        cfg = RunConfig(
+            model=self.cfg.model, plan=plan, cluster=cluster, iterations=self.cfg.iterations, seed=self.cfg.seed,
+            timeout_s=self.cfg.timeout_s, **self.cfg.run_options,
+        )
+        return launch(cfg)
+
+    def _refresh_statistics(self, batch: int, scenario: Scenario) -> None:
+        stats = _statistics_of(self.store, scenario, batch, self.L, self.anchor(scenario))
+        if stats is not None:
+            self.store.replace_statistics(scenario.name, batch, stats.rows())
+
+
+def _statistics_of(store: ProfileStore, scenario: Scenario, batch: int, num_layers: int, anchor: Callable[[int], int] | None) -> SpanStatistics | None:
+    ms = store.measurements(kind=scenario.kind, degree=scenario.degree, batch_size=batch)
+    return build_statistics(ms, num_layers=num_layers, anchor=anchor) if ms else None
+
+
+def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStatistics]]:
+    """Every scenario's statistics at every profiled batch size, from the stored measurements."""
+    meta = store.meta()
+    if "num_layers" not in meta:
+        return {}
+    L = meta["num_layers"]
+    out: dict[tuple[str, int], list[SpanStatistics]] = {}
+    for name in meta.get("scenarios", []):
+        scenario = Scenario.parse(name)
+        anchor = _anchor(meta.get("neighbors", {}).get(name, 1))
+        for batch in meta["batch_sizes"]:
+            stats = _statistics_of(store, scenario, batch, L, anchor)
+            if stats is not None:
+                out.setdefault((scenario.kind, scenario.degree), []).append(stats)
+    return out
+
+
+def _anchor(neighbors: int) -> Callable[[int], int]:
+    return lambda l: ((l - 1) // neighbors) * neighbors
+
+
+def _failed_stage(reason: str | None) -> int | None:
+    match = _FAILED_DEVICE.match(reason or "")
+    return int(match.group(2)) if match else None
+
+
+def _as_dict(device: Any) -> dict[str, Any]:
+    from dataclasses import asdict, is_dataclass
+
+    return asdict(device) if is_dataclass(device) else dict(device)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 60} min {seconds % 60:02d} s" if seconds >= 60 else f"{seconds} s"

@@ -1,0 +1,212 @@
+"""The profile database: one SQLite file per campaign, written as each run finishes.
+
+Tables:
+
+- ``meta(key, value)``: the campaign's settings as JSON values (model, cluster, schedule, batch sizes,
+  profiled micro-batch sizes, seed, training options, format version).
+- ``runs(id, key, scenario, batch_size, plan, status, reason, wall_seconds, finished_at)``: every
+  profiling run with its outcome ("ok", "oom", "failed"); ``key`` identifies the run so that a
+  resumed campaign skips it.
+- ``measurements(run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak,
+  <the eight quantities>, timeline)``: one row per device of every successful run.
+- ``statistics(scenario, batch_size, layer, statistic, quantity, value)``: per-layer M_i / M_a, refreshed
+  by the campaign (profiling/statistics.py); query it with any SQLite client.
+
+Each run is committed in one transaction, so an interrupted campaign loses at most the run in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hybridplan.errors import ProfileError
+from hybridplan.profiling.quantities import QUANTITIES
+
+__all__ = ["ProfileStore", "StoredRun", "Measurement", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+
+_SCHEMA = f"""
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS runs (
+    id INTEGER PRIMARY KEY, key TEXT UNIQUE NOT NULL, scenario TEXT NOT NULL, batch_size INTEGER NOT NULL,
+    plan TEXT NOT NULL, status TEXT NOT NULL, reason TEXT, wall_seconds REAL, finished_at REAL);
+CREATE TABLE IF NOT EXISTS measurements (
+    run_id INTEGER NOT NULL REFERENCES runs(id), device INTEGER NOT NULL, stage INTEGER NOT NULL,
+    start INTEGER NOT NULL, stop INTEGER NOT NULL, kind TEXT NOT NULL, degree INTEGER NOT NULL,
+    batch_size INTEGER NOT NULL, microbatch_size INTEGER NOT NULL, peak INTEGER NOT NULL,
+    {", ".join(f"{q} INTEGER NOT NULL" for q in QUANTITIES)}, timeline TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS measurements_by_span ON measurements(kind, degree, batch_size, start, stop);
+CREATE TABLE IF NOT EXISTS statistics (
+    scenario TEXT NOT NULL, batch_size INTEGER NOT NULL, layer INTEGER NOT NULL, statistic TEXT NOT NULL,
+    quantity TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (scenario, batch_size, layer, statistic, quantity));
+"""
+
+
+@dataclass(frozen=True)
+class StoredRun:
+    """A finished profiling run."""
+
+    id: int
+    key: str
+    scenario: str
+    batch_size: int
+    plan: dict[str, Any]
+    status: str
+    reason: str | None
+    wall_seconds: float | None
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One device's measurement of a profiled stage."""
+
+    run_id: int
+    device: int
+    stage: int
+    start: int
+    stop: int
+    kind: str
+    degree: int
+    batch_size: int
+    microbatch_size: int
+    peak: int
+    quantities: np.ndarray
+
+
+class ProfileStore:
+    """A profile database (created if missing).
+
+    Raises:
+        ProfileError: if the file exists but is not a hybridplan profile database.
+    """
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise ProfileError(
+                f"profile database {str(self.path)!r} does not exist", fix="create it with 'hybridplan profile ... --db FILE'"
+            )
+        try:
+            self._db = sqlite3.connect(str(self.path), isolation_level=None)
+            self._db.executescript(_SCHEMA)
+            version = self.get_meta("format_version")
+        except sqlite3.DatabaseError as e:
+            raise ProfileError(f"{str(self.path)!r} is not a hybridplan profile database: {e}") from None
+        if version is None:
+            self.set_meta("format_version", FORMAT_VERSION)
+        elif version != FORMAT_VERSION:
+            raise ProfileError(
+                f"{str(self.path)!r} has profile format {version}, this hybridplan reads {FORMAT_VERSION}",
+                fix="profile again with this version",
+            )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ProfileStore:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    # ------------------------------------------------------------------ meta
+    def get_meta(self, key: str) -> Any:
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else json.loads(row[0])
+
+    def set_meta(self, key: str, value: Any) -> None:
+        self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+
+    def meta(self) -> dict[str, Any]:
+        return {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+
+    # ------------------------------------------------------------------ runs
+    def find_run(self, key: str) -> StoredRun | None:
+        row = self._db.execute(
+            "SELECT id, key, scenario, batch_size, plan, status, reason, wall_seconds FROM runs WHERE key = ?", (key,)
+        ).fetchone()
+        return None if row is None else StoredRun(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7])
+
+    def runs(self) -> list[StoredRun]:
+        rows = self._db.execute(
+            "SELECT id, key, scenario, batch_size, plan, status, reason, wall_seconds FROM runs ORDER BY id"
+        ).fetchall()
+        return [StoredRun(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5], r[6], r[7]) for r in rows]
+
+    def record_run(
+        self,
+        *,
+        key: str,
+        scenario: str,
+        batch_size: int,
+        plan: Mapping[str, Any],
+        status: str,
+        reason: str | None,
+        wall_seconds: float | None,
+        measurements: Sequence[Mapping[str, Any]] = (),
+    ) -> int:
+        """Store a finished run and its per-device measurements atomically; returns the run id."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "INSERT INTO runs(key, scenario, batch_size, plan, status, reason, wall_seconds, finished_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (key, scenario, batch_size, json.dumps(plan), status, reason, wall_seconds, time.time()),
+            )
+            run_id = int(cur.lastrowid)
+            cols = ["run_id", "device", "stage", "start", "stop", "kind", "degree", "batch_size", "microbatch_size", "peak",
+                    *QUANTITIES, "timeline"]
+            for m in measurements:
+                values = [run_id] + [m[c] for c in cols[1:10]] + [int(v) for v in m["quantities"]] + [json.dumps(m["timeline"])]
+                db.execute(f"INSERT INTO measurements({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
+        return run_id
+
+    def measurements(self, *, kind: str | None = None, degree: int | None = None, batch_size: int | None = None) -> list[Measurement]:
+        """Measurements of successful runs, optionally filtered; stage kind "none" is degree 1."""
+        where, args = [], []
+        for col, val in (("kind", kind), ("degree", degree), ("batch_size", batch_size)):
+            if val is not None:
+                where.append(f"{col} = ?")
+                args.append(val)
+        sql = (
+            f"SELECT run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak, {', '.join(QUANTITIES)}"
+            f" FROM measurements {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY run_id, device"
+        )
+        return [Measurement(*r[:10], np.array(r[10:], dtype=float)) for r in self._db.execute(sql, args)]
+
+    # ------------------------------------------------------------------ statistics
+    def replace_statistics(self, scenario: str, batch_size: int, rows: Sequence[tuple[int, str, str, float]]) -> None:
+        """Replace the statistics of one scenario and batch size with ``(layer, statistic, quantity, value)`` rows."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM statistics WHERE scenario = ? AND batch_size = ?", (scenario, batch_size))
+            db.executemany(
+                "INSERT INTO statistics(scenario, batch_size, layer, statistic, quantity, value) VALUES (?, ?, ?, ?, ?, ?)",
+                [(scenario, batch_size, *r) for r in rows],
+            )
+
+    def statistics_rows(self) -> list[tuple[str, int, int, str, str, float]]:
+        return list(
+            self._db.execute(
+                "SELECT scenario, batch_size, layer, statistic, quantity, value FROM statistics"
+                " ORDER BY scenario, batch_size, layer, statistic, quantity"
+            )
+        )
