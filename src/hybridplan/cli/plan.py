@@ -47,12 +47,15 @@ def handle(args: argparse.Namespace) -> int:
     )
     with ProfileStore(args.db, create=False) as store:
         model_name = store.get_meta("model")
-    L = predictor.num_layers
+        merged = store.get_meta("merge_groups")
+    # With merged layers (profile --merge-layers) the search runs on them and maps the plan back.
+    model = predictor.on_units(merged) if merged else predictor
+    L = model.num_layers
     if args.fewest_devices:
         capacity = cluster.memory_of(0)
         if capacity is None:
             raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
-        found = fewest_devices(predictor, cluster, L, capacity=capacity, pipeline_only=args.pipeline_only)
+        found = fewest_devices(model, cluster, L, capacity=capacity, pipeline_only=args.pipeline_only)
         for attempt in found.tried:
             print(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}", file=sys.stderr)
         result, cluster = found.result, found.cluster
@@ -60,10 +63,12 @@ def handle(args: argparse.Namespace) -> int:
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=args.pipeline_only)
         solver = MODES[args.mode]
-        result = solver(predictor, space, seed=args.seed) if args.mode == "bayesian" else solver(predictor, space)
+        result = solver(model, space, seed=args.seed) if args.mode == "bayesian" else solver(model, space)
     plan = result.to_plan(
         schedule=predictor.schedule, global_batch_size=predictor.global_batch_size, num_microbatches=predictor.num_microbatches
     )
+    if merged:
+        plan = model.to_original(plan)
     plan = type(plan).from_dict({**plan.to_dict(), "model": model_name, "cluster": cluster.shape,
                                  "predicted_peak_bytes": int(round(result.peak))})
     if args.out:

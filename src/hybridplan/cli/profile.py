@@ -28,6 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--profile-batch-sizes", help="two global batch sizes to profile, e.g. 32,16 (default: B/2,B/4)")
     p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4 (default: all that apply)")
     p.add_argument("--neighbors", type=int, help="layers per neighbour chain for M_a (default ceil(L/G), as CAPTURE)")
+    p.add_argument("--merge-layers", type=int, metavar="L_M", help="merge layers to L_M after the pipeline scenario (CAPTURE's layer merger)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a profiling run is ended")
     p.set_defaults(handler=handle)
@@ -52,6 +53,7 @@ def handle(args: argparse.Namespace) -> int:
         batch_sizes=_ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None,
         scenarios=tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None,
         neighbors=args.neighbors,
+        merge_to=args.merge_layers,
         seed=args.seed,
         timeout_s=args.timeout,
     )

@@ -65,6 +65,27 @@ class PlanPrediction:
         return {"method": self.method, "peak_memory_bytes": self.peak_memory_bytes, "devices": [asdict(d) for d in self.devices]}
 
 
+def _span_in_units(stats: SpanStatistics, start: int, stop: int) -> np.ndarray | None:
+    """A span given in original layers, looked up in statistics that may be on merged layers."""
+    if stats.bounds is None:
+        return stats.span(start, stop)
+    try:
+        return stats.span(stats.bounds.index(start), stats.bounds.index(stop))
+    except ValueError:  # not on the merged layers' boundaries
+        return None
+
+
+def _table_in_layers(stats: SpanStatistics, num_layers: int) -> np.ndarray:
+    """``[L, L+1, Q]`` span table in original layers (NaN where merged statistics cannot say)."""
+    table = stats.all_spans()
+    if stats.bounds is None:
+        return table
+    out = np.full((num_layers, num_layers + 1, table.shape[-1]), np.nan)
+    b = np.array(stats.bounds)
+    out[np.ix_(b[:-1], b)] = table
+    return out
+
+
 def _first_backward(v1: np.ndarray, v2: np.ndarray, target: np.ndarray, b1: int, b2: int, b: int) -> np.ndarray:
     """The first backward's transient at micro-batch ``b``: a maximum of two regimes, fitted piece by piece.
 
@@ -196,7 +217,7 @@ class MemoryPredictor:
         sizes = self.stats.get(self._scenario(kind, degree))
         if not sizes or len(sizes) < 2:
             return None
-        vectors = [s.span(start, stop) for s in sizes]
+        vectors = [_span_in_units(s, start, stop) for s in sizes]
         if any(v is None for v in vectors):
             return None
         return self._scaled(vectors, sizes)
@@ -268,9 +289,13 @@ class MemoryPredictor:
             sizes = self.stats.get(key)
             if not sizes or len(sizes) < 2:
                 return None
-            spans = [s.all_spans() for s in sizes]
+            spans = [_table_in_layers(s, self.num_layers) for s in sizes]
             self._tables[key] = self._scaled(spans, sizes)
         return self._tables[key]
+
+    def on_units(self, bounds: list[int]) -> UnitView:
+        """This predictor seen on merged layers (for the search; see profiling/merger.py)."""
+        return UnitView(self, bounds)
 
     # ------------------------------------------------------------------ plans
     def predict(self, plan: Plan) -> PlanPrediction:
@@ -318,15 +343,55 @@ class MemoryPredictor:
         name = "pipeline" if key[0] == "none" else f"{key[0]}{key[1]}"
         sizes = self.stats.get(key)
         if not sizes:
-            if degree > 1 and len(self.profiled_degrees(kind)) < 2:
-                return f"the profile has no {kind} statistics at two degrees to fit degree {degree} from"
+            profiled = self.profiled_degrees(kind)
+            if degree > 1 and degree > max(profiled, default=0) and len(profiled) < 2:
+                return f"the profile has no {name} statistics, nor {kind} statistics at two degrees to fit it from"
             return f"the profile has no {name} statistics"
         if len(sizes) < 2:
             return f"{name} was profiled at one batch size only"
         for s in sizes:
-            if s.span(start, stop) is None:
+            if s.bounds is not None and (start not in s.bounds or stop not in s.bounds):
+                return f"{name} was profiled on merged layers starting at {s.bounds[:-1]}; this stage does not align with them"
+            if _span_in_units(s, start, stop) is None:
                 missing = [l for l in range(start, stop) if np.isnan(s.mi[l]).any() and l == start] + [
                     l for l in range(start + 1, stop) if np.isnan(s.ma[l]).any()
                 ]
                 return f"{name} statistics at batch {s.batch_size} lack layer(s) {missing or list(range(start, stop))}"
         return "unknown"
+
+
+class UnitView:
+    """A :class:`MemoryPredictor` on merged layers: unit ``i`` is original layers ``[bounds[i], bounds[i+1])``.
+
+    Implements the search's stage-memory protocol in unit indices; :meth:`to_original` maps a plan
+    found on units back to the model's layers.
+    """
+
+    def __init__(self, predictor: MemoryPredictor, bounds: list[int]) -> None:
+        self.predictor = predictor
+        self.bounds = list(bounds)
+        self.position_horizon = predictor.position_horizon
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.bounds) - 1
+
+    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float:
+        return self.predictor.stage_memory(self.bounds[start], self.bounds[stop], kind, degree, stages_after)
+
+    def allowed(self, start: int, stop: int, kind: str, degree: int) -> bool:
+        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree)
+
+    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int) -> np.ndarray:
+        full = self.predictor.stage_memory_matrix(kind, degree, stages_after, self.predictor.num_layers)
+        b = np.array(self.bounds)
+        return full[np.ix_(b[:-1], b)]
+
+    def to_original(self, plan: Plan) -> Plan:
+        """``plan`` with unit indices turned into the model's layer indices."""
+        from hybridplan.plan import StagePlan
+
+        stages = tuple(
+            StagePlan(self.bounds[s.start], self.bounds[s.stop], s.parallelism, s.degree, s.devices, s.extra) for s in plan.stages
+        )
+        return Plan(plan.schedule, plan.global_batch_size, plan.num_microbatches, stages, plan.extra)

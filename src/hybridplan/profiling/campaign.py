@@ -30,6 +30,8 @@ from hybridplan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan
+from hybridplan.plan import StagePlan
+from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
 from hybridplan.profiling.quantities import quantities_from_report
 from hybridplan.profiling.statistics import SpanStatistics, build_statistics
@@ -65,6 +67,9 @@ class CampaignConfig:
     iterations: int = 2
     """Iterations per run: one warm-up and one measured (seed 000: two training iterations)."""
     timeout_s: float = 900.0
+    merge_to: int | None = None
+    """Merge layers to this many after the pipeline scenario (seed 000's layer merger); the parallel
+    scenarios are then profiled on the merged layers."""
     run_options: dict[str, Any] = field(default_factory=dict)
     """Further RunConfig fields (e.g. precision) applied to every run."""
 
@@ -128,6 +133,7 @@ class Campaign:
         micro = [b // cfg.num_microbatches for b in self.batch_sizes]
         self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro)
         self._check_scenarios(micro)
+        self.groups = LayerGroups(store.get_meta("merge_groups")) if store.get_meta("merge_groups") else None
         self._record_meta()
 
     # ------------------------------------------------------------------ setup
@@ -167,6 +173,7 @@ class Campaign:
             "num_microbatches": cfg.num_microbatches,
             "batch_sizes": self.batch_sizes,
             "seed": cfg.seed,
+            "merge_to": cfg.merge_to,
             "run_options": cfg.run_options,
         }
         old = self.store.get_meta("identity")
@@ -184,28 +191,36 @@ class Campaign:
         self.store.set_meta("neighbors", {s.name: self._neighbors(s) for s in self.scenarios})
 
     # ------------------------------------------------------------------ spans
+    def _units(self, scenario: Scenario) -> LayerGroups:
+        """The layers a scenario is profiled on: merged ones for the parallel scenarios if merging."""
+        if self.groups is not None and scenario.degree > 1:
+            return self.groups
+        return LayerGroups.identity(self.L)
+
     def _allowed(self, scenario: Scenario) -> Callable[[Span], bool]:
         if scenario.kind != "tensor":
             return lambda span: True
         ok = [self.model.tensor_parallel_problem(l, scenario.degree) is None for l in range(self.L)]
-        return lambda span: all(ok[span.start : span.stop])
+        units = self._units(scenario)
+        return lambda span: all(ok[units.bounds[span.start] : units.bounds[span.stop]])
 
     def _groups(self, scenario: Scenario) -> int:
         c = self.cfg.cluster
         return c.num_nodes * (c.devices_per_node // scenario.degree)
 
     def _requests(self, scenario: Scenario) -> set[Span]:
+        """Spans to measure, in the scenario's units."""
         G, d = self.cfg.cluster.num_devices, scenario.degree
-        allowed = self._allowed(scenario)
+        allowed, n = self._allowed(scenario), self._units(scenario).num_groups
         if G - d >= 2:
-            return set(required_spans(self.L, self._neighbors(scenario), allowed))
+            return set(required_spans(n, self._neighbors(scenario), allowed))
         # One or no device is left besides the stage: only prefixes/suffixes (or the whole model) can
         # occur in a plan, and they are measured directly.
-        spans = {Span(0, self.L)} if G == d else {Span(0, b) for b in range(1, self.L)} | {Span(a, self.L) for a in range(1, self.L)}
+        spans = {Span(0, n)} if G == d else {Span(0, b) for b in range(1, n)} | {Span(a, n) for a in range(1, n)}
         return {s for s in spans if allowed(s)}
 
     def _neighbors(self, scenario: Scenario) -> int:
-        return self.cfg.neighbors or default_neighbors(self.L, self._groups(scenario))
+        return self.cfg.neighbors or default_neighbors(self._units(scenario).num_groups, self._groups(scenario))
 
     def anchor(self, scenario: Scenario) -> Callable[[int], int]:
         """The neighbour anchor the campaign profiles for layer ``l`` in ``scenario``."""
@@ -216,16 +231,33 @@ class Campaign:
         """Profile everything not yet in the database; returns what was done."""
         summary = CampaignSummary()
         started = time.perf_counter()
-        plan = [(b, s) for b in self.batch_sizes for s in self.scenarios]
+        # The pipeline scenario first: the layer merger needs its statistics.
+        order = sorted(self.scenarios, key=lambda s: s.degree > 1)
+        plan = [(b, s) for s in order for b in self.batch_sizes]
         estimate = {key: self._estimate_runs(key[1]) for key in plan}
         summary.runs_total = sum(estimate.values())
         executed_seconds: list[float] = []
         for batch, scenario in plan:
+            if scenario.degree > 1 and self.cfg.merge_to and self.groups is None:
+                self._merge()
+                summary.runs_total = summary.runs_executed + summary.runs_resumed + sum(
+                    self._estimate_runs(s) for b, s in plan if s.degree > 1
+                )
             self._profile(batch, scenario, summary, estimate, executed_seconds)
             self._refresh_statistics(batch, scenario)
         summary.seconds = time.perf_counter() - started
         self.store.set_meta("complete", True)
         return summary
+
+    def _merge(self) -> None:
+        stats = _statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))
+        if stats is None:
+            raise ProfileError("the layer merger needs the pipeline scenario's statistics", fix="profile the pipeline scenario too")
+        self.groups = merge_layers(stats, self.cfg.merge_to or self.L, schedule=self.cfg.schedule,
+                                   num_microbatches=self.cfg.num_microbatches)
+        self.store.set_meta("merge_groups", self.groups.to_list())
+        self.store.set_meta("neighbors", {s.name: self._neighbors(s) for s in self.scenarios})
+        self.say(f"merged {self.L} layers into {self.groups.num_groups}: groups start at layers {self.groups.bounds[:-1]}")
 
     def _estimate_runs(self, scenario: Scenario) -> int:
         pending, n = self._requests(scenario), 0
@@ -238,14 +270,19 @@ class Campaign:
         return n
 
     def _pack(self, pending: set[Span], scenario: Scenario, fillers: int) -> ProfilingRun | None:
-        return pack_run(
+        units = self._units(scenario)
+        run = pack_run(
             pending,
-            num_layers=self.L,
+            num_layers=units.num_groups,
             scenario=scenario,
             devices=self.cfg.cluster.num_devices,
             max_groups=self._groups(scenario),
             fillers_per_gap=fillers,
         )
+        if run is None or units.num_groups == self.L:
+            return run
+        stages = tuple(StagePlan(*units.original(s.start, s.stop), s.parallelism, s.degree, s.devices) for s in run.stages)
+        return ProfilingRun(run.scenario, stages, run.measured)
 
     def _profile(self, batch: int, scenario: Scenario, summary: CampaignSummary, estimate: dict, seconds: list[float]) -> None:
         pending = self._requests(scenario)
@@ -287,7 +324,8 @@ class Campaign:
             summary.runs_failed += 1
             fillers = self._after_failure(run, status, reason, failed, pending, attempts, given_up, fillers)
         if given_up:
-            summary.unmeasured[f"{scenario.name}@{batch}"] = [(s.start, s.stop) for s in sorted(given_up)]
+            units = self._units(scenario)
+            summary.unmeasured[f"{scenario.name}@{batch}"] = [units.original(s.start, s.stop) for s in sorted(given_up)]
             self.say(f"{scenario.name} @ batch {batch}: could not measure {len(given_up)} span(s): "
                      + ", ".join(f"[{s.start},{s.stop}) ({why})" for s, why in sorted(given_up.items())[:5]))
 
@@ -304,10 +342,11 @@ class Campaign:
     ) -> int:
         """Bookkeeping after a failed run; returns the filler split for the next runs."""
         stage = run.stages[failed_stage] if failed_stage is not None and failed_stage < len(run.stages) else None
-        culprit = Span(stage.start, stage.stop) if stage is not None else None
+        merged = self._units(run.scenario).merged(stage.start, stage.stop) if stage is not None else None
+        culprit = Span(*merged) if merged is not None else None
         if status == "oom" and culprit is not None and culprit in run.measured:
             given_up[culprit] = "out of memory"
-            self._substitute(culprit, pending, given_up)
+            self._substitute(culprit, pending, given_up, self._units(run.scenario).num_groups)
             return fillers
         if status == "oom" and culprit is not None:  # a filler ran out of memory: split gaps finer
             if fillers < self.cfg.cluster.num_devices:
@@ -318,13 +357,13 @@ class Campaign:
                 given_up[span] = f"{status}: {reason}"
         return fillers
 
-    def _substitute(self, span: Span, pending: set[Span], given_up: dict[Span, str]) -> None:
+    def _substitute(self, span: Span, pending: set[Span], given_up: dict[Span, str], units: int) -> None:
         """Replace an unmeasurable chain span by the nearest-neighbour pair giving the same M_a."""
         if len(span) < 2:
             return
         l = span.stop - 1  # the span was [n, l+1) or [n, l) of some layer's pair
         for layer in (l, l + 1):
-            if 1 <= layer < self.L:
+            if 1 <= layer < units:
                 for s in (Span(layer - 1, layer), Span(layer - 1, layer + 1)):
                     if s not in given_up:
                         pending.add(s)
@@ -365,14 +404,23 @@ class Campaign:
         return launch(cfg)
 
     def _refresh_statistics(self, batch: int, scenario: Scenario) -> None:
-        stats = _statistics_of(self.store, scenario, batch, self.L, self.anchor(scenario))
+        units = self._units(scenario)
+        bounds = units.bounds if units.num_groups != self.L else None
+        stats = _statistics_of(self.store, scenario, batch, units.num_groups, self.anchor(scenario), bounds)
         if stats is not None:
             self.store.replace_statistics(scenario.name, batch, stats.rows())
 
 
-def _statistics_of(store: ProfileStore, scenario: Scenario, batch: int, num_layers: int, anchor: Callable[[int], int] | None) -> SpanStatistics | None:
+def _statistics_of(
+    store: ProfileStore,
+    scenario: Scenario,
+    batch: int,
+    num_units: int,
+    anchor: Callable[[int], int] | None,
+    bounds: list[int] | None = None,
+) -> SpanStatistics | None:
     ms = store.measurements(kind=scenario.kind, degree=scenario.degree, batch_size=batch)
-    return build_statistics(ms, num_layers=num_layers, anchor=anchor) if ms else None
+    return build_statistics(ms, num_layers=num_units, anchor=anchor, bounds=bounds) if ms else None
 
 
 def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStatistics]]:
@@ -381,12 +429,14 @@ def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStati
     if "num_layers" not in meta:
         return {}
     L = meta["num_layers"]
+    bounds = meta.get("merge_groups")
     out: dict[tuple[str, int], list[SpanStatistics]] = {}
     for name in meta.get("scenarios", []):
         scenario = Scenario.parse(name)
         anchor = _anchor(meta.get("neighbors", {}).get(name, 1))
+        merged = bounds is not None and scenario.degree > 1
         for batch in meta["batch_sizes"]:
-            stats = _statistics_of(store, scenario, batch, L, anchor)
+            stats = _statistics_of(store, scenario, batch, len(bounds) - 1 if merged else L, anchor, bounds if merged else None)
             if stats is not None:
                 out.setdefault((scenario.kind, scenario.degree), []).append(stats)
     return out

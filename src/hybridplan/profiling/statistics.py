@@ -43,6 +43,9 @@ class SpanStatistics:
     ma: np.ndarray = field(default_factory=lambda: np.zeros((0, 0)))
     inconsistency: float = 0.0
     """Largest difference between two measurements of the same span (bytes); 0 on a deterministic runtime."""
+    bounds: list[int] | None = None
+    """For merged layers (profiling/merger.py): unit ``i`` is original layers ``[bounds[i], bounds[i+1])``;
+    None when units are the original layers."""
 
     def __post_init__(self) -> None:
         if self.mi.size == 0:
@@ -103,22 +106,29 @@ def build_statistics(
     *,
     num_layers: int,
     anchor: Callable[[int], int] | None = None,
+    bounds: Sequence[int] | None = None,
 ) -> SpanStatistics:
     """Statistics from the measurements of ONE scenario at ONE batch size.
 
     Args:
         measurements: the device measurements (all devices of a stage report the same span).
-        num_layers: L.
+        num_layers: L (the number of units when ``bounds`` is given).
         anchor: the profiled neighbour anchor of each layer (``n`` for ``M_a(l)``); when its pair is
             missing, the nearest measured pair (largest ``n < l``) is used.
+        bounds: merged units' original boundaries; measurements not on them are ignored.
     """
     if not measurements:
         raise ValueError("no measurements")
+    unit = {b: i for i, b in enumerate(bounds)} if bounds is not None else None
     spans: dict[tuple[int, int], np.ndarray] = {}
     worst = 0.0
     for m in measurements:
         vector = np.append(m.quantities, m.peak)
         key = (m.start, m.stop)
+        if unit is not None:
+            if m.start not in unit or m.stop not in unit:
+                continue
+            key = (unit[m.start], unit[m.stop])
         if key in spans:
             # Quantities are position-free and must agree; peaks legitimately differ with the position.
             worst = max(worst, float(np.max(np.abs(spans[key][:-1] - vector[:-1]))))
@@ -130,6 +140,7 @@ def build_statistics(
         batch_size=measurements[0].batch_size,
         spans=spans,
         inconsistency=worst,
+        bounds=list(bounds) if bounds is not None else None,
     )
     for layer in range(num_layers):
         single = spans.get((layer, layer + 1))

@@ -1,0 +1,124 @@
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hybridplan.errors import PlanError, ProfileError
+from hybridplan.plan import Plan, StagePlan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.schedule_memory import stage_peak
+from hybridplan.profiling.quantities import INDEX, QUANTITIES
+from hybridplan.profiling.statistics import STATISTIC_QUANTITIES, SpanStatistics
+
+Q = len(STATISTIC_QUANTITIES)
+L = 4
+
+
+def stats_at(micro: int, batch: int, fn) -> SpanStatistics:
+    """Statistics whose every span is given by ``fn(start, stop, micro)`` (measured directly)."""
+    s = SpanStatistics(num_layers=L, microbatch_size=micro, batch_size=batch)
+    for a in range(L):
+        for b in range(a + 1, L + 1):
+            s.spans[(a, b)] = fn(a, b, micro)
+    return s
+
+
+def linear(a, b, micro, degree=1):
+    """Per-layer static 1000/degree, activation 100*micro/degree, transients proportional."""
+    v = np.zeros(Q)
+    n = b - a
+    v[INDEX["static"]] = 1000 * n / degree
+    v[INDEX["gradient"]] = 250 * n / degree
+    v[INDEX["activation"]] = 100 * micro * n / degree
+    v[INDEX["forward_transient"]] = 40 * micro / degree
+    v[INDEX["first_backward_transient"]] = 30 * micro / degree
+    v[INDEX["backward_transient"]] = 30 * micro / degree
+    v[INDEX["step_transient"]] = 10 * n
+    v[INDEX["data"]] = 8 * micro * 4 if a == 0 else 0  # 4 micro-batches of `micro` samples, 8 bytes each
+    v[-1] = 0
+    return v
+
+
+def predictor(stats, **kw):
+    kw = {"num_layers": L, "schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 4, **kw}
+    return MemoryPredictor(stats, **kw)
+
+
+def test_linear_scaling_to_the_target_batch_is_exact_for_linear_quantities():
+    stats = {("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)]}
+    p = predictor(stats)  # target micro-batch 8: extrapolated from 2 and 4
+    for a, b in ((0, 2), (1, 4), (2, 3)):
+        q = p.span_quantities(a, b, "none", 1)
+        np.testing.assert_allclose(q, linear(a, b, 8))
+        assert p.stage_memory(a, b, "none", 1, 2) == pytest.approx(stage_peak(linear(a, b, 8)[:-1], "1f1b", 2, 4))
+
+
+def test_first_backward_is_fitted_piecewise():
+    """At micro-batch 2 the end of the first backward dominates (G - A + X), at 4 and beyond the start (TB)."""
+
+    def fn(a, b, micro):
+        v = linear(a, b, micro)
+        v[INDEX["gradient"]] = 1000.0
+        v[INDEX["activation"]] = 200.0 * micro
+        x = 50.0 * micro
+        v[INDEX["first_backward_transient"]] = max(v[INDEX["backward_transient"]], v[INDEX["gradient"]] - v[INDEX["activation"]] + x)
+        return v
+
+    stats = {("none", 1): [stats_at(2, 8, fn), stats_at(4, 16, fn)]}
+    for target, micro in ((32, 8), (8, 2), (16, 4)):
+        q = predictor(stats, global_batch_size=target).span_quantities(0, 2, "none", 1)
+        assert q[INDEX["first_backward_transient"]] == pytest.approx(fn(0, 2, micro)[INDEX["first_backward_transient"]])
+
+
+def test_degree_fits():
+    stats = {
+        ("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)],
+        ("tensor", 2): [stats_at(2, 8, lambda a, b, m: linear(a, b, m, 2)), stats_at(4, 16, lambda a, b, m: linear(a, b, m, 2))],
+        ("tensor", 4): [stats_at(2, 8, lambda a, b, m: linear(a, b, m, 4)), stats_at(4, 16, lambda a, b, m: linear(a, b, m, 4))],
+    }
+    p2, p4 = (predictor(stats).stage_memory(0, 4, "tensor", d, 0) for d in (2, 4))
+    log8 = predictor(stats, degree_fit="log").stage_memory(0, 4, "tensor", 8, 0)
+    assert log8 == pytest.approx(p2 + (p4 - p2) * math.log2(8 / 2))  # seed 000: logarithmic in the degree
+    inv8 = predictor(stats, degree_fit="inverse").stage_memory(0, 4, "tensor", 8, 0)
+    beta = (p2 - p4) / (1 / 2 - 1 / 4)
+    assert inv8 == pytest.approx(p4 - beta / 4 + beta / 8)
+    assert log8 < inv8 <= p4  # the log fit extrapolates the drop from 2 to 4 linearly in log d: lower
+    assert not math.isfinite(predictor(stats).stage_memory(0, 4, "data", 2, 0))  # never profiled
+
+
+def test_matrix_matches_scalar_calls():
+    stats = {("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)],
+             ("data", 2): [stats_at(2, 8, lambda a, b, m: linear(a, b, m, 2)), stats_at(4, 16, lambda a, b, m: linear(a, b, m, 2))]}
+    p = predictor(stats)
+    for kind, degree in (("none", 1), ("data", 2), ("tensor", 2)):
+        for after in (0, 2, 9):
+            m = p.stage_memory_matrix(kind, degree, after, L)
+            for a in range(L):
+                for b in range(a + 1, L + 1):
+                    assert m[a, b] == pytest.approx(p.stage_memory(a, b, kind, degree, after)) or (
+                        math.isinf(m[a, b]) and math.isinf(p.stage_memory(a, b, kind, degree, after))
+                    )
+
+
+def test_predict_plan_and_errors():
+    stats = {("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)]}
+    p = predictor(stats)
+    plan = Plan("1f1b", 32, 4, (StagePlan(0, 1, "none", 1, (0,)), StagePlan(1, 4, "none", 1, (1,))))
+    pred = p.predict(plan)
+    assert [d.device for d in pred.devices] == [0, 1] and [d.in_flight for d in pred.devices] == [2, 1]
+    assert pred.devices[0].peak_memory_bytes == round(stage_peak(linear(0, 1, 8)[:-1], "1f1b", 1, 4))
+    # another schedule or batch than the predictor's own: predicted for the plan's
+    gpipe = Plan("gpipe", 16, 4, plan.stages)
+    assert p.predict(gpipe).devices[0].peak_memory_bytes == round(stage_peak(linear(0, 1, 4)[:-1], "gpipe", 1, 4))
+    with pytest.raises(ProfileError, match="stage 1 .* cannot be predicted: the profile has no data2 statistics"):
+        p.predict(Plan("1f1b", 32, 4, (StagePlan(0, 1, "none", 1, (0,)), StagePlan(1, 4, "data", 2, (1, 2)))))
+    with pytest.raises(PlanError, match="model has 4 layers"):
+        p.predict(Plan("1f1b", 32, 4, (StagePlan(0, 3, "none", 1, (0,)),)))
+    with pytest.raises(ProfileError, match="unknown degree fit"):
+        predictor(stats, degree_fit="cubic")
+
+
+def test_quantity_names_cover_statistics():
+    assert STATISTIC_QUANTITIES[: len(QUANTITIES)] == QUANTITIES and STATISTIC_QUANTITIES[-1] == "peak"

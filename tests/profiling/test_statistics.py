@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hybridplan.profiling.quantities import QUANTITIES, quantities_from_timeline
+from hybridplan.profiling.statistics import STATISTIC_QUANTITIES, build_statistics
+from hybridplan.profiling.store import Measurement
+
+Q = len(STATISTIC_QUANTITIES)
+
+
+def additive(L, seed=0):
+    """A synthetic model: per-layer contributions, and per-stage-boundary costs on the first layer."""
+    rng = np.random.default_rng(seed)
+    per_layer = rng.integers(1, 1000, size=(L, Q)).astype(float)
+    boundary = rng.integers(1, 100, size=(L, Q)).astype(float)
+    return lambda a, b: boundary[a] + per_layer[a:b].sum(axis=0)
+
+
+def measurements(fn, spans, batch=8, micro=2):
+    out = []
+    for i, (a, b) in enumerate(spans):
+        v = fn(a, b)
+        out.append(Measurement(i, 0, 0, a, b, "none", 1, batch, micro, int(v[-1]), v[:-1]))
+    return out
+
+
+def test_additive_model_is_recovered_exactly():
+    L = 6
+    fn = additive(L)
+    spans = [(l, l + 1) for l in range(L)] + [(l - 1, l + 1) for l in range(1, L)]
+    stats = build_statistics(measurements(fn, spans), num_layers=L)
+    for a in range(L):
+        for b in range(a + 1, L + 1):
+            np.testing.assert_allclose(stats.span(a, b), fn(a, b))
+    table = stats.all_spans()
+    for a in range(L):
+        for b in range(a + 1, L + 1):
+            np.testing.assert_allclose(table[a, b], fn(a, b))
+    assert np.isnan(table[3, 2]).all()
+
+
+def test_preferred_anchor_is_used():
+    L = 5
+    fn = additive(L, 1)
+    # M_a(3) can come from [2..3]-[2..2] or from [0..3]-[0..2]; anchor(3) = 0 picks the latter
+    spans = [(l, l + 1) for l in range(L)] + [(0, 2), (0, 3), (0, 4), (2, 4)]
+    stats = build_statistics(measurements(fn, spans), num_layers=L, anchor=lambda l: 0)
+    np.testing.assert_allclose(stats.ma[3], fn(0, 4) - fn(0, 3))
+
+
+def test_missing_layer_only_hides_spans_that_need_it():
+    L = 6
+    fn = additive(L, 2)
+    spans = [(l, l + 1) for l in range(L)] + [(l - 1, l + 1) for l in range(1, L) if l != 2]
+    stats = build_statistics(measurements(fn, spans), num_layers=L)
+    assert stats.span(1, 4) is None  # needs M_a(2)
+    np.testing.assert_allclose(stats.span(3, 6), fn(3, 6))  # does not
+    np.testing.assert_allclose(stats.span(2, 4), fn(2, 4))  # M_i(2) + M_a(3)
+    table = stats.all_spans()
+    assert np.isnan(table[0, 3]).all() and np.isfinite(table[3, 6]).all()
+
+
+def test_measured_span_wins_and_rows_exported():
+    L = 3
+    fn = additive(L, 3)
+    direct = fn(0, 3) + 5.0
+    ms = measurements(fn, [(0, 1), (1, 2), (2, 3), (0, 2)])
+    ms.append(Measurement(9, 0, 0, 0, 3, "none", 1, 8, 2, int(direct[-1]), direct[:-1]))
+    stats = build_statistics(ms, num_layers=L)
+    np.testing.assert_allclose(stats.span(0, 3), direct)
+    rows = stats.rows()
+    assert (0, "M_i", "static", float(fn(0, 1)[0])) in rows
+    assert not any(r[0] == 0 and r[1] == "M_a" for r in rows)
+
+
+def test_quantities_from_timeline():
+    timeline = [
+        {"action": "F0", "before": 100, "peak": 180, "after": 150},
+        {"action": "F1", "before": 150, "peak": 230, "after": 200},
+        {"action": "B0", "before": 200, "peak": 260, "after": 190},
+        {"action": "B1", "before": 190, "peak": 220, "after": 140},
+        {"action": "step", "before": 130, "peak": 175, "after": 130},
+    ]
+    q = dict(zip(QUANTITIES, quantities_from_timeline(90, 10, timeline)))
+    assert q == {"static": 90, "data": 10, "activation": 50, "gradient": 40, "forward_transient": 80,
+                 "first_backward_transient": 60, "backward_transient": 30, "step_transient": 45}
+    with pytest.raises(Exception, match="forward, backward and step"):
+        quantities_from_timeline(0, 0, timeline[:2])
