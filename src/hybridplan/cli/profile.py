@@ -29,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4 (default: all that apply)")
     p.add_argument("--neighbors", type=int, help="layers per neighbour chain for M_a (default ceil(L/G), as CAPTURE)")
     p.add_argument("--merge-layers", type=int, metavar="L_M", help="merge layers to L_M after the pipeline scenario (CAPTURE's layer merger)")
+    p.add_argument("--dry-run", action="store_true", help="list the runs the campaign would make, run nothing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a profiling run is ended")
     p.set_defaults(handler=handle)
@@ -57,8 +58,19 @@ def handle(args: argparse.Namespace) -> int:
         seed=args.seed,
         timeout_s=args.timeout,
     )
-    with ProfileStore(args.db) as store:
+    with ProfileStore(":memory:" if args.dry_run else args.db) as store:
         campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+        if args.dry_run:
+            runs = campaign.dry_run()
+            for batch, scenario, run in runs:
+                stages = " ".join(f"[{s.start},{s.stop}){'' if s.degree == 1 else s.parallelism[0] + str(s.degree)}" for s in run.stages)
+                print(f"{scenario.name:>9} @ batch {batch:>5}: {stages}")
+            counts: dict[str, int] = {}
+            for _, scenario, _ in runs:
+                counts[scenario.name] = counts.get(scenario.name, 0) + 1
+            print(f"{len(runs)} runs: " + ", ".join(f"{k} {v}" for k, v in counts.items()) +
+                  f" (CAPTURE's Description 1: {campaign.L + 1} per scenario and batch size)")
+            return 0
         print(
             f"profiling {args.model} ({campaign.L} layers) for {cfg.cluster.describe()}: scenarios "
             f"{', '.join(s.name for s in campaign.scenarios)} at global batch sizes {campaign.batch_sizes}",

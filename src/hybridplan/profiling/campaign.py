@@ -249,6 +249,24 @@ class Campaign:
         self.store.set_meta("complete", True)
         return summary
 
+    def dry_run(self) -> list[tuple[int, Scenario, ProfilingRun]]:
+        """The runs the campaign would make if every run succeeded, without running anything.
+
+        With layer merging, the parallel scenarios are counted on the original layers (the merged ones
+        are only known after the pipeline scenario ran).
+        """
+        out = []
+        for scenario in sorted(self.scenarios, key=lambda s: s.degree > 1):
+            for batch in self.batch_sizes:
+                pending = self._requests(scenario)
+                while pending:
+                    run = self._pack(pending, scenario, 1)
+                    if run is None:
+                        break
+                    pending -= set(run.measured)
+                    out.append((batch, scenario, run))
+        return out
+
     def _merge(self) -> None:
         stats = _statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))
         if stats is None:
