@@ -7,10 +7,13 @@ freed on gloo's thread at a time that varies from run to run, and the measured p
 (measured: +-16 KiB on a 2-way tensor-parallel stage of gpt-tiny in 2 of 6 runs).
 
 On CPU these functions therefore never hand the caller's tensor to gloo: they copy it into a
-persistent scratch buffer (one per shape, dtype and group, created outside any memory tracker), run
-the collective there, and copy the result back. The caller's tensor then dies on the main thread,
-deterministically. On GPU the tensor goes to NCCL directly, as the CUDA caching allocator's own
-accounting is what ``max_memory_allocated`` reports.
+persistent scratch buffer (one per shape, dtype and group), run the collective there, and copy the
+result back. The caller's tensor then dies on the main thread, deterministically. The scratch buffer
+is an artefact of running on gloo, not memory of the program: it is created, filled and read with the
+dispatch modes (memory trackers) disabled, so no tracker ever counts it (a tracker that saw ``copy_``
+return it would count it from its first use to the end of the process). On GPU, and on fake tensors
+(simulated devices, runtime/sim.py), the tensor goes to the collective directly: the CUDA caching
+allocator's own accounting is what ``max_memory_allocated`` reports, and a fake collective does nothing.
 """
 
 from __future__ import annotations
@@ -27,11 +30,11 @@ _scratch: dict[tuple[Any, ...], torch.Tensor] = {}
 
 
 def _buffer(shape: torch.Size, dtype: torch.dtype, tag: tuple[Any, ...]) -> torch.Tensor:
+    """The scratch buffer for ``tag``; call with the dispatch modes disabled."""
     key = (tuple(shape), dtype, *tag)
     buf = _scratch.get(key)
     if buf is None:
-        with _disable_current_modes():  # not a program tensor: invisible to memory trackers
-            buf = torch.empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype)
         _scratch[key] = buf
     return buf
 
@@ -49,10 +52,11 @@ def all_reduce(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     if _direct(t):
         dist.all_reduce(t, group=group)
         return t
-    buf = _buffer(t.shape, t.dtype, ("all_reduce", id(group)))
-    buf.copy_(t)
-    dist.all_reduce(buf, group=group)
-    t.copy_(buf)
+    with _disable_current_modes():  # not program memory: invisible to memory trackers
+        buf = _buffer(t.shape, t.dtype, ("all_reduce", id(group)))
+        buf.copy_(t)
+        dist.all_reduce(buf, group=group)
+        t.copy_(buf)
     return t
 
 
@@ -61,9 +65,10 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group: Any = None
     if _direct(t):
         dist.all_gather_into_tensor(out, t, group=group)
         return out
-    src = _buffer(t.shape, t.dtype, ("gather_src", id(group)))
-    dst = _buffer(out.shape, out.dtype, ("gather_dst", id(group)))
-    src.copy_(t)
-    dist.all_gather_into_tensor(dst, src, group=group)
-    out.copy_(dst)
+    with _disable_current_modes():  # not program memory: invisible to memory trackers
+        src = _buffer(t.shape, t.dtype, ("gather_src", id(group)))
+        dst = _buffer(out.shape, out.dtype, ("gather_dst", id(group)))
+        src.copy_(t)
+        dist.all_gather_into_tensor(dst, src, group=group)
+        out.copy_(dst)
     return out

@@ -40,6 +40,18 @@ class RunConfig:
     """If set, every stage writes its layers' full weights and last gradients there (for checks)."""
     record_timeline: bool = True
     """Record per-action memory levels of the last measured iteration."""
+    precision: str = "fp32"
+    """"fp32", or mixed precision "bf16" / "fp16": parameters, activations and gradients in the low
+    precision, an fp32 master copy of every parameter and fp32 AdamW states (runtime/precision.py)."""
+    loss_scale: float | None = None
+    """Static loss scale of "fp16" runs (None: :data:`~hybridplan.runtime.precision.DEFAULT_FP16_LOSS_SCALE`);
+    must stay None (i.e. 1) for "fp32" and "bf16", whose exponent range needs none."""
+    activation_checkpointing: bool = False
+    """Recompute every layer's activations in the backward pass (torch.utils.checkpoint, non-reentrant):
+    a micro-batch in flight keeps only its layers' inputs."""
+    backend: str = "real"
+    """"real": one process per device trains for real; "sim": every device's work runs on fake tensors
+    in this process and its memory is counted exactly (runtime/sim.py); no losses, no timings."""
 
     def model_name(self) -> str:
         """A printable name of the model."""
@@ -54,6 +66,10 @@ class RunConfig:
             "seed": self.seed,
             "learning_rate": self.learning_rate,
             "device_type": self.device_type,
+            "precision": self.precision,
+            "loss_scale": self.loss_scale,
+            "activation_checkpointing": self.activation_checkpointing,
+            "backend": self.backend,
         }
 
 
@@ -76,6 +92,10 @@ def config_to_json(cfg: RunConfig) -> str:
         "timeout_s": cfg.timeout_s,
         "save_weights_dir": cfg.save_weights_dir,
         "record_timeline": cfg.record_timeline,
+        "precision": cfg.precision,
+        "loss_scale": cfg.loss_scale,
+        "activation_checkpointing": cfg.activation_checkpointing,
+        "backend": cfg.backend,
     }
     return json.dumps(data, indent=1)
 

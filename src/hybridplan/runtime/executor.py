@@ -16,12 +16,15 @@ then sums gradients over the stage's data-parallel group and steps AdamW.
 micro-batches and data-parallel replicas gives exactly the gradient of the global-batch mean loss, as
 on one device. Tensor-parallel ranks hold all rows and each back-propagates the full loss.
 
-[Note: releasing the stage output] After its rows are sent, a stage's output is needed only for its
-autograd edge, not its values (unless its producer saved it for backward). Like Megatron-LM's
-``deallocate_output_tensor`` the executor drops the values and keeps the edge
-(``torch.autograd.graph.get_gradient_edge``), so a micro-batch in flight costs its saved activations,
-not also its output. Sends are asynchronous; the memory tracker stops counting a sent buffer when the
-executor drops it (see runtime/memory.py).
+After its rows are sent, a stage's output keeps only its autograd edge (runtime/release.py,
+[Note: releasing the stage output]).
+
+Mixed precision (runtime/precision.py): the floating tensors crossing stage boundaries, and the first
+stage's floating inputs, are in the compute dtype; the loss is computed in fp32 and multiplied by the
+loss scale (fp16) before the backward pass; the reported loss is unscaled.
+
+Under fake tensors (runtime/sim.py) the same code runs on shapes only: values that need real data (the
+loss) are recorded as ``None``.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from torch.autograd.graph import get_gradient_edge
 from hybridplan import collectives
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan
+from hybridplan.runtime.release import is_fake, release_output
 from hybridplan.runtime.routing import Transfer, layout_of, route
 from hybridplan.runtime.schedule import Action, max_in_flight, stage_actions
 
@@ -60,7 +64,8 @@ class IterationRecord:
     """Live bytes at the start of the iteration (parameters, optimizer state, buffers)."""
     data: int
     """Bytes of this rank's share of the batch (inputs on the first stage, targets on the last)."""
-    loss: float
+    loss: float | None
+    """This rank's weighted share of the loss (0 off the last stage); None under fake tensors."""
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
 
@@ -88,6 +93,10 @@ class StageExecutor:
         input_spec: what the stage receives (None for the first stage).
         output_spec: what the stage sends (None for the last stage).
         seed: data seed base.
+        record_timeline: record per-action memory levels.
+        dtype: compute dtype of floating activations and inputs (mixed precision), default float32.
+        loss_scale: the loss is multiplied by it before the backward pass (fp16), default 1.
+        checkpointed: the module recomputes activations in the backward pass (see release_output).
     """
 
     def __init__(
@@ -105,6 +114,9 @@ class StageExecutor:
         output_spec: BoundarySpec | None,
         seed: int,
         record_timeline: bool = True,
+        dtype: torch.dtype = torch.float32,
+        loss_scale: float = 1.0,
+        checkpointed: bool = False,
     ) -> None:
         self.model = model
         self.plan = plan
@@ -114,10 +126,13 @@ class StageExecutor:
         self.meter = meter
         self.device = device
         self.dp_group = dp_group
-        self.input_spec = input_spec
-        self.output_spec = output_spec
+        self.input_spec = _in_dtype(input_spec, dtype)
+        self.output_spec = _in_dtype(output_spec, dtype)
         self.seed = seed
         self.record_timeline = record_timeline
+        self.dtype = dtype
+        self.loss_scale = loss_scale
+        self.checkpointed = checkpointed
 
         self.stage_index = plan.stage_of_device(rank)
         self.stage = plan.stages[self.stage_index]
@@ -143,6 +158,7 @@ class StageExecutor:
         self._params = [p for p in module.parameters() if p.requires_grad]
         for p in self._params:
             p.register_post_accumulate_grad_hook(lambda q: self.meter.retag(q.grad, "gradients"))
+        self._retag_optimizer_state()  # mixed precision: the fp32 master copies exist from the start
 
     # ------------------------------------------------------------------ data
     def _local_batch(self, iteration: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -152,6 +168,8 @@ class StageExecutor:
         with self.meter.paused():
             gen = torch.Generator().manual_seed(data_seed(self.seed, iteration))
             inputs, targets = self.model.make_batch(self.plan.global_batch_size, gen)
+            if inputs.is_floating_point():
+                inputs = inputs.to(self.dtype)
             b, (lo, hi) = self.plan.microbatch_size, self.rows
             index = torch.cat([torch.arange(j * b + lo, j * b + hi) for j in range(self.plan.num_microbatches)])
         with self.meter.in_phase("data"):
@@ -194,7 +212,9 @@ class StageExecutor:
         self._forward_sends.clear()  # a last stage has none; any other stage waited for all in its backwards
 
     # ------------------------------------------------------------------ actions
-    def _forward(self, j: int, local_in: torch.Tensor | None, local_tgt: torch.Tensor | None, stash: dict) -> float:
+    def _forward(
+        self, j: int, local_in: torch.Tensor | None, local_tgt: torch.Tensor | None, stash: dict
+    ) -> float | None:
         n = self.rows[1] - self.rows[0]
         if self.first:
             x = local_in[j * n : (j + 1) * n]
@@ -205,15 +225,16 @@ class StageExecutor:
         y = self.module(x)
         if self.last:
             weight = n / self.plan.microbatch_size / self.plan.num_microbatches
-            loss = self.model.loss(y, local_tgt[j * n : (j + 1) * n]) * weight
+            # .float() is a no-op in fp32; in mixed precision the loss is computed in fp32.
+            loss = self.model.loss(y.float(), local_tgt[j * n : (j + 1) * n]) * (weight * self.loss_scale)
             stash[j] = (x, get_gradient_edge(loss), None)
-            return float(loss.detach())
+            return None if is_fake(loss) else float(loss.detach()) / self.loss_scale
         self._forward_sends[j] = self._send(y, self.fwd_send, j, backward=False)
         if y.grad_fn is None:  # nothing to back-propagate into (e.g. a stage of identity layers on integer input)
             stash[j] = (x, None, None)
         else:
             stash[j] = (x, get_gradient_edge(y), y.shape)
-            _release_output(y, x, self.meter)
+            release_output(y, x, self.meter, checkpointed=self.checkpointed)
         return 0.0
 
     def _backward(self, j: int, stash: dict) -> None:
@@ -261,13 +282,14 @@ class StageExecutor:
             local_in, local_tgt = self._local_batch(iteration)
             data = self.meter.current - static
             stash: dict[int, Any] = {}
-            loss = 0.0
+            loss: float | None = 0.0
             timeline: list[dict[str, Any]] = []
             for action in self.actions:
                 before = self.meter.start_window()
                 if action.kind == "F":
                     with self.meter.in_phase("activations"):
-                        loss += self._forward(action.microbatch, local_in, local_tgt, stash)
+                        part = self._forward(action.microbatch, local_in, local_tgt, stash)
+                    loss = None if part is None or loss is None else loss + part
                 else:
                     with self.meter.in_phase("backward"):
                         self._backward(action.microbatch, stash)
@@ -280,10 +302,7 @@ class StageExecutor:
             with self.meter.in_phase("step"):
                 self._sync_gradients()
                 self.optimizer.step()
-            for state in self.optimizer.state.values():
-                for v in state.values():
-                    if isinstance(v, torch.Tensor) and v.dim() > 0:
-                        self.meter.retag(v, "optimizer")
+            self._retag_optimizer_state()
             if self.record_timeline:
                 timeline.append({"action": "step", "before": before, "peak": self.meter.window_peak, "after": self.meter.current})
             self._wait_sends()
@@ -298,22 +317,20 @@ class StageExecutor:
             seconds=seconds, peak=peak, static=static, data=data, loss=loss, peak_breakdown=breakdown, timeline=timeline
         )
 
+    def _retag_optimizer_state(self) -> None:
+        """File the optimizer's tensors under "optimizer"; its scalar step counters stay on the host
+        in a GPU run (torch.optim keeps them on the CPU unless capturable), which the meter is told."""
+        for state in self.optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    if v.dim() > 0:
+                        self.meter.retag(v, "optimizer")
+                    else:
+                        self.meter.host_resident(v)
 
-def _release_output(y: torch.Tensor, x: torch.Tensor, meter: Any) -> None:
-    """Drop a sent stage output's values if nothing else needs them (see [Note: releasing the stage output])."""
-    if y._base is not None or y.grad_fn is None:
-        return
-    storage = y.untyped_storage()
-    if x.untyped_storage().data_ptr() == storage.data_ptr():
-        return
-    for name in dir(y.grad_fn):
-        if not name.startswith("_saved_"):
-            continue
-        saved = getattr(y.grad_fn, name)
-        items = saved if isinstance(saved, (tuple, list)) else (saved,)
-        for item in items:
-            if isinstance(item, torch.Tensor) and item.untyped_storage().data_ptr() == storage.data_ptr():
-                return
-    old = y.detach()
-    y.data = torch.empty((0,), dtype=y.dtype, device=y.device)
-    meter.forget(old)
+
+def _in_dtype(spec: BoundarySpec | None, dtype: torch.dtype) -> BoundarySpec | None:
+    """A boundary spec with floating tensors in the compute dtype (integer ones, e.g. tokens, unchanged)."""
+    if spec is None or not spec.dtype.is_floating_point:
+        return spec
+    return BoundarySpec(spec.sample_shape, dtype)

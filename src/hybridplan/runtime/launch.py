@@ -6,6 +6,9 @@ as one rank exits non-zero, dies by a signal, or the run passes its timeout, the
 every other rank (SIGTERM, then SIGKILL after a grace period) and returns the root cause: an
 out-of-memory report first, else the earliest failure. Ranks also ask the kernel to kill them if the
 launcher itself dies (``PR_SET_PDEATHSIG``), so no run leaves orphan processes.
+
+``RunConfig.backend == "sim"`` runs no process: :func:`launch` hands the run to the simulator
+(runtime/sim.py), which executes every device's work on fake tensors in this process.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ from hybridplan.runtime.result import DeviceResult, RunResult
 from hybridplan.runtime.stage import boundary_specs
 from hybridplan.runtime.worker import EXIT_OOM, resolve_model, spawn_entry
 
-__all__ = ["launch", "aggregate", "validate_config"]
+__all__ = ["launch", "aggregate", "validate_config", "BACKENDS"]
+
+BACKENDS: tuple[str, ...] = ("real", "sim")
+"""Runtime backends: real processes, or simulated devices on fake tensors (runtime/sim.py)."""
 
 _GRACE_S = 2.0
 _SETTLE_S = 0.5
@@ -41,6 +47,7 @@ def validate_config(cfg: RunConfig) -> None:
         HybridPlanError: (PlanError, ModelError, ClusterError) naming the problem and the fix.
     """
     from hybridplan.errors import UsageError
+    from hybridplan.runtime.precision import check_precision
 
     model = resolve_model(cfg.model)
     cfg.plan.validate(model=model, cluster=cfg.cluster)
@@ -48,6 +55,9 @@ def validate_config(cfg: RunConfig) -> None:
         raise UsageError(f"--iterations must be at least 1, got {cfg.iterations}")
     if cfg.device_type not in ("cpu", "cuda"):
         raise UsageError(f"device type {cfg.device_type!r} is not supported", fix="use 'cpu' or 'cuda'")
+    if cfg.backend not in BACKENDS:
+        raise UsageError(f"backend {cfg.backend!r} is not supported", fix=f"use one of {list(BACKENDS)}")
+    check_precision(cfg.precision, cfg.loss_scale)
 
 
 def launch(
@@ -56,12 +66,13 @@ def launch(
     on_event: Callable[[str], None] | None = None,
     on_start: Callable[[list[int]], None] | None = None,
 ) -> RunResult:
-    """Train ``cfg.plan`` for ``cfg.iterations`` iterations with one local process per device.
+    """Train ``cfg.plan`` for ``cfg.iterations`` iterations with one local process per device, or
+    simulate it in this process if ``cfg.backend == "sim"``.
 
     Args:
         cfg: the run.
         on_event: called with short progress messages (process start, end, failures).
-        on_start: called with the process ids of the ranks once they are started.
+        on_start: called with the process ids of the ranks once they are started (not for "sim").
 
     Returns:
         The aggregated result; ``status`` is "ok", "oom" or "failed" (never raises for a failed run).
@@ -69,6 +80,10 @@ def launch(
     Raises:
         HybridPlanError: if the configuration itself is invalid (nothing is started then).
     """
+    if cfg.backend == "sim":
+        from hybridplan.runtime.sim import simulate
+
+        return simulate(cfg, on_event=on_event)  # validates the configuration itself
     validate_config(cfg)
     specs = boundary_specs(resolve_model(cfg.model))
     say = on_event or (lambda _msg: None)
@@ -199,13 +214,21 @@ def _from_report(cfg: RunConfig, report: dict[str, Any], wall: float) -> RunResu
 
 
 def aggregate(cfg: RunConfig, reports: list[dict[str, Any] | None], *, wall_seconds: float | None) -> RunResult:
-    """Combine per-rank reports into the run result."""
+    """Combine per-rank reports into the run result.
+
+    A simulated run's reports carry no losses and no meaningful times: its result has ``losses == []``
+    and ``iteration_seconds`` None.
+    """
     plan = cfg.plan
     last = plan.stages[-1]
     owners = list(last.devices) if last.parallelism == "data" else [last.devices[0]]
-    losses = [sum(reports[r]["losses"][it] for r in owners) for it in range(cfg.iterations)]
+    losses: list[float] = []
+    if all(len(reports[r]["losses"]) == cfg.iterations for r in owners):
+        losses = [sum(reports[r]["losses"][it] for r in owners) for it in range(cfg.iterations)]
     measured = range(1, cfg.iterations) if cfg.iterations > 1 else range(cfg.iterations)
-    iteration_seconds = statistics.fmean(max(rep["seconds"][it] for rep in reports) for it in measured)
+    iteration_seconds = None
+    if cfg.backend != "sim":
+        iteration_seconds = statistics.fmean(max(rep["seconds"][it] for rep in reports) for it in measured)
     devices = []
     for rep in reports:
         peaks = rep["iteration_peaks"]
@@ -227,6 +250,7 @@ def aggregate(cfg: RunConfig, reports: list[dict[str, Any] | None], *, wall_seco
                 in_flight=rep["in_flight"],
                 iteration_seconds=rep["seconds"],
                 timeline=rep["timeline"],
+                overhead_bytes=rep.get("overhead_bytes"),
             )
         )
     return RunResult(

@@ -19,13 +19,17 @@ Two rules keep the count deterministic across runs:
 
 An allocation that takes the count over ``capacity_bytes`` raises :class:`DeviceOutOfMemory`, as a
 GPU's allocator would.
+
+In GPU terms (``StorageTracker(rounding=...)``, used by simulated CUDA devices, runtime/sim.py) every
+storage counts the bytes the CUDA caching allocator would hand out for it, and tensors a CUDA run
+keeps on the host (optimizer step counters) are not counted: see runtime/gpu_memory.py.
 """
 
 from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -79,9 +83,11 @@ class StorageTracker(TorchDispatchMode):
         (1024, 1024)
     """
 
-    def __init__(self, capacity_bytes: int | None = None) -> None:
+    def __init__(self, capacity_bytes: int | None = None, *, rounding: Callable[[int], int] | None = None) -> None:
         super().__init__()
         self.capacity_bytes = capacity_bytes
+        self.rounding = rounding
+        """Maps a storage's bytes to the bytes its allocation takes (GPU terms); None: exact bytes."""
         self.current = 0
         self.peak = 0
         self.window_peak = 0
@@ -105,7 +111,7 @@ class StorageTracker(TorchDispatchMode):
                 continue
             storage = plain.untyped_storage()
             key = storage._cdata
-            nbytes = storage.nbytes()
+            nbytes = storage.nbytes() if self.rounding is None else self.rounding(storage.nbytes())
             entry = self._live.get(key)
             if entry is not None:
                 if entry[0] == nbytes:
@@ -156,6 +162,15 @@ class StorageTracker(TorchDispatchMode):
         """Stop counting ``t``'s storage now (it is only kept alive for an in-flight send)."""
         for plain in _storage_tensors(t):
             self._release(plain.untyped_storage()._cdata)
+
+    def host_resident(self, t: Any) -> None:
+        """``t`` would live in host memory in a GPU run: in GPU terms, stop counting it (else no-op)."""
+        if self.rounding is not None:
+            self.forget(t)
+
+    def overhead_bytes(self) -> int | None:
+        """Device memory outside tensors: none on a CPU (for simulated GPUs see runtime/gpu_memory.py)."""
+        return None
 
     def counts(self, t: Any) -> bool:
         """Whether ``t``'s storage is currently counted."""
@@ -231,6 +246,13 @@ class _PassiveMeter:
     def forget(self, t: Any) -> None:
         return None
 
+    def host_resident(self, t: Any) -> None:
+        return None
+
+    def overhead_bytes(self) -> int | None:
+        """Device memory outside the tensor allocator (None: not measured)."""
+        return None
+
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         yield
@@ -282,6 +304,14 @@ class CudaMemoryMeter(_PassiveMeter):
         self._earlier_peak = max(self._earlier_peak, self.window_peak)
         torch.cuda.reset_peak_memory_stats(self.device)
         return self.current
+
+    def overhead_bytes(self) -> int | None:
+        """Device memory in use that the caching allocator did not reserve: the CUDA context, NCCL's
+        buffers and other libraries' own allocations (and other processes' memory, on a shared GPU).
+        Measured as ``total - free`` (``torch.cuda.mem_get_info``) minus ``memory_reserved``."""
+        torch.cuda.synchronize(self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        return int(total - free - torch.cuda.memory_reserved(self.device))
 
 
 class NullMeter(_PassiveMeter):

@@ -5,6 +5,8 @@ JSON form (other tools rely on these keys; more are added)::
     {"status": "ok" | "oom" | "failed", "reason": str | null, "iteration_seconds": float | null,
      "losses": [float, ...],
      "devices": [{"device": 0, "stage": 0, "peak_memory_bytes": int, ...}, ...]}
+
+A simulated run (``backend="sim"``) has the same form with ``iteration_seconds`` null and no losses.
 """
 
 from __future__ import annotations
@@ -46,6 +48,10 @@ class DeviceResult:
     """Wall time of every iteration on this rank, warm-up first."""
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """Per action of the last iteration: {"action", "before", "peak", "after"} bytes."""
+    overhead_bytes: int | None = None
+    """GPU memory outside tensors (CUDA context, NCCL buffers): measured on a real CUDA run, estimated on
+    a simulated one (runtime/gpu_memory.py); not part of ``peak_memory_bytes`` nor of the capacity
+    check. None on CPU."""
 
 
 @dataclass
@@ -123,10 +129,15 @@ class RunResult:
         if self.losses:
             lines.append("losses: " + ", ".join(f"{v:.6f}" for v in self.losses))
         if self.devices:
-            lines.append(f"{'device':>6} {'node':>4} {'stage':>5} {'in-flight':>9} {'peak memory':>14} {'static':>12}")
+            overhead = any(d.overhead_bytes is not None for d in self.devices)
+            lines.append(
+                f"{'device':>6} {'node':>4} {'stage':>5} {'in-flight':>9} {'peak memory':>14} {'static':>12}"
+                + (f" {'overhead':>12}" if overhead else "")
+            )
             for d in sorted(self.devices, key=lambda d: d.device):
                 lines.append(
                     f"{d.device:>6} {d.node:>4} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>14}"
                     f" {format_bytes(d.static_memory_bytes):>12}"
+                    + (f" {format_bytes(d.overhead_bytes):>12}" if overhead else "")
                 )
         return "\n".join(lines)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel, build_layers
@@ -12,7 +13,26 @@ from hybridplan.models.tensor_parallel import TensorParallelGroup, full_paramete
 from hybridplan.plan import StagePlan
 from hybridplan.runtime.executor import BoundarySpec
 
-__all__ = ["build_stage_module", "boundary_specs", "unsplit_state"]
+__all__ = ["build_stage_module", "boundary_specs", "unsplit_state", "CheckpointedSequential"]
+
+
+class CheckpointedSequential(nn.Sequential):
+    """An ``nn.Sequential`` that runs every layer under activation checkpointing.
+
+    Each layer keeps only its input for the backward pass and recomputes its activations there
+    (``torch.utils.checkpoint``, non-reentrant, as torch recommends). The parameters keep the plain
+    ``nn.Sequential`` names, so saved weights and checks do not change.
+
+    ``preserve_rng_state=False``: stashing the RNG state would allocate a tensor per layer and
+    micro-batch, and no zoo layer draws random numbers in its forward (VGG's dropout has p=0; a
+    recomputed dropout with another mask would change the math, so a user model with random layers
+    should not be checkpointed).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        for layer in self:
+            x = checkpoint(layer, x, use_reentrant=False, preserve_rng_state=False)
+        return x
 
 
 def build_stage_module(
@@ -22,11 +42,13 @@ def build_stage_module(
     seed: int,
     device: torch.device,
     tp: TensorParallelGroup | None,
+    checkpointing: bool = False,
 ) -> nn.Sequential:
     """The stage's layers as an ``nn.Sequential`` on ``device``; split over ``tp`` for a tensor stage.
 
     Each layer is built whole from its seed, then sharded, so a tensor-parallel stage holds exactly the
-    slices of the weights a single device would hold.
+    slices of the weights a single device would hold. With ``checkpointing`` every layer recomputes its
+    activations in the backward pass (:class:`CheckpointedSequential`).
     """
     if device.type == "cpu":  # the device context manager imports torch._dynamo (~2 s per process)
         layers = build_layers(model, stage.start, stage.stop, seed)
@@ -39,7 +61,7 @@ def build_stage_module(
             if tp_plan is None:  # Plan.validate rejects this earlier; kept as a guard for direct library use
                 raise ValueError(f"layer {index} of {model.name} has no tensor-parallel split")
             tp_plan.apply(layer, tp)
-    return nn.Sequential(*layers)
+    return CheckpointedSequential(*layers) if checkpointing else nn.Sequential(*layers)
 
 
 def boundary_specs(model: LayeredModel, stop: int | None = None) -> list[BoundarySpec]:

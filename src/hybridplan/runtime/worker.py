@@ -32,10 +32,12 @@ from hybridplan.models.tensor_parallel import TensorParallelGroup
 from hybridplan.models.zoo import get_model
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.executor import BoundarySpec, StageExecutor
+from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_bytes
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
+from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
 from hybridplan.runtime.stage import boundary_specs, build_stage_module, unsplit_state
 
-__all__ = ["run_rank", "spawn_entry", "resolve_model"]
+__all__ = ["run_rank", "spawn_entry", "resolve_model", "make_meter"]
 
 EXIT_OK, EXIT_FAILED, EXIT_OOM = 0, 1, 3
 
@@ -49,13 +51,35 @@ def _backend(device_type: str) -> str:
     return "nccl" if device_type == "cuda" else "gloo"
 
 
+def make_meter(cfg: RunConfig, device: torch.device, capacity: int | None, *, simulated: bool) -> Any:
+    """The memory meter of a rank: the CUDA allocator's counters on a real GPU, else the exact storage
+    tracker, in GPU terms (allocation rounding) when a simulated rank stands for a CUDA device."""
+    if not cfg.track_memory:
+        return NullMeter()
+    if device.type == "cuda":
+        return CudaMemoryMeter(device, capacity)
+    gpu_terms = simulated and cfg.device_type == "cuda"
+    return StorageTracker(capacity, rounding=cuda_block_bytes if gpu_terms else None)
+
+
 def run_rank(
-    rank: int, cfg: RunConfig, *, device: torch.device, specs: list[BoundarySpec] | None = None
+    rank: int,
+    cfg: RunConfig,
+    *,
+    device: torch.device,
+    specs: list[BoundarySpec] | None = None,
+    simulated: bool = False,
 ) -> dict[str, Any]:
     """Train ``cfg`` as ``rank`` in an initialised default process group; return this rank's report.
 
     ``specs`` are the model's boundary shapes (:func:`boundary_specs`); the local launcher computes them
     once for all ranks, since the first meta-device forward of a process costs about a second.
+
+    ``simulated``: the process group is the fake one and a ``FakeTensorMode`` is active (runtime/sim.py).
+    The same code runs; only what needs real data or a separate process differs: losses are not
+    reported, weights are not saved, the cyclic garbage collector's frozen set is released after the run
+    (the simulator runs many ranks in one process), and a rank standing for a CUDA device is measured in
+    GPU terms with an estimated overhead (runtime/gpu_memory.py).
     """
     model = resolve_model(cfg.model)
     plan = cfg.plan
@@ -67,24 +91,30 @@ def run_rank(
     group = groups[stage_index]
     tp = dp_group = None
     if group is not None and stage.parallelism == "tensor":
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import DeviceMesh
 
-        tp = TensorParallelGroup(group, DeviceMesh.from_group(group, device.type), index_in_stage, stage.degree)
+        with unset_fake_temporarily():  # the mesh reads its rank table; a no-op outside a simulation
+            mesh = DeviceMesh.from_group(group, device.type)
+        tp = TensorParallelGroup(group, mesh, index_in_stage, stage.degree)
     elif group is not None:
         dp_group = group
 
-    capacity = cfg.cluster.memory_of(rank)
-    if not cfg.track_memory:
-        meter: Any = NullMeter()
-    elif device.type == "cuda":
-        meter = CudaMemoryMeter(device, capacity)
-    else:
-        meter = StorageTracker(capacity)
+    meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated)
     specs = specs if specs is not None else boundary_specs(model, stop=stage.stop)
     with meter:
         with meter.in_phase("parameters"):
-            module = build_stage_module(model, stage, seed=cfg.seed, device=device, tp=tp)
-            optimizer = torch.optim.AdamW(module.parameters(), lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+            module = build_stage_module(
+                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=cfg.activation_checkpointing
+            )
+            optimizer = build_optimizer(
+                module,
+                precision=cfg.precision,
+                learning_rate=cfg.learning_rate,
+                weight_decay=cfg.weight_decay,
+                loss_scale=cfg.loss_scale,
+                device_type=cfg.device_type,
+            )
         executor = StageExecutor(
             model=model,
             plan=plan,
@@ -98,18 +128,30 @@ def run_rank(
             output_spec=specs[stage.stop] if stage_index < plan.num_stages - 1 else None,
             seed=cfg.seed,
             record_timeline=cfg.record_timeline,
+            dtype=compute_dtype(cfg.precision),
+            loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
+            checkpointed=cfg.activation_checkpointing,
         )
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full
         # collection (runtime/executor.py) from rescanning every module and tensor (0.15 s each).
         gc.collect()
-        gc.freeze()
-        records = [executor.run_iteration(it) for it in range(cfg.iterations)]
-    if cfg.save_weights_dir is not None:
+        freeze = not simulated or gc.get_freeze_count() == 0  # never release someone else's frozen set
+        if freeze:
+            gc.freeze()
+        try:
+            records = [executor.run_iteration(it) for it in range(cfg.iterations)]
+        finally:
+            if simulated and freeze:
+                gc.unfreeze()
+    if cfg.save_weights_dir is not None and not simulated:
         weights, grads = unsplit_state(module, stage.start)
         if index_in_stage == 0:
             torch.save({"weights": weights, "grads": grads}, Path(cfg.save_weights_dir) / f"stage{stage_index}.pt")
     dist.barrier()
     tracked = cfg.track_memory
+    overhead = meter.overhead_bytes() if tracked else None
+    if simulated and tracked and cfg.device_type == "cuda":
+        overhead = estimate_overhead_bytes(plan, rank)
     return {
         "status": "ok",
         "rank": rank,
@@ -122,8 +164,9 @@ def run_rank(
         "data": [r.data for r in records] if tracked else [],
         "breakdowns": [r.peak_breakdown for r in records] if tracked else [],
         "seconds": [r.seconds for r in records],
-        "losses": [r.loss for r in records],
+        "losses": [] if simulated else [r.loss for r in records],
         "timeline": records[-1].timeline if tracked else [],
+        "overhead_bytes": overhead,
     }
 
 
@@ -183,6 +226,9 @@ def _torchrun_main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", required=True, help="result JSON (written by rank 0)")
     args = parser.parse_args(argv)
     cfg = config_from_json(Path(args.config).read_text())
+    if cfg.backend != "real":
+        parser.error(f"{args.config} asks for backend {cfg.backend!r}; torchrun runs real devices only"
+                     " (simulate with hybridplan.runtime.launch.launch, in one process)")
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.set_num_threads(1)

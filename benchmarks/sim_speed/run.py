@@ -1,0 +1,116 @@
+"""How long simulating a device takes, and how much host memory it needs (runtime/sim.py).
+
+Run from the repository root (about 3 minutes on a 2-core CPU)::
+
+    .venv/bin/python benchmarks/sim_speed/run.py            # every case
+    .venv/bin/python benchmarks/sim_speed/run.py --case gpt3-1.3b-stage0-fp32
+
+Each case runs in a fresh Python process (so its peak RSS is its own): ``simulate_stage`` for one device,
+or ``launch(backend="sim")`` for a whole plan. Printed as a markdown table: *setup s* is the time from
+process start to the simulation call (imports), *sim s* the call itself (including the fake process
+group, stage building and ``--iterations`` iterations), *peak RSS* the process's high-water mark
+(``ru_maxrss``), *device peak* the simulated device's (largest device's) peak tensor memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from typing import Any
+
+START = time.perf_counter()
+
+GPT13_PIPELINE = [(0, 7), (7, 13), (13, 19), (19, 26)]  # embedding + 6 blocks | 6 | 6 | 6 blocks + head
+
+CASES: dict[str, dict[str, Any]] = {
+    # The issue's target: one device of a 1.3B stage in under 20 s. Layers [0, 7) of gpt3-1.3b (the
+    # embedding and 6 of 24 blocks: 409M parameters), stage 0 of a 4-stage 1F1B pipeline, 8 micro-batches
+    # of 4 sequences (1024 tokens): the configuration of ../shared/notes/pytorch-cpu-facts.md.
+    "gpt3-1.3b-stage0-fp32": dict(model="gpt3-1.3b", kinds=("none", 1), batch=32, micro=8, precision="fp32", device="cpu"),
+    "gpt3-1.3b-stage0-bf16-cuda": dict(model="gpt3-1.3b", kinds=("none", 1), batch=32, micro=8, precision="bf16", device="cuda"),
+    "gpt3-1.3b-stage0-tensor4-bf16-cuda": dict(model="gpt3-1.3b", kinds=("tensor", 4), batch=32, micro=8, precision="bf16", device="cuda"),
+    "gpt3-1.3b-stage0-checkpointing": dict(model="gpt3-1.3b", kinds=("none", 1), batch=32, micro=8, precision="fp32", device="cpu", ckpt=True),
+    # A whole plan: gpt3-2.6b, 4 stages x data 4 on a 4x4 mesh of 40 GiB devices, 16 micro-batches of 8.
+    "gpt3-2.6b-4x4-data4-plan": dict(model="gpt3-2.6b", plan="4x4", kind="data", batch=128, micro=16, precision="bf16", device="cuda"),
+    "gpt3-2.6b-4x4-tensor4-plan": dict(model="gpt3-2.6b", plan="4x4", kind="tensor", batch=128, micro=16, precision="bf16", device="cuda"),
+}
+
+
+def _stage_plan(case: dict[str, Any]) -> Any:
+    from hybridplan.plan import Plan
+
+    kind, degree = case["kinds"]
+    stages, device = [], 0
+    for i, (a, b) in enumerate(GPT13_PIPELINE):
+        n = degree if i == 0 else 1
+        stages.append({"layers": [a, b], "parallelism": kind if i == 0 else "none", "degree": n,
+                       "devices": list(range(device, device + n))})  # fmt: skip
+        device += n
+    return Plan.from_dict({"schedule": "1f1b", "global_batch_size": case["batch"], "num_microbatches": case["micro"], "stages": stages})
+
+
+def _mesh_plan(case: dict[str, Any]) -> Any:
+    from hybridplan.models.zoo import get_model
+    from hybridplan.plan import Plan
+
+    n = get_model(case["model"]).num_layers
+    cuts = [round(n * i / 4) for i in range(5)]
+    stages = [{"layers": [cuts[i], cuts[i + 1]], "parallelism": case["kind"], "degree": 4,
+               "devices": list(range(4 * i, 4 * i + 4))} for i in range(4)]  # fmt: skip
+    return Plan.from_dict({"schedule": "1f1b", "global_batch_size": case["batch"], "num_microbatches": case["micro"], "stages": stages})
+
+
+def run_case(name: str, iterations: int) -> dict[str, Any]:
+    """Run one case in this process and return its measurements."""
+    import resource
+
+    from hybridplan.cluster import Cluster
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.launch import launch
+    from hybridplan.runtime.sim import simulate_stage
+
+    case = CASES[name]
+    whole = "plan" in case
+    plan = _mesh_plan(case) if whole else _stage_plan(case)
+    cluster = Cluster.parse("4x4", device_memory="40GiB") if whole else Cluster.parse(f"1x{plan.num_devices}")
+    cfg = RunConfig(model=case["model"], plan=plan, cluster=cluster, iterations=iterations, backend="sim",
+                    precision=case["precision"], device_type=case["device"],
+                    activation_checkpointing=case.get("ckpt", False))  # fmt: skip
+    setup = time.perf_counter() - START
+    t0 = time.perf_counter()
+    if whole:
+        result = launch(cfg)
+        assert result.ok, result.reason
+        peak = result.peak_memory_bytes
+    else:
+        peak = simulate_stage(cfg, 0, iterations=iterations)["iteration_peaks"][-1]
+    sim = time.perf_counter() - t0
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"case": name, "setup_s": setup, "sim_s": sim, "rss": rss, "peak": peak}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--case", choices=list(CASES), help="run one case in this process and print it as JSON")
+    parser.add_argument("--iterations", type=int, default=2, help="simulated iterations (default 2: warm-up + measured)")
+    args = parser.parse_args()
+    if args.case:
+        print(json.dumps(run_case(args.case, args.iterations)))
+        return
+    print("| case | setup s | sim s | total s | peak RSS | device peak |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name in CASES:
+        out = subprocess.run(
+            [sys.executable, __file__, "--case", name, "--iterations", str(args.iterations)],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        print(f"| {name} | {r['setup_s']:.1f} | {r['sim_s']:.1f} | {r['setup_s'] + r['sim_s']:.1f} |"
+              f" {r['rss'] / 2**20:.0f} MiB | {r['peak'] / 2**30:.2f} GiB |", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Simulated devices: run a plan's per-device work on fake tensors in this process and count its memory.
+
+Each simulated device runs exactly what a real rank runs (runtime/worker.py ``run_rank``: the same stage
+building, tensor-parallel sharding, optimizer, :class:`~hybridplan.runtime.executor.StageExecutor` and
+:class:`~hybridplan.runtime.memory.StorageTracker`), with two substitutions:
+
+- the process group is torch's fake one (``dist.init_process_group("fake", store=FakeStore(), ...)``):
+  collectives and point-to-point operations return at once and leave their buffers as they are;
+- every tensor is a ``FakeTensor`` (``FakeTensorMode``): it has a shape, a dtype and a storage of the
+  right size, but no data, so a device of any size is simulated in the memory of its metadata
+  (measured: benchmarks/sim_speed).
+
+The storage tracker counts the fake storages as it counts real ones, so a simulated device's peaks,
+breakdowns and per-action timeline equal the real CPU runtime's (tests/runtime/test_sim_agreement.py).
+What needs values is skipped: there are no losses, and times are not measured (``iteration_seconds`` is
+None; a report's ``seconds`` are the simulation's own wall times). For ``device_type="cuda"`` the tracker
+counts in GPU terms and each device gets an overhead estimate (runtime/gpu_memory.py).
+
+[Note: simulating one device per stage] Devices of one stage do provably identical work in memory
+terms, so :func:`simulate` runs the first device of each stage and copies its report to the others
+(renaming rank, index in stage and node, and re-estimating the GPU overhead, which depends on the
+device's peers): the replicas of a data-parallel stage hold equal-sized row shards of every
+micro-batch (a plan's data-parallel degree divides its micro-batch size) and equal copies of the
+parameters; the ranks of a tensor-parallel stage hold equal-sized shards (a split is valid only if the
+degree divides the dimension) and all rows; every rank of a stage runs the same action list; a
+receive allocates one buffer of the rank's rows however many peers fill it, and a send allocates
+nothing (it sends views of the detached output). ``simulate(..., distinct_only=False)`` simulates
+every device instead (the tests check both agree).
+
+Example::
+
+    from hybridplan.runtime.sim import simulate, simulate_stage
+    result = simulate(RunConfig(model="gpt3-1.3b", plan=plan, cluster=cluster, backend="sim"))
+    report = simulate_stage(cfg, stage_index=0)       # one device of stage 0, as run_rank reports it
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import replace
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from hybridplan.errors import UsageError
+from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.executor import BoundarySpec
+from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
+from hybridplan.runtime.result import RunResult
+from hybridplan.runtime.stage import boundary_specs
+from hybridplan.runtime.worker import resolve_model, run_rank
+
+__all__ = ["simulate", "simulate_stage", "fake_process_group"]
+
+
+@contextmanager
+def fake_process_group(rank: int, world: int) -> Iterator[None]:
+    """This process as ``rank`` of ``world`` in torch's fake process group, for the block's duration.
+
+    Raises:
+        UsageError: if a default process group already exists in this process.
+    """
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    if dist.is_initialized():
+        raise UsageError(
+            "cannot simulate devices: this process already has a torch.distributed process group",
+            fix="simulate from a process that has not called init_process_group (or destroy it first)",
+        )
+    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def simulate_stage(
+    cfg: RunConfig,
+    stage_index: int,
+    *,
+    iterations: int = 2,
+    specs: list[BoundarySpec] | None = None,
+    rank: int | None = None,
+) -> dict[str, Any]:
+    """Simulate one device of stage ``stage_index`` of ``cfg.plan``; return its per-rank report.
+
+    The report has the keys of a real rank's report (runtime/worker.py ``run_rank``): "rank", "stage",
+    "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data", "breakdowns", "seconds"
+    (the simulation's wall time per iteration, not a device time), "losses" (empty), "timeline",
+    "overhead_bytes" (GPU estimate for ``device_type="cuda"``, else None). The first iteration is the
+    warm-up (the optimizer state appears in its step), so ``iterations`` must be at least 2 for a
+    steady-state peak. The plan is not validated here (a profiling campaign calls this many times):
+    use :func:`~hybridplan.runtime.launch.validate_config` first for plans from users.
+
+    Args:
+        cfg: the run (its ``backend`` is not consulted; ``cfg.iterations`` is replaced by ``iterations``).
+        stage_index: which stage.
+        iterations: iterations to simulate.
+        specs: the model's boundary specs (:func:`~hybridplan.runtime.stage.boundary_specs`), if known.
+        rank: which device of the stage (default: its first; all do the same work in memory terms).
+
+    Raises:
+        UsageError: for a stage index out of range, a rank not in the stage, or fewer than 1 iteration.
+        DeviceOutOfMemory: if the device's capacity is exceeded (as a real rank would run out).
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    plan = cfg.plan
+    if not 0 <= stage_index < plan.num_stages:
+        raise UsageError(
+            f"stage index {stage_index} is out of range for a plan of {plan.num_stages} stages",
+            fix=f"use 0 to {plan.num_stages - 1}",
+        )
+    if iterations < 1:
+        raise UsageError(f"iterations must be at least 1, got {iterations}", fix="use 2 (warm-up + measured)")
+    devices = plan.stages[stage_index].devices
+    if rank is None:
+        rank = devices[0]
+    elif rank not in devices:
+        raise UsageError(f"device {rank} is not in stage {stage_index} (devices {list(devices)})")
+    run_cfg = replace(cfg, iterations=iterations, save_weights_dir=None)
+    with fake_process_group(rank, plan.num_devices), FakeTensorMode():
+        return run_rank(rank, run_cfg, device=torch.device("cpu"), specs=specs, simulated=True)
+
+
+def simulate(
+    cfg: RunConfig,
+    *,
+    on_event: Callable[[str], None] | None = None,
+    distinct_only: bool = True,
+) -> RunResult:
+    """Simulate every device of ``cfg.plan`` (``launch`` calls this for ``backend="sim"``).
+
+    Devices are simulated one after the other in this process; with ``distinct_only`` one device per
+    stage (see [Note: simulating one device per stage]). A device whose tensors exceed its capacity
+    ends the simulation with status "oom", as it ends a real run; any other exception gives "failed".
+
+    Returns:
+        The result, in the real runtime's form, with ``iteration_seconds`` None and no losses.
+    """
+    from hybridplan.runtime.launch import _failed, aggregate, validate_config
+    from hybridplan.runtime.memory import DeviceOutOfMemory
+
+    validate_config(cfg)
+    say = on_event or (lambda _msg: None)
+    plan = cfg.plan
+    specs = boundary_specs(resolve_model(cfg.model))
+    started = time.perf_counter()
+    reports: list[dict[str, Any] | None] = [None] * plan.num_devices
+    for index, stage in enumerate(plan.stages):
+        ranks = stage.devices[:1] if distinct_only else stage.devices
+        for rank in ranks:
+            t0 = time.perf_counter()
+            try:
+                report = simulate_stage(cfg, index, iterations=cfg.iterations, specs=specs, rank=rank)
+            except DeviceOutOfMemory as e:
+                reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
+                return _failed(cfg, "oom", reason, time.perf_counter() - started)
+            except UsageError:
+                raise
+            except Exception as e:  # a failing device fails the run, as in the real runtime
+                reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
+                return _failed(cfg, "failed", reason, time.perf_counter() - started)
+            say(f"simulated device {rank} (stage {index}) in {time.perf_counter() - t0:.1f} s")
+            reports[rank] = _as_rank(cfg, report, rank)
+        for rank in stage.devices:
+            if reports[rank] is None:
+                reports[rank] = _as_rank(cfg, reports[stage.devices[0]], rank)
+    return aggregate(cfg, reports, wall_seconds=time.perf_counter() - started)
+
+
+def _as_rank(cfg: RunConfig, report: dict[str, Any], rank: int) -> dict[str, Any]:
+    """``report`` of a device of the same stage, as ``rank``'s (see [Note: simulating one device per stage])."""
+    plan = cfg.plan
+    stage = plan.stages[plan.stage_of_device(rank)]
+    out = dict(report, rank=rank, rank_in_stage=stage.devices.index(rank), node=cfg.cluster.node_of(rank))
+    if cfg.device_type == "cuda" and cfg.track_memory:
+        out["overhead_bytes"] = estimate_overhead_bytes(plan, rank)
+    return out
+
