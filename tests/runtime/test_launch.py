@@ -93,3 +93,15 @@ def test_invalid_plan_starts_nothing():
     with pytest.raises(PlanError, match="does not exist on cluster 1x3"):
         launch(RunConfig(model="gpt-tiny", plan=EXAMPLE, cluster=Cluster.parse("1x3")), on_start=pids.extend)
     assert pids == []
+
+
+def test_stage_without_parameters_trains():
+    """A stage of only parameterless layers (ReLU) has nothing to update, but must run and back-propagate."""
+    from tests.cli.user_models import mlp  # noqa: F401  (the model is named below for the spawned ranks)
+
+    plan = make_plan("1f1b", 8, 2, [(0, 1, "none", [0]), (1, 2, "none", [1]), (2, 5, "none", [2])])
+    result, _ = run(plan, cluster="1x3", model="tests.cli.user_models:mlp")
+    assert result.ok, result.reason
+    relu = result.devices[1]
+    assert relu.static_memory_bytes == 0 and relu.peak_memory_bytes > 0
+    assert "parameters" not in relu.peak_breakdown

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridplan.cli.common import add_cluster, add_model, cluster_from
+from hybridplan.cli.common import add_cluster, add_model, add_training, cluster_from, training_options
 from hybridplan.errors import UsageError
 from hybridplan.profiling.campaign import Campaign, CampaignConfig
 from hybridplan.profiling.partitions import Scenario
@@ -32,6 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--dry-run", action="store_true", help="list the runs the campaign would make, run nothing")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a profiling run is ended")
+    add_training(p)
     p.set_defaults(handler=handle)
 
 
@@ -57,6 +58,7 @@ def handle(args: argparse.Namespace) -> int:
         merge_to=args.merge_layers,
         seed=args.seed,
         timeout_s=args.timeout,
+        run_options=training_options(args),
     )
     with ProfileStore(":memory:" if args.dry_run else args.db) as store:
         campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))

@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from hybridplan.cli.common import add_cluster, add_model, cluster_from
+from hybridplan.cli.common import add_cluster, add_model, add_training, cluster_from, training_options
 from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
 from hybridplan.runtime.config import RunConfig, config_to_json
@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
     p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="device type (default cpu)")
     p.add_argument("--timeout", type=float, default=900.0, help="end the run after this many seconds (default 900)")
+    add_training(p)
     p.add_argument("--no-memory", action="store_true", help="do not track memory (CPU tracking costs ~1.2x time)")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of a table")
     p.add_argument(
@@ -50,9 +50,9 @@ def handle(args: argparse.Namespace) -> int:
         iterations=args.iterations,
         seed=args.seed,
         learning_rate=args.lr,
-        device_type=args.device,
         track_memory=not args.no_memory,
         timeout_s=args.timeout,
+        **training_options(args),
     )
     if args.write_config:
         validate_config(cfg)

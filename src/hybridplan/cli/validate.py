@@ -19,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster(p, required=False)
     p.add_argument("--iterations", type=int, default=2, help="iterations of the run (default 2: warm-up + measured)")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log")
+    p.add_argument("--backend", choices=("real", "sim"), help="run on the real runtime or simulated devices (default: the profile's)")
     p.add_argument("--out", help="write the validation JSON here")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=handle)
@@ -28,7 +29,8 @@ def handle(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     cluster = cluster_from(args) if args.cluster else None
     report = validate_plan(args.db, plan, cluster=cluster, iterations=args.iterations, degree_fit=args.degree_fit,
-                           progress=lambda msg: print(msg, file=sys.stderr))
+                           progress=lambda msg: print(msg, file=sys.stderr),
+                           run_options={"backend": args.backend} if args.backend else None)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(report.to_dict(), f, indent=1)

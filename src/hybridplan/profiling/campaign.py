@@ -128,6 +128,7 @@ class Campaign:
         self.say = progress or (lambda _msg: None)
         self.model = resolve_model(cfg.model)
         self.execute = execute or self._launch
+        self._specs: list[Any] | None = None
         self.L = self.model.num_layers
         self.batch_sizes = self._batch_sizes()
         micro = [b // cfg.num_microbatches for b in self.batch_sizes]
@@ -390,26 +391,57 @@ class Campaign:
         memory = self.cfg.cluster.memory_of(0)
         cluster = Cluster.uniform(1, run.devices, device_type=self.cfg.cluster.devices[0].type, memory_bytes=memory)
         started = time.perf_counter()
-        result = self.execute(plan, cluster)
+        if self.cfg.run_options.get("backend") == "sim":
+            status, reason, devices = self._simulate(run, plan, cluster)
+        else:
+            result = self.execute(plan, cluster)
+            status, reason, devices = result.status, result.reason, [_as_dict(d) for d in result.devices]
         wall = time.perf_counter() - started
         measurements = []
-        if result.status == "ok":
-            for d in result.devices:
-                s = plan.stages[d.stage]
-                q = quantities_from_report(_as_dict(d))
+        if status == "ok":
+            for d in devices:
+                s = plan.stages[d["stage"]]
                 measurements.append(
                     {
-                        "device": d.device, "stage": d.stage, "start": s.start, "stop": s.stop,
+                        "device": d["device"], "stage": d["stage"], "start": s.start, "stop": s.stop,
                         "kind": "none" if s.degree == 1 else s.parallelism, "degree": s.degree,
                         "batch_size": batch, "microbatch_size": plan.microbatch_size,
-                        "peak": d.peak_memory_bytes, "quantities": q, "timeline": d.timeline,
+                        "peak": d["peak_memory_bytes"], "quantities": quantities_from_report(d), "timeline": d["timeline"],
                     }
                 )
+        result_status, result_reason = status, reason
         self.store.record_run(
-            key=key, scenario=scenario.name, batch_size=batch, plan=plan.to_dict(), status=result.status,
-            reason=result.reason, wall_seconds=wall, measurements=measurements,
+            key=key, scenario=scenario.name, batch_size=batch, plan=plan.to_dict(), status=result_status,
+            reason=result_reason, wall_seconds=wall, measurements=measurements,
         )
-        return result.status, result.reason, _failed_stage(result.reason), wall
+        return result_status, result_reason, _failed_stage(result_reason), wall
+
+    def _simulate(self, run: ProfilingRun, plan: Plan, cluster: Cluster) -> tuple[str, str | None, list[dict[str, Any]]]:
+        """Simulated devices: only the stages the run measures, one device each (runtime/sim.py)."""
+        from hybridplan.runtime.config import RunConfig
+        from hybridplan.runtime.memory import DeviceOutOfMemory
+        from hybridplan.runtime.sim import simulate_stage
+        from hybridplan.runtime.stage import boundary_specs
+
+        if self._specs is None:
+            self._specs = boundary_specs(self.model)
+        cfg = RunConfig(model=self.model, plan=plan, cluster=cluster, seed=self.cfg.seed, timeout_s=self.cfg.timeout_s,
+                        **self.cfg.run_options)
+        measured = {(m.start, m.stop) for m in self._units(run.scenario).original_spans(run.measured)}
+        devices = []
+        for index, stage in enumerate(plan.stages):
+            if (stage.start, stage.stop) not in measured:
+                continue
+            try:
+                report = simulate_stage(cfg, index, iterations=self.cfg.iterations, specs=self._specs)
+            except DeviceOutOfMemory as e:
+                return "oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}", []
+            peaks = report["iteration_peaks"]
+            devices.append({
+                "device": stage.devices[0], "stage": index, "peak_memory_bytes": max(peaks[1:] or peaks),
+                "static_memory_bytes": report["static"][-1], "data_bytes": report["data"][-1], "timeline": report["timeline"],
+            })
+        return "ok", None, devices
 
     def _launch(self, plan: Plan, cluster: Cluster) -> Any:
         from hybridplan.runtime.config import RunConfig

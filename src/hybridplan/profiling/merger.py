@@ -13,6 +13,7 @@ runs, and the recommender searches plans whose stage boundaries fall between mer
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -62,6 +63,10 @@ class LayerGroups:
                 fix=f"the profile merged layers into groups starting at {self.bounds[:-1]}; use those boundaries",
             )
         return found
+
+    def original_spans(self, spans: Sequence[Any]) -> list[Any]:
+        """Spans (with ``start``/``stop`` in units) turned into original-layer spans of the same type."""
+        return [type(s)(*self.original(s.start, s.stop)) for s in spans]
 
     def to_list(self) -> list[int]:
         return list(self.bounds)

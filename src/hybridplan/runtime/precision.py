@@ -95,6 +95,25 @@ def check_precision(precision: str, loss_scale: float | None) -> None:
         raise UsageError(f"loss_scale must be positive, got {loss_scale}", fix="use e.g. 128 (the default)")
 
 
+class NoParameters(torch.optim.Optimizer):
+    """The optimizer of a stage without trainable parameters: nothing to update.
+
+    ``torch.optim.Optimizer`` refuses an empty parameter list, but a pipeline stage may hold only
+    parameterless layers (activations, pooling, flatten), and it still trains: it back-propagates.
+    """
+
+    def __init__(self) -> None:  # deliberately not calling Optimizer.__init__, which rejects no parameters
+        self.state: dict[Any, Any] = {}
+        self.param_groups: list[dict[str, Any]] = []
+        self.defaults: dict[str, Any] = {}
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        return None
+
+    def step(self, closure: Any = None) -> None:
+        return None
+
+
 class MixedPrecisionAdamW(torch.optim.Optimizer):
     """AdamW over fp32 master copies of low-precision parameters.
 
@@ -192,6 +211,8 @@ def build_optimizer(
         (torch.bfloat16, torch.float32)
     """
     check_precision(precision, loss_scale)
+    if not any(p.requires_grad for p in module.parameters()):
+        return NoParameters()  # e.g. a VGG stage of ReLU and pooling layers only
     if precision == "fp32":
         params: Any = list(module.parameters())
         if device_type == "cuda":
