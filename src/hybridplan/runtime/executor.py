@@ -205,6 +205,13 @@ class StageExecutor:
             sends.append((dist.isend(piece, dst=t.dst, tag=self._tag(microbatch, backward)), piece))
         return sends
 
+    @staticmethod
+    def _finish(sends: list[Any]) -> None:
+        """Wait for sends and drop them (in a function, so no loop variable keeps a buffer alive)."""
+        for work, _ in sends:
+            work.wait()
+        sends.clear()
+
     def _wait_sends(self) -> None:
         for work, _ in self._pending:
             work.wait()
@@ -244,15 +251,15 @@ class StageExecutor:
                 torch.autograd.backward([edge], grad_tensors=[torch.ones((), device=self.device)])
         else:
             grad = self._receive(self.bwd_recv, self.output_spec, j, backward=True)
+            # [Note: waiting for forward sends] The next stage has back-propagated micro-batch j, so it
+            # received our output long ago: this wait returns at once. Dropping the send buffer BEFORE
+            # the backward leaves an output its op saved for backward to autograd alone, which frees it
+            # mid-backward, exactly as on a rank of the stage that sent nothing: every rank of a stage
+            # then has the same memory, and the output is not held to the end of the iteration.
+            self._finish(self._forward_sends.pop(j))
             if edge is not None:
                 torch.autograd.backward([edge], grad_tensors=[grad])
             del grad
-            # [Note: waiting for forward sends] The next stage has back-propagated micro-batch j, so it
-            # received our output long ago: this wait returns at once, and dropping the buffer now frees
-            # an output its op had saved for backward when the program is done with it (not at the end
-            # of the iteration), on every backend alike.
-            for work, _ in self._forward_sends.pop(j):
-                work.wait()
         if not self.first:
             g = x.grad if x.grad is not None else torch.zeros_like(x)
             self._pending += self._send(g, self.bwd_send, j, backward=True)
