@@ -247,8 +247,13 @@ def _torchrun_main(argv: list[str] | None = None) -> int:
     dist.all_gather_object(reports, report)
     if rank == 0:
         aggregate(cfg, reports, wall_seconds=None).save(args.out)
-    dist.destroy_process_group()
-    return 0
+    dist.barrier()  # every rank has finished the gather before any rank's sockets close
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip destroy_process_group and interpreter teardown: on CPU, gloo's background threads
+    # occasionally abort the process ("terminate called without an active exception") while
+    # being torn down, which torchrun reports as a failed rank after a successful run.
+    os._exit(0)
 
 
 if __name__ == "__main__":
