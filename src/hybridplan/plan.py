@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
 __all__ = ["SCHEDULES", "PARALLELISMS", "StagePlan", "Plan"]
 
-SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b")
-"""Pipeline schedules the runtime executes: GPipe and 1F1B (PipeDream-Flush)."""
+SCHEDULES: tuple[str, ...] = ("gpipe", "1f1b", "flush", "2bw")
+"""Pipeline schedules the runtime executes: GPipe, 1F1B, "flush" (PipeDream-Flush, the same as 1F1B) and
+"2bw" (PipeDream-2BW: 1F1B order, two weight versions, updates one step stale; runtime/weight_stash.py)."""
 
 PARALLELISMS: tuple[str, ...] = ("none", "data", "tensor")
 """Per-stage parallelism kinds."""

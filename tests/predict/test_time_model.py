@@ -225,3 +225,37 @@ def test_reproduces_amps_own_predictions_on_its_trials() -> None:
     measured = np.array([float(r["measured_s"]) for r in rows if r["failed"] == "False"])
     stats = pytest.importorskip("scipy.stats")
     assert stats.spearmanr(ours, measured).statistic >= 0.93
+
+
+# ---------------------------------------------------------------------------------------------- schedules
+def test_flush_is_1f1b_and_2bw_has_no_flush_by_hand() -> None:
+    # The plan of test_two_plain_stages_by_hand (t = 18, 3 s; e = 2 s; 4 micro-batches).
+    # "flush" (PipeDream-Flush) = 1F1B: 77 s. "2bw" never flushes (seed 003): 4 * max(18, 3, 2/2) = 72 s;
+    # with blocking sends each period also holds the stage's own transfers: 4 * (18 + 2/2) = 76 s.
+    cluster = _cluster(2, 1, 1000.0, 10.0)
+    stages = [(0, 2, "none", [0]), (2, 3, "none", [1])]
+    flush = Plan("flush", 8, 4, _plan(stages).stages)
+    two = Plan("2bw", 8, 4, _plan(stages).stages)
+    assert predict_iteration_time(flush, _profile(), cluster).total_s == pytest.approx(77.0)
+    t = predict_iteration_time(two, _profile(), cluster)
+    assert t.total_s == pytest.approx(72.0) and t.schedule == "2bw" and t.to_dict()["schedule"] == "2bw"
+    assert "no flush" in t.table()
+    assert predict_iteration_time(two, _profile(), cluster, overlap_p2p=False).total_s == pytest.approx(76.0)
+    # a Layout has no schedule: 1F1B unless told
+    layout = Layout.from_plan(two)
+    assert predict_iteration_time(layout, _profile(), cluster).total_s == pytest.approx(77.0)
+    assert predict_iteration_time(layout, _profile(), cluster, schedule="2bw").total_s == pytest.approx(72.0)
+    assert pipeline_seconds([18.0, 3.0], [2.0], 4, flush=False) == pytest.approx(72.0)
+
+
+def test_2bw_cost_model_agrees_with_the_2bw_planner() -> None:
+    """The planner's closed form (search/pipedream_2bw.py) and the cost model's "2bw" pipeline are one model."""
+    from hybridplan.search.pipedream_2bw import plan_pipedream_2bw
+
+    cluster = _cluster(1, 2, 1e3, 1e3)
+    candidates = plan_pipedream_2bw(_profile(), cluster, 8)
+    assert candidates
+    for c in candidates:
+        assert c.plan.schedule == "2bw"
+        if not c.recompute:
+            assert predict_iteration_time(c.plan, _profile(), cluster).total_s == pytest.approx(c.iteration_s)

@@ -13,7 +13,8 @@ _REFERENCES: dict = {}
 
 
 def reference(model: str, plan):
-    key = (model, plan.global_batch_size, plan.num_microbatches)
+    # 2BW trains other math (stale weights); GPipe, 1F1B and PipeDream-Flush on one device share a reference.
+    key = (model, plan.global_batch_size, plan.num_microbatches, plan.schedule == "2bw")
     if key not in _REFERENCES:
         _REFERENCES[key] = run_with_state(model, single_device(plan), "1x1")
     return _REFERENCES[key]

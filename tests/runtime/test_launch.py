@@ -105,3 +105,15 @@ def test_stage_without_parameters_trains():
     relu = result.devices[1]
     assert relu.static_memory_bytes == 0 and relu.peak_memory_bytes > 0
     assert "parameters" not in relu.peak_breakdown
+
+
+def test_uniform_hybrid_plan_on_8_devices():
+    """Four stages, each tensor-parallel over 2 devices (a uniform hybrid plan, like AMP's pp=4 x tp=2)."""
+    plan = make_plan("1f1b", 16, 4, [(0, 3, "tensor", [0, 1]), (3, 5, "tensor", [2, 3]), (5, 7, "tensor", [4, 5]),
+                                     (7, 10, "tensor", [6, 7])])
+    result, pids = run(plan, cluster="2x4", iterations=2)
+    assert result.ok, result.reason
+    peaks = [d.peak_memory_bytes for d in result.devices]
+    assert all(peaks[i] == peaks[i + 1] for i in range(0, 8, 2))  # the two ranks of a stage hold the same
+    assert [d.in_flight for d in result.devices[::2]] == [4, 3, 2, 1]
+    assert not any(alive(p) for p in pids)

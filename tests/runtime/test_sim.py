@@ -28,7 +28,7 @@ from tests.runtime.util import make_plan
 EXAMPLE = make_plan("1f1b", 16, 4, [(0, 3, "tensor", [0, 1]), (3, 7, "none", [2]), (7, 10, "data", [3, 4])])
 REPORT_KEYS = {
     "status", "rank", "stage", "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data",
-    "breakdowns", "seconds", "losses", "timeline", "overhead_bytes",
+    "breakdowns", "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds",
 }  # fmt: skip
 
 

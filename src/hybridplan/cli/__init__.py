@@ -14,7 +14,7 @@ from hybridplan.errors import HybridPlanError
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("models", "run", "profile", "predict", "plan", "validate")
+_COMMANDS = ("models", "run", "profile", "predict", "estimate", "plan", "validate", "demo", "report")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,6 @@
-"""``hybridplan plan``: recommend a plan (lowest predicted per-device peak memory) from a profile."""
+"""``hybridplan plan``: recommend a plan: the lowest predicted peak memory (default), the fastest predicted
+iteration that fits in memory (``--objective throughput``), the frontier of both (``--objective pareto``),
+or a baseline partitioner's plan (``--baseline NAME``)."""
 
 from __future__ import annotations
 
@@ -8,38 +10,82 @@ from pathlib import Path
 
 from hybridplan.cli.common import add_cluster, cluster_from
 from hybridplan.errors import UsageError
+from hybridplan.plan import SCHEDULES
 from hybridplan.predict.memory import DEGREE_FITS, MemoryPredictor
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.search import MeshAttempt, PlanSpace, fewest_devices, solve_bayesian, solve_exact, solve_exhaustive
+from hybridplan.search.baselines import BASELINES
 from hybridplan.units import format_bytes
 
 MODES = {"exact": solve_exact, "exhaustive": solve_exhaustive, "bayesian": solve_bayesian}
+"""Solvers of the memory objective."""
+
+THROUGHPUT_MODES = ("amp", "2bw")
+"""Planners of the throughput and Pareto objectives: AMP's search over (pp, dp, tp, mbs), or PipeDream-2BW's
+over (w, d, b, r)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
-        help="recommend the plan with the lowest predicted peak memory",
-        description="Search every partitioning and parallelization plan on the mesh (CAPTURE) for the lowest "
-        "predicted per-device peak memory, ties broken by dropping the highest device and comparing the rest.",
+        help="recommend a plan: lowest predicted peak memory, fastest predicted iteration, or their trade-off",
+        description="--objective memory (default): search every partitioning and parallelization plan on the mesh "
+        "(CAPTURE) for the lowest predicted per-device peak memory, ties broken by dropping the highest device and "
+        "comparing the rest. --objective throughput: the fastest predicted iteration (AMP's cost model and search, or "
+        "PipeDream-2BW's planner with --mode 2bw) among plans whose every device's predicted peak fits its memory. "
+        "--objective pareto: the frontier of predicted peak memory against iteration time. --baseline NAME: the plan "
+        "a baseline partitioner gives, with its predictions.",
     )
-    p.add_argument("--db", required=True, help="profile database written by 'hybridplan profile'")
+    p.add_argument("--db", help="profile database written by 'hybridplan profile' (memory statistics; layer times)")
     add_cluster(p)
-    p.add_argument("--objective", choices=("memory",), default="memory", help="what to minimise (default memory)")
-    p.add_argument("--mode", choices=tuple(MODES), default="exact", help="solver (default exact: same optimum as exhaustive)")
+    p.add_argument("--objective", choices=("memory", "throughput", "pareto"), default="memory",
+                   help="what to minimise (default memory)")
+    p.add_argument("--mode", choices=(*MODES, *THROUGHPUT_MODES),
+                   help="memory: exact (default; same optimum as exhaustive), exhaustive, bayesian;"
+                   " throughput/pareto: amp (default) or 2bw")
     p.add_argument("--pipeline-only", action="store_true", help="only pipeline-parallel stages (mCAP)")
     p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory)")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), help="target schedule (default: the profile's)")
+    p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
     p.add_argument("--global-batch-size", type=int, help="target global batch (default: the profile's)")
     p.add_argument("--num-microbatches", type=int, help="target micro-batch count (default: the profile's)")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bayesian mode")
-    p.add_argument("--out", help="write the plan JSON here")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bayesian mode and of annealing")
+    p.add_argument("--out", help="write the plan JSON here (--objective pareto: the frontier)")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
+    t = p.add_argument_group("throughput, pareto and baselines")
+    t.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON (default: the --db's layer times)")
+    t.add_argument("--model", help="model name, for its layer rules and baseline costs (default: the profile's)")
+    t.add_argument("--placement", choices=("megatron", "anneal"), default="megatron",
+                   help="amp mode: Megatron's rank placement (default), or also simulated annealing of the best few")
+    t.add_argument("--top", type=int, default=10, help="candidates to list (default 10)")
+    t.add_argument("--baseline", choices=tuple(BASELINES), help="the plan of a baseline partitioner: " + "; ".join(
+        f"{k}: {v}" for k, v in BASELINES.items()))
+    t.add_argument("--stage-degree", type=int, default=1, help="--baseline: devices per stage (default 1)")
+    t.add_argument("--stage-parallelism", choices=("data", "tensor"), default="data",
+                   help="--baseline: kind of the stages with --stage-degree > 1 (default data)")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from hybridplan.cli import plan_throughput
+
+    if args.baseline:
+        return plan_throughput.baseline(args)
+    if args.objective != "memory":
+        if args.mode is not None and args.mode not in THROUGHPUT_MODES:
+            raise UsageError(f"--mode {args.mode} solves the memory objective, not {args.objective!r}",
+                             fix=f"use --mode {' or '.join(THROUGHPUT_MODES)} with --objective {args.objective}")
+        if args.fewest_devices or args.pipeline_only:
+            raise UsageError("--fewest-devices and --pipeline-only apply to --objective memory")
+        return plan_throughput.throughput(args)
+    if args.mode in THROUGHPUT_MODES:
+        raise UsageError(f"--mode {args.mode} plans for throughput", fix=f"add --objective throughput (or pareto), or use --mode {'/'.join(MODES)}")
+    if not args.db:
+        raise UsageError("--objective memory needs a profile database", fix="give --db FILE from 'hybridplan profile'")
+    return _memory(args)
+
+
+def _memory(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
     predictor = MemoryPredictor.from_db(
         args.db, schedule=args.schedule, global_batch_size=args.global_batch_size,
@@ -62,8 +108,9 @@ def handle(args: argparse.Namespace) -> int:
         print(f"smallest mesh that fits {format_bytes(capacity)} per device: {cluster.shape}", file=sys.stderr)
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=args.pipeline_only)
-        solver = MODES[args.mode]
-        result = solver(model, space, seed=args.seed) if args.mode == "bayesian" else solver(model, space)
+        mode = args.mode or "exact"
+        solver = MODES[mode]
+        result = solver(model, space, seed=args.seed) if mode == "bayesian" else solver(model, space)
     plan = result.to_plan(
         schedule=predictor.schedule, global_batch_size=predictor.global_batch_size, num_microbatches=predictor.num_microbatches
     )

@@ -1,4 +1,4 @@
-"""``hybridplan profile``: run the profiling campaign into a database."""
+"""``hybridplan profile``: run the profiling campaign into a database; with ``--time``, time the layers instead."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import sys
 
 from hybridplan.cli.common import add_cluster, add_model, add_training, cluster_from, training_options
 from hybridplan.errors import UsageError
+from hybridplan.plan import SCHEDULES
 from hybridplan.profiling.campaign import Campaign, CampaignConfig
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
+from hybridplan.profiling.timing import LayerTiming, TimingConfig, time_profile_from_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_cluster(p)
     p.add_argument("--global-batch-size", type=int, required=True, help="the target global batch size")
     p.add_argument("--num-microbatches", type=int, required=True, help="the target micro-batch count")
-    p.add_argument("--schedule", choices=("gpipe", "1f1b"), default="1f1b", help="schedule of the profiling runs")
+    p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
+                   help="schedule of the profiling runs (a 2bw profile includes the weight stash; any profile predicts every schedule)")
     p.add_argument("--db", required=True, help="SQLite profile database (created or resumed)")
     p.add_argument("--profile-batch-sizes", help="two global batch sizes to profile, e.g. 32,16 (default: B/2,B/4)")
     p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4 (default: all that apply)")
@@ -33,6 +36,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--timeout", type=float, default=900.0, help="seconds before a profiling run is ended")
     add_training(p)
+    t = p.add_argument_group("layer times (--time)")
+    t.add_argument("--time", action="store_true",
+                   help="instead of memory, measure per-layer forward/backward seconds on the real runtime (table layer_times)")
+    t.add_argument("--time-out", metavar="FILE", help="also write the layer times as a time-profile JSON")
+    t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
+    t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
+    t.add_argument("--time-max-layers", type=int, help="at most this many consecutive layers per timing run (default: all)")
     p.set_defaults(handler=handle)
 
 
@@ -46,6 +56,10 @@ def _ints(text: str, what: str) -> tuple[int, ...]:
 def handle(args: argparse.Namespace) -> int:
     if args.global_batch_size < 1 or args.num_microbatches < 1:
         raise UsageError("--global-batch-size and --num-microbatches must be positive")
+    if args.time:
+        return _time(args)
+    if args.time_out or args.time_degrees or args.time_micro_batch_sizes or args.time_max_layers:
+        raise UsageError("--time-out, --time-degrees, --time-micro-batch-sizes and --time-max-layers need --time")
     cfg = CampaignConfig(
         model=args.model,
         cluster=cluster_from(args),
@@ -88,3 +102,52 @@ def handle(args: argparse.Namespace) -> int:
     for key, spans in summary.unmeasured.items():
         print(f"  {key}: not measured: {spans}")
     return 0
+
+
+def _time(args: argparse.Namespace) -> int:
+    """``--time``: the layer-time profile (profiling/timing.py)."""
+    if args.backend == "sim":
+        raise UsageError(
+            "--time measures seconds, but simulated devices (--backend sim) run fake tensors that take no time",
+            fix="drop --backend sim: layer times need the real runtime",
+        )
+    if args.dry_run:
+        raise UsageError("--dry-run lists the memory campaign's runs; it does not apply to --time")
+    if args.global_batch_size % args.num_microbatches:
+        raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into {args.num_microbatches} micro-batches")
+    target = args.global_batch_size // args.num_microbatches
+    if args.time_micro_batch_sizes:
+        sizes = _ints(args.time_micro_batch_sizes, "--time-micro-batch-sizes")
+    else:
+        sizes = (target, target // 2) if target % 2 == 0 else (target,)
+    if args.time_max_layers is not None and args.time_max_layers < 1:
+        raise UsageError(f"--time-max-layers must be at least 1, got {args.time_max_layers}")
+    options = {k: v for k, v in training_options(args).items() if k != "backend"}
+    cfg = TimingConfig(
+        model=args.model,
+        cluster=cluster_from(args),
+        micro_batch_sizes=tuple(sorted(set(sizes), reverse=True)),
+        tensor_degrees=_ints(args.time_degrees, "--time-degrees") if args.time_degrees else None,
+        max_layers_per_run=args.time_max_layers,
+        seed=args.seed,
+        timeout_s=args.timeout,
+        run_options=options,
+    )
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    with ProfileStore(args.db) as store:
+        timing = LayerTiming(cfg, store, progress=say)
+        say(f"timing {args.model} layers on {timing.device_type!r} devices: tensor degrees {list(timing.degrees)},"
+            f" micro-batch sizes {list(cfg.micro_batch_sizes)} (CPU times are noisy and not GPU-representative)")
+        summary = timing.run()
+        profile = time_profile_from_store(store, warn=say)
+    print(f"done: {summary.runs_executed} timing runs executed, {summary.runs_resumed} resumed from the database,"
+          f" {len(summary.failed)} failed, in {summary.seconds:.0f} s; layer times in {args.db}")
+    for failure in summary.failed:
+        print(f"  failed: {failure}")
+    for t in profile.timings:
+        print(f"  {t.device_type} tensor x{t.tensor_degree}, micro-batch {t.micro_batch_size}: forward"
+              f" {sum(t.forward_s) * 1e3:.2f} ms, backward {sum(t.backward_s) * 1e3:.2f} ms per micro-batch")
+    if args.time_out:
+        profile.save(args.time_out)
+        print(f"time profile written to {args.time_out}")
+    return 0 if not summary.failed else 1

@@ -15,11 +15,16 @@ For a stage ``[a, b)`` run as ``kind`` x ``degree`` at some position of a plan:
 
 ``method="capture"`` reproduces seed 000 instead: the measured stage *peaks* composed by M_i/M_a and
 scaled by batch, blind to the schedule position (for comparisons).
+
+"flush" and "2bw" run 1F1B's actions, so the replay is 1F1B's; a 2BW plan predicted from a profile taken
+under another schedule (or the reverse) gets its weight stash added to (removed from) ``static``: see
+[Note: predicting PipeDream-2BW] in predict/stash.py.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +34,7 @@ import numpy as np
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.predict.schedule_memory import peak_terms
+from hybridplan.predict.stash import StashAdjustment
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 from hybridplan.runtime.schedule import in_flight_count
@@ -118,11 +124,15 @@ class MemoryPredictor:
         stats: ``{(kind, degree): [SpanStatistics, ...]}`` with two profiled batch sizes per scenario
             (kind "none" with degree 1 is pipeline-only).
         num_layers: the model's layer count.
-        schedule: "gpipe" or "1f1b".
+        schedule: "gpipe", "1f1b", "flush" or "2bw".
         global_batch_size: the target global batch.
         num_microbatches: the target micro-batch count.
         degree_fit: "log" (seed 000) or "inverse".
         method: "quantities" (default) or "capture" (seed 000's peak statistics).
+        profile_schedule: the schedule the profile was taken under (None: the target's family; see
+            [Note: predicting PipeDream-2BW] in predict/stash.py).
+        stash: ``{(kind, degree): {layer: bytes}}`` of a 2BW weight stash per layer ("none" x 1 stands for
+            every replicated stage), needed when exactly one of ``schedule`` and ``profile_schedule`` is "2bw".
     """
 
     def __init__(
@@ -135,6 +145,8 @@ class MemoryPredictor:
         num_microbatches: int,
         degree_fit: str = "log",
         method: str = "quantities",
+        profile_schedule: str | None = None,
+        stash: Mapping[tuple[str, int], Mapping[int, int]] | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -150,6 +162,9 @@ class MemoryPredictor:
         self.degree_fit = degree_fit
         self.method = method
         self.position_horizon = num_microbatches if schedule != "gpipe" else 1
+        self.profile_schedule = profile_schedule
+        self.stash = stash or {}
+        self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
 
     # ------------------------------------------------------------------ construction
@@ -171,6 +186,7 @@ class MemoryPredictor:
         with ProfileStore(path, create=False) as store:
             meta = store.meta()
             stats = load_statistics(store)
+            stash = store.weight_stash()
         if "num_layers" not in meta:
             raise ProfileError(f"{str(path)!r} holds no finished profiling campaign", fix="run 'hybridplan profile' first")
         return cls(
@@ -181,6 +197,8 @@ class MemoryPredictor:
             num_microbatches=num_microbatches or meta["num_microbatches"],
             degree_fit=degree_fit,
             method=method,
+            profile_schedule=meta["schedule"],
+            stash=stash,
         )
 
     @property
@@ -220,7 +238,7 @@ class MemoryPredictor:
         vectors = [_span_in_units(s, start, stop) for s in sizes]
         if any(v is None for v in vectors):
             return None
-        return self._scaled(vectors, sizes)
+        return self._stash.apply(self._scaled(vectors, sizes), start, stop, kind, degree)
 
     def _profiled_peak(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float | None:
         q = self.span_quantities(start, stop, kind, degree)
@@ -290,7 +308,10 @@ class MemoryPredictor:
             if not sizes or len(sizes) < 2:
                 return None
             spans = [_table_in_layers(s, self.num_layers) for s in sizes]
-            self._tables[key] = self._scaled(spans, sizes)
+            table = self._stash.apply(self._scaled(spans, sizes), None, None, *key)
+            if table is None:
+                return None
+            self._tables[key] = table
         return self._tables[key]
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -319,6 +340,8 @@ class MemoryPredictor:
                 num_microbatches=plan.num_microbatches,
                 degree_fit=self.degree_fit,
                 method=self.method,
+                profile_schedule=self.profile_schedule,
+                stash=self.stash,
             )
             return other.predict(plan)
         devices = []
@@ -349,6 +372,10 @@ class MemoryPredictor:
             return f"the profile has no {name} statistics"
         if len(sizes) < 2:
             return f"{name} was profiled at one batch size only"
+        if self._stash.sign and self._stash.apply(np.zeros(len(QUANTITIES)), start, stop, kind, degree) is None:
+            return (f"the profile was taken under {self.profile_schedule!r} and has no weight-stash sizes for these"
+                    f" layers to predict {self.schedule!r} (run 'hybridplan profile' again on the database: it resumes"
+                    " and records them)")
         for s in sizes:
             if s.bounds is not None and (start not in s.bounds or stop not in s.bounds):
                 return f"{name} was profiled on merged layers starting at {s.bounds[:-1]}; this stage does not align with them"

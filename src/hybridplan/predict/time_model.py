@@ -27,7 +27,13 @@
   use ``T_pp = (gas - 1) max(max_i t_i, max_i e_i / 2) + sum_i t_i + sum_i e_i``, which IS eq. 5 whenever
   compute dominates (every one of AMP's 52 trials: benchmarks/amp_trials). With ``overlap_p2p=False``
   (blocking sends) a stage's steady-state time also holds its own sends, ``t_i + e_i / 2 + e_{i-1} / 2``.
-- The schedule does not enter: GPipe and 1F1B have the same fill-and-drain critical path; they differ in memory.
+- The schedule enters only through the flush. GPipe, 1F1B and "flush" (PipeDream-Flush: "simply GPipe with
+  1F1B scheduling", seed 003) flush the pipeline every iteration and have the same fill-and-drain critical
+  path (eq. 5); they differ in memory. "2bw" (PipeDream-2BW, seed 003: two weight versions, "the same 1F1B
+  scheduling" and no flush) keeps the pipeline in steady state across iterations, so an iteration costs
+  ``gas`` steady-state periods and the fill is paid once per training run, not per iteration:
+  ``T_pp = gas max(max_i t_i, max_i e_i / 2)`` (search/pipedream_2bw.py's closed form, [Note: the 2BW
+  closed-form time]). The gradient all-reduce is added as for the others (not overlapped: pessimistic).
 - Data-parallel sync (eq. 4): ``T = T_pp + max over stages and tensor ranks`` of the ring all-reduce of the
   stage's gradient bytes / ``t`` over the data group of that tensor rank. Layers that share parameters
   (tied embeddings) count once per stage.
@@ -105,6 +111,8 @@ class TimeBreakdown:
     pipeline_s: float
     sync_s: float
     overlap_p2p: bool = True
+    schedule: str = "1f1b"
+    """The schedule the pipeline term models; "2bw" has no per-iteration flush."""
 
     @property
     def total_s(self) -> float:
@@ -125,6 +133,7 @@ class TimeBreakdown:
             "num_microbatches": self.num_microbatches,
             "microbatch_size": self.microbatch_size,
             "overlap_p2p": self.overlap_p2p,
+            "schedule": self.schedule,
             "stages": [
                 {
                     "layers": [s.start, s.stop], "kind": s.kind, "devices": list(s.devices),
@@ -145,8 +154,9 @@ class TimeBreakdown:
                 f"{i:>4}{mark} {f'[{s.start},{s.stop})':>9} {s.kind:>11} {len(s.devices):>8} {s.forward_s * 1e3:>9.2f}"
                 f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
             )
+        flush = " (no flush: 2bw)" if self.schedule == "2bw" else ""
         rows.append(
-            f"{self.num_microbatches} micro-batches of {self.microbatch_size}: pipeline {self.pipeline_s * 1e3:.1f} ms"
+            f"{self.num_microbatches} micro-batches of {self.microbatch_size}: pipeline{flush} {self.pipeline_s * 1e3:.1f} ms"
             f" + sync {self.sync_s * 1e3:.1f} ms = {self.total_s * 1e3:.1f} ms per iteration (* = bottleneck stage)"
         )
         return "\n".join(rows)
@@ -238,17 +248,27 @@ def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StageLayout) -> 
     )
 
 
-def pipeline_seconds(compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int) -> float:
+def pipeline_seconds(
+    compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int, *, flush: bool = True
+) -> float:
     """``(gas - 1) max(max t_i, max e_i / 2) + sum t_i + sum e_i`` (eq. 5 with the p2p-overlap note);
-    ``p2p_s`` has one entry (both directions) per boundary."""
+    ``p2p_s`` has one entry (both directions) per boundary. Without a ``flush`` (PipeDream-2BW):
+    ``gas max(max t_i, max e_i / 2)``."""
     t = np.asarray(compute_s, dtype=float)
     e = np.asarray(p2p_s, dtype=float)
     steady = max(float(t.max()), float(e.max()) / 2 if e.size else 0.0)
+    if not flush:
+        return float(num_microbatches * steady)
     return float((num_microbatches - 1) * steady + t.sum() + e.sum())
 
 
 def predict_iteration_time(
-    plan: Plan | Layout, profile: TimeProfile, cluster: Cluster, *, overlap_p2p: bool = True
+    plan: Plan | Layout,
+    profile: TimeProfile,
+    cluster: Cluster,
+    *,
+    overlap_p2p: bool = True,
+    schedule: str | None = None,
 ) -> TimeBreakdown:
     """Predicted seconds per training iteration of ``plan`` (the note at the top of the module).
 
@@ -257,6 +277,7 @@ def predict_iteration_time(
         profile: the model's layer times and sizes.
         cluster: device types, speeds and bandwidths.
         overlap_p2p: AMP's section 6.1 overlap (default); False models blocking sends.
+        schedule: the pipeline schedule (default: the Plan's, "1f1b" for a Layout); "2bw" has no flush.
 
     Raises:
         PlanError: if the plan does not cover the profile's layers or names devices the cluster lacks.
@@ -272,6 +293,9 @@ def predict_iteration_time(
         >>> predict_iteration_time(layout, p, Cluster.uniform(1, 1)).total_s   # (4 - 1) * 3 + 3
         12.0
     """
+    if schedule is None:
+        schedule = plan.schedule if isinstance(plan, Plan) else "1f1b"
+    flush = schedule != "2bw"
     layout = Layout.from_plan(plan) if isinstance(plan, Plan) else plan
     layout.check_fits(profile.num_layers, cluster)
     m = layout.microbatch_size
@@ -293,11 +317,14 @@ def predict_iteration_time(
         )
     compute = np.array([s.compute_s for s in stages])
     if overlap_p2p:
-        pipeline = pipeline_seconds(compute, e, layout.num_microbatches)
+        pipeline = pipeline_seconds(compute, e, layout.num_microbatches, flush=flush)
     else:
         out = np.array(e + [0.0]) / 2 + np.array([0.0] + e) / 2
         blocking = compute + out
-        pipeline = float((layout.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
+        if flush:
+            pipeline = float((layout.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
+        else:
+            pipeline = float(layout.num_microbatches * blocking.max())
     return TimeBreakdown(
         stages=tuple(stages),
         num_microbatches=layout.num_microbatches,
@@ -305,4 +332,5 @@ def predict_iteration_time(
         pipeline_s=pipeline,
         sync_s=max(s.sync_s for s in stages),
         overlap_p2p=overlap_p2p,
+        schedule=schedule,
     )

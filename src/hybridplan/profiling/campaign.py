@@ -20,7 +20,6 @@ by name and make the predictor refuse plans that need them.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,13 +32,13 @@ from hybridplan.plan import Plan
 from hybridplan.plan import StagePlan
 from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
-from hybridplan.profiling.quantities import quantities_from_report
+from hybridplan.profiling.execution import failed_stage, measurements_of, run_plan, simulate_stages
 from hybridplan.profiling.statistics import SpanStatistics, build_statistics
 from hybridplan.profiling.store import ProfileStore
+from hybridplan.runtime.stage import boundary_specs
 
 __all__ = ["CampaignConfig", "Campaign", "CampaignSummary", "load_statistics", "default_scenarios"]
 
-_FAILED_DEVICE = re.compile(r"^device (\d+) \(stage (\d+)\)")
 _MAX_ATTEMPTS = 2
 
 
@@ -232,6 +231,7 @@ class Campaign:
         """Profile everything not yet in the database; returns what was done."""
         summary = CampaignSummary()
         started = time.perf_counter()
+        self._record_weight_stash()
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
         plan = [(b, s) for s in order for b in self.batch_sizes]
@@ -249,6 +249,26 @@ class Campaign:
         summary.seconds = time.perf_counter() - started
         self.store.set_meta("complete", True)
         return summary
+
+    def _record_weight_stash(self) -> None:
+        """Per-layer bytes of a PipeDream-2BW weight stash in each scenario (computed on fake tensors, once),
+        with which the predictor turns a profile of one schedule into predictions for the other."""
+        from hybridplan.runtime.weight_stash import layer_stash_bytes
+
+        have = self.store.weight_stash()
+        options = self.cfg.run_options
+        keys = {("none", 1)} | {(s.kind, s.degree) for s in self.scenarios if s.kind == "tensor" and s.degree > 1}
+        for kind, degree in sorted(keys):
+            if (kind, degree) in have:
+                continue
+            try:
+                sizes = layer_stash_bytes(self.model, kind, degree, precision=options.get("precision", "fp32"),
+                                          device_type=options.get("device_type", "cpu"))
+            except Exception as e:  # an auxiliary table must not stop the memory campaign (a model fake tensors cannot build)
+                self.say(f"weight-stash sizes of {kind} x{degree} not recorded ({type(e).__name__}: {e}): predictions"
+                         " of 2bw plans from this profile will be refused unless it is taken with --schedule 2bw")
+                continue
+            self.store.replace_weight_stash(kind, degree, sizes)
 
     def dry_run(self) -> list[tuple[int, Scenario, ProfilingRun]]:
         """The runs the campaign would make if every run succeeded, without running anything.
@@ -323,7 +343,7 @@ class Campaign:
             done_here += 1
             total = max(summary.runs_total, summary.runs_executed + summary.runs_resumed + 1)
             if stored is not None:
-                status, reason, failed = stored.status, stored.reason, _failed_stage(stored.reason)
+                status, reason, failed = stored.status, stored.reason, failed_stage(stored.reason)
                 summary.runs_resumed += 1
             else:
                 status, reason, failed, wall = self._run_one(run, plan, key, scenario, batch)
@@ -392,56 +412,19 @@ class Campaign:
         cluster = Cluster.uniform(1, run.devices, device_type=self.cfg.cluster.devices[0].type, memory_bytes=memory)
         started = time.perf_counter()
         if self.cfg.run_options.get("backend") == "sim":
-            status, reason, devices = self._simulate(run, plan, cluster)
+            if self._specs is None:
+                self._specs = boundary_specs(self.model)
+            spans = {(s.start, s.stop) for s in self._units(run.scenario).original_spans(run.measured)}
+            outcome = simulate_stages(plan, cluster, spans, model=self.model, seed=self.cfg.seed, iterations=self.cfg.iterations,
+                                      run_options={**self.cfg.run_options, "timeout_s": self.cfg.timeout_s}, specs=self._specs)
         else:
-            result = self.execute(plan, cluster)
-            status, reason, devices = result.status, result.reason, [_as_dict(d) for d in result.devices]
+            outcome = run_plan(plan, cluster, self.execute)
         wall = time.perf_counter() - started
-        measurements = []
-        if status == "ok":
-            for d in devices:
-                s = plan.stages[d["stage"]]
-                measurements.append(
-                    {
-                        "device": d["device"], "stage": d["stage"], "start": s.start, "stop": s.stop,
-                        "kind": "none" if s.degree == 1 else s.parallelism, "degree": s.degree,
-                        "batch_size": batch, "microbatch_size": plan.microbatch_size,
-                        "peak": d["peak_memory_bytes"], "quantities": quantities_from_report(d), "timeline": d["timeline"],
-                    }
-                )
-        result_status, result_reason = status, reason
         self.store.record_run(
-            key=key, scenario=scenario.name, batch_size=batch, plan=plan.to_dict(), status=result_status,
-            reason=result_reason, wall_seconds=wall, measurements=measurements,
+            key=key, scenario=scenario.name, batch_size=batch, plan=plan.to_dict(), status=outcome.status,
+            reason=outcome.reason, wall_seconds=wall, measurements=measurements_of(outcome, plan, batch),
         )
-        return result_status, result_reason, _failed_stage(result_reason), wall
-
-    def _simulate(self, run: ProfilingRun, plan: Plan, cluster: Cluster) -> tuple[str, str | None, list[dict[str, Any]]]:
-        """Simulated devices: only the stages the run measures, one device each (runtime/sim.py)."""
-        from hybridplan.runtime.config import RunConfig
-        from hybridplan.runtime.memory import DeviceOutOfMemory
-        from hybridplan.runtime.sim import simulate_stage
-        from hybridplan.runtime.stage import boundary_specs
-
-        if self._specs is None:
-            self._specs = boundary_specs(self.model)
-        cfg = RunConfig(model=self.model, plan=plan, cluster=cluster, seed=self.cfg.seed, timeout_s=self.cfg.timeout_s,
-                        **self.cfg.run_options)
-        measured = {(m.start, m.stop) for m in self._units(run.scenario).original_spans(run.measured)}
-        devices = []
-        for index, stage in enumerate(plan.stages):
-            if (stage.start, stage.stop) not in measured:
-                continue
-            try:
-                report = simulate_stage(cfg, index, iterations=self.cfg.iterations, specs=self._specs)
-            except DeviceOutOfMemory as e:
-                return "oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}", []
-            peaks = report["iteration_peaks"]
-            devices.append({
-                "device": stage.devices[0], "stage": index, "peak_memory_bytes": max(peaks[1:] or peaks),
-                "static_memory_bytes": report["static"][-1], "data_bytes": report["data"][-1], "timeline": report["timeline"],
-            })
-        return "ok", None, devices
+        return outcome.status, outcome.reason, outcome.failed_stage, wall
 
     def _launch(self, plan: Plan, cluster: Cluster) -> Any:
         from hybridplan.runtime.config import RunConfig
@@ -494,17 +477,6 @@ def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStati
 
 def _anchor(neighbors: int) -> Callable[[int], int]:
     return lambda l: ((l - 1) // neighbors) * neighbors
-
-
-def _failed_stage(reason: str | None) -> int | None:
-    match = _FAILED_DEVICE.match(reason or "")
-    return int(match.group(2)) if match else None
-
-
-def _as_dict(device: Any) -> dict[str, Any]:
-    from dataclasses import asdict, is_dataclass
-
-    return asdict(device) if is_dataclass(device) else dict(device)
 
 
 def _duration(seconds: float) -> str:

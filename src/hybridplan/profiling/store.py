@@ -11,6 +11,12 @@ Tables:
   <the eight quantities>, timeline)``: one row per device of every successful run.
 - ``statistics(scenario, batch_size, layer, statistic, quantity, value)``: per-layer M_i / M_a, refreshed
   by the campaign (profiling/statistics.py); query it with any SQLite client.
+- ``weight_stash(kind, degree, layer, bytes)``: per-device bytes a PipeDream-2BW weight stash adds for
+  each layer in a stage of that kind and degree (runtime/weight_stash.py), written by the campaign, so
+  that a profile taken under one schedule predicts the other (predict/memory.py).
+- ``layer_times(device_type, tensor_degree, micro_batch_size, layer, forward_s, backward_s, samples)``:
+  per-layer seconds measured by ``hybridplan profile --time`` (profiling/timing.py), the median of
+  ``samples`` micro-batches.
 
 Each run is committed in one transaction, so an interrupted campaign loses at most the run in flight.
 """
@@ -49,6 +55,13 @@ CREATE INDEX IF NOT EXISTS measurements_by_span ON measurements(kind, degree, ba
 CREATE TABLE IF NOT EXISTS statistics (
     scenario TEXT NOT NULL, batch_size INTEGER NOT NULL, layer INTEGER NOT NULL, statistic TEXT NOT NULL,
     quantity TEXT NOT NULL, value REAL NOT NULL, PRIMARY KEY (scenario, batch_size, layer, statistic, quantity));
+CREATE TABLE IF NOT EXISTS weight_stash (
+    kind TEXT NOT NULL, degree INTEGER NOT NULL, layer INTEGER NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (kind, degree, layer));
+CREATE TABLE IF NOT EXISTS layer_times (
+    device_type TEXT NOT NULL, tensor_degree INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL,
+    layer INTEGER NOT NULL, forward_s REAL NOT NULL, backward_s REAL NOT NULL, samples INTEGER NOT NULL,
+    PRIMARY KEY (device_type, tensor_degree, micro_batch_size, layer));
 """
 
 
@@ -202,6 +215,46 @@ class ProfileStore:
                 "INSERT INTO statistics(scenario, batch_size, layer, statistic, quantity, value) VALUES (?, ?, ?, ?, ?, ?)",
                 [(scenario, batch_size, *r) for r in rows],
             )
+
+    # ------------------------------------------------------------------ weight stash
+    def replace_weight_stash(self, kind: str, degree: int, per_layer: Sequence[int | None]) -> None:
+        """Store the stash bytes of every layer for ``kind`` x ``degree`` (``None``: the layer cannot run so)."""
+        with self._transaction() as db:
+            db.execute("DELETE FROM weight_stash WHERE kind = ? AND degree = ?", (kind, degree))
+            db.executemany(
+                "INSERT INTO weight_stash(kind, degree, layer, bytes) VALUES (?, ?, ?, ?)",
+                [(kind, degree, layer, int(b)) for layer, b in enumerate(per_layer) if b is not None],
+            )
+
+    def weight_stash(self) -> dict[tuple[str, int], dict[int, int]]:
+        """``{(kind, degree): {layer: bytes}}`` of every stored scenario."""
+        out: dict[tuple[str, int], dict[int, int]] = {}
+        for kind, degree, layer, nbytes in self._db.execute("SELECT kind, degree, layer, bytes FROM weight_stash"):
+            out.setdefault((kind, int(degree)), {})[int(layer)] = int(nbytes)
+        return out
+
+    # ------------------------------------------------------------------ layer times
+    def record_layer_times(
+        self, device_type: str, tensor_degree: int, micro_batch_size: int, rows: Sequence[tuple[int, float, float, int]]
+    ) -> None:
+        """Store ``(layer, forward_s, backward_s, samples)`` rows of one timing run (replacing earlier ones)."""
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO layer_times(device_type, tensor_degree, micro_batch_size, layer, forward_s,"
+                " backward_s, samples) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(device_type, tensor_degree, micro_batch_size, *r) for r in rows],
+            )
+
+    def layer_times(self) -> dict[tuple[str, int, int], dict[int, tuple[float, float, int]]]:
+        """``{(device_type, tensor_degree, micro_batch_size): {layer: (forward_s, backward_s, samples)}}``."""
+        out: dict[tuple[str, int, int], dict[int, tuple[float, float, int]]] = {}
+        rows = self._db.execute(
+            "SELECT device_type, tensor_degree, micro_batch_size, layer, forward_s, backward_s, samples FROM layer_times"
+            " ORDER BY device_type, tensor_degree, micro_batch_size, layer"
+        )
+        for dtype, t, b, layer, f, bw, n in rows:
+            out.setdefault((dtype, int(t), int(b)), {})[int(layer)] = (float(f), float(bw), int(n))
+        return out
 
     def statistics_rows(self) -> list[tuple[str, int, int, str, str, float]]:
         return list(

@@ -52,6 +52,9 @@ class RunConfig:
     backend: str = "real"
     """"real": one process per device trains for real; "sim": every device's work runs on fake tensors
     in this process and its memory is counted exactly (runtime/sim.py); no losses, no timings."""
+    layer_timing: bool = False
+    """Record every layer's forward and backward seconds per micro-batch (runtime/layer_timer.py; used by
+    ``hybridplan profile --time``). Real backend only: fake tensors take no time."""
 
     def model_name(self) -> str:
         """A printable name of the model."""
@@ -96,6 +99,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "loss_scale": cfg.loss_scale,
         "activation_checkpointing": cfg.activation_checkpointing,
         "backend": cfg.backend,
+        "layer_timing": cfg.layer_timing,
     }
     return json.dumps(data, indent=1)
 

@@ -19,6 +19,9 @@ on one device. Tensor-parallel ranks hold all rows and each back-propagates the 
 After its rows are sent, a stage's output keeps only its autograd edge (runtime/release.py,
 [Note: releasing the stage output]).
 
+Under "2bw" the forward and backward passes run on the previous weight version and the step updates the
+newest one (runtime/weight_stash.py, [Note: 2BW weight versions]); the actions are 1F1B's.
+
 Mixed precision (runtime/precision.py): the floating tensors crossing stage boundaries, and the first
 stage's floating inputs, are in the compute dtype; the loss is computed in fp32 and multiplied by the
 loss scale (fp16) before the backward pass; the reported loss is unscaled.
@@ -45,6 +48,7 @@ from hybridplan.plan import Plan
 from hybridplan.runtime.release import is_fake, release_output
 from hybridplan.runtime.routing import Transfer, layout_of, route
 from hybridplan.runtime.schedule import Action, max_in_flight, stage_actions
+from hybridplan.runtime.weight_stash import WeightStash
 
 __all__ = ["StageExecutor", "IterationRecord", "data_seed"]
 
@@ -158,6 +162,7 @@ class StageExecutor:
         self._params = [p for p in module.parameters() if p.requires_grad]
         for p in self._params:
             p.register_post_accumulate_grad_hook(lambda q: self.meter.retag(q.grad, "gradients"))
+        self.weight_stash = WeightStash(self._params, meter) if plan.schedule == "2bw" else None
         self._retag_optimizer_state()  # mixed precision: the fp32 master copies exist from the start
 
     # ------------------------------------------------------------------ data
@@ -291,6 +296,8 @@ class StageExecutor:
             stash: dict[int, Any] = {}
             loss: float | None = 0.0
             timeline: list[dict[str, Any]] = []
+            if self.weight_stash is not None:
+                self.weight_stash.use_stale()
             for action in self.actions:
                 before = self.meter.start_window()
                 if action.kind == "F":
@@ -307,6 +314,8 @@ class StageExecutor:
             del local_in, local_tgt
             before = self.meter.start_window()
             with self.meter.in_phase("step"):
+                if self.weight_stash is not None:
+                    self.weight_stash.rotate()
                 self._sync_gradients()
                 self.optimizer.step()
             self._retag_optimizer_state()

@@ -58,6 +58,11 @@ def validate_config(cfg: RunConfig) -> None:
     if cfg.backend not in BACKENDS:
         raise UsageError(f"backend {cfg.backend!r} is not supported", fix=f"use one of {list(BACKENDS)}")
     check_precision(cfg.precision, cfg.loss_scale)
+    if cfg.layer_timing and cfg.backend != "real":
+        raise UsageError(
+            f"layer timing needs real devices, but the backend is {cfg.backend!r}: fake tensors take no time",
+            fix="time layers with backend 'real'",
+        )
 
 
 def launch(
@@ -251,6 +256,7 @@ def aggregate(cfg: RunConfig, reports: list[dict[str, Any] | None], *, wall_seco
                 iteration_seconds=rep["seconds"],
                 timeline=rep["timeline"],
                 overhead_bytes=rep.get("overhead_bytes"),
+                layer_seconds=rep.get("layer_seconds", []),
             )
         )
     return RunResult(

@@ -39,9 +39,10 @@ from torch.utils._pytree import tree_flatten
 
 __all__ = ["DeviceOutOfMemory", "StorageTracker", "CudaMemoryMeter", "NullMeter", "CATEGORIES"]
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "backward", "step", "other")
+CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "backward", "step", "other", "weight_stash")
 """Where bytes are attributed: by the phase they were allocated in, except gradients (re-tagged when
-they are accumulated into ``param.grad``) and parameters/optimizer state (registered)."""
+they are accumulated into ``param.grad``) and parameters/optimizer state (registered). "weight_stash" is
+PipeDream-2BW's second weight version (runtime/weight_stash.py); other schedules have none."""
 
 
 class DeviceOutOfMemory(RuntimeError):

@@ -52,6 +52,9 @@ class DeviceResult:
     """GPU memory outside tensors (CUDA context, NCCL buffers): measured on a real CUDA run, estimated on
     a simulated one (runtime/gpu_memory.py); not part of ``peak_memory_bytes`` nor of the capacity
     check. None on CPU."""
+    layer_seconds: list[dict[str, list[list[float]]]] = field(default_factory=list)
+    """With ``RunConfig.layer_timing``: per iteration (warm-up first), ``{"forward": rows, "backward": rows}``
+    with one row of per-layer seconds per micro-batch (runtime/layer_timer.py); else empty."""
 
 
 @dataclass

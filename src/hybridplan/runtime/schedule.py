@@ -10,6 +10,10 @@ run the same list, which keeps their collectives in step.
 - 1F1B (PipeDream-Flush, Narayanan et al., 2021): stage s of p runs ``p - s - 1`` warm-up forwards,
   then alternates one forward and one backward, then drains the backwards; at most ``min(p - s, m)``
   micro-batches are in flight on stage s, which is why the first stage holds the most activations.
+- "flush" (PipeDream-Flush, Narayanan et al., ICML 2021; seed 003: "simply GPipe with 1F1B scheduling") is
+  1F1B under its paper's name: the same actions.
+- "2bw" (PipeDream-2BW, same paper) runs the 1F1B order too; what differs is the weights, not the order:
+  two weight versions per stage, gradients computed on the older one (runtime/weight_stash.py).
 """
 
 from __future__ import annotations
@@ -20,7 +24,10 @@ from dataclasses import dataclass
 
 from hybridplan.errors import PlanError
 
-__all__ = ["Action", "stage_actions", "max_in_flight", "check_schedule", "in_flight_count"]
+__all__ = ["Action", "ONE_F_ONE_B", "stage_actions", "max_in_flight", "check_schedule", "in_flight_count"]
+
+ONE_F_ONE_B: tuple[str, ...] = ("1f1b", "flush", "2bw")
+"""Schedules that run the 1F1B action order (PipeDream-Flush is 1F1B; PipeDream-2BW adds a weight stash)."""
 
 _ACTION = re.compile(r"^(F|B)(\d+)$")
 
@@ -56,7 +63,7 @@ def stage_actions(schedule: str, num_stages: int, stage: int, num_microbatches: 
         raise PlanError(f"stage {stage} out of range for a pipeline of {num_stages} stages")
     if schedule == "gpipe":
         return [Action("F", j) for j in range(m)] + [Action("B", j) for j in range(m)]
-    if schedule == "1f1b":
+    if schedule in ONE_F_ONE_B:
         warmup = min(num_stages - stage - 1, m)
         actions = [Action("F", j) for j in range(warmup)]
         for j in range(m - warmup):
@@ -64,7 +71,7 @@ def stage_actions(schedule: str, num_stages: int, stage: int, num_microbatches: 
             actions.append(Action("B", j))
         actions += [Action("B", j) for j in range(m - warmup, m)]
         return actions
-    raise PlanError(f"unknown schedule {schedule!r}", fix="use 'gpipe' or '1f1b'")
+    raise PlanError(f"unknown schedule {schedule!r}", fix="use 'gpipe', '1f1b', 'flush' or '2bw'")
 
 
 def in_flight_count(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:

@@ -90,7 +90,8 @@ def simulate_stage(
     The report has the keys of a real rank's report (runtime/worker.py ``run_rank``): "rank", "stage",
     "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data", "breakdowns", "seconds"
     (the simulation's wall time per iteration, not a device time), "losses" (empty), "timeline",
-    "overhead_bytes" (GPU estimate for ``device_type="cuda"``, else None). The first iteration is the
+    "overhead_bytes" (GPU estimate for ``device_type="cuda"``, else None), "layer_seconds" (empty: layer
+    timing needs real devices). The first iteration is the
     warm-up (the optimizer state appears in its step), so ``iterations`` must be at least 2 for a
     steady-state peak. The plan is not validated here (a profiling campaign calls this many times):
     use :func:`~hybridplan.runtime.launch.validate_config` first for plans from users.

@@ -33,6 +33,7 @@ from hybridplan.models.zoo import get_model
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.executor import BoundarySpec, StageExecutor
 from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_bytes
+from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
 from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
 from hybridplan.runtime.stage import boundary_specs, build_stage_module, unsplit_state
@@ -132,14 +133,19 @@ def run_rank(
             loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
             checkpointed=cfg.activation_checkpointing,
         )
+        timer = LayerTimer(module, device) if cfg.layer_timing else None
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full
         # collection (runtime/executor.py) from rescanning every module and tensor (0.15 s each).
         gc.collect()
         freeze = not simulated or gc.get_freeze_count() == 0  # never release someone else's frozen set
         if freeze:
             gc.freeze()
+        records, layer_seconds = [], []
         try:
-            records = [executor.run_iteration(it) for it in range(cfg.iterations)]
+            for it in range(cfg.iterations):
+                records.append(executor.run_iteration(it))
+                if timer is not None:
+                    layer_seconds.append(timer.take())
         finally:
             if simulated and freeze:
                 gc.unfreeze()
@@ -167,6 +173,7 @@ def run_rank(
         "losses": [] if simulated else [r.loss for r in records],
         "timeline": records[-1].timeline if tracked else [],
         "overhead_bytes": overhead,
+        "layer_seconds": layer_seconds,
     }
 
 

@@ -57,7 +57,8 @@ __all__ = ["BASELINES", "equal_layers", "balance_by_time", "balance_by_size", "b
 
 BASELINES: Mapping[str, str] = {
     "equal": "equal layer counts per stage (Megatron-LM, Alpa uniform stages; remainder to the first stages)",
-    "torchgpipe-time": "torchgpipe balance_by_time: block partition of per-layer forward seconds",
+    "torchgpipe-time": "torchgpipe balance_by_time: block partition of per-layer seconds (torchgpipe 0.0.7's"
+    " profile_times times each layer's forward and backward together)",
     "torchgpipe-size": "torchgpipe balance_by_size: block partition of per-layer bytes"
     " (activation bytes per sample x micro-batch samples + parameter bytes x param_scale, default 2)",
     "deepspeed-parameters": 'DeepSpeed PipelineModule partition_method="parameters": partition_balanced'
@@ -158,8 +159,9 @@ def _block_partition(costs: Iterable[float], num_stages: int, what: str) -> tupl
 
 
 def balance_by_time(layer_times: Iterable[float], num_stages: int) -> tuple[int, ...]:
-    """torchgpipe's ``balance_by_time``: block partition of per-layer forward seconds (torchgpipe profiles
-    them as integer microseconds; the result depends on ``(t - min) / (max - min)`` only).
+    """torchgpipe's ``balance_by_time``: block partition of per-layer seconds (torchgpipe 0.0.7 profiles each
+    layer's forward and backward together, as integer microseconds, ``torchgpipe/balance/profile.py``
+    ``profile_times``; the result depends on ``(t - min) / (max - min)`` only).
 
     Raises:
         PlanError: for bad costs or counts, or where torchgpipe's partition fails ([Note: torchgpipe's block

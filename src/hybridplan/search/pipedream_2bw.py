@@ -22,8 +22,10 @@ is an even split. We require ``m >= d``: with 1F1B a stage has up to
 covers at least ``d`` micro-batches (our reading of the 2-version bound on the slides' memory line,
 "d activations of batchsize B/m, 2 weight versions").
 
-Memory is the caller's: ``memory_ok(plan)`` sees a Plan whose ``extra`` holds ``"pipeline": "pipedream-2bw"``,
-``"weight_versions": 2`` and ``"recompute": r``. Without it, ``r = True`` never wins (it only adds time).
+Memory is the caller's: ``memory_ok(plan)`` sees a Plan with schedule "2bw" (the runtime runs it:
+runtime/weight_stash.py; the memory predictor adds the second weight version: predict/stash.py) whose
+``extra`` holds ``"pipeline": "pipedream-2bw"``, ``"weight_versions": 2`` and ``"recompute": r``. Without it,
+``r = True`` never wins (it only adds time).
 """
 
 from __future__ import annotations
@@ -145,7 +147,7 @@ def plan_pipedream_2bw(
                 stage_costs = [(1.0 + r) * c.forward + c.backward + c.tensor_comm for c in costs]
                 bounds = min_max_assignment(stage_costs, [e / 2 for e in cuts], cuts).boundaries
                 layout = Layout(tuple(StageLayout(bounds[j], bounds[j + 1], groups[j]) for j in range(d)), mb, per_replica // b)
-                plan = layout.to_plan(extra={"pipeline": "pipedream-2bw", "weight_versions": 2, "recompute": r})
+                plan = layout.to_plan(schedule="2bw", extra={"pipeline": "pipedream-2bw", "weight_versions": 2, "recompute": r})
                 if memory_ok is not None and not memory_ok(plan):
                     continue
                 period, sync = pipedream_2bw_time(profile, cluster, layout, recompute=r)

@@ -30,11 +30,11 @@ import numpy as np
 
 from hybridplan.cluster import Cluster
 from hybridplan.errors import UsageError
-from hybridplan.plan import Plan
+from hybridplan.plan import SCHEDULES, Plan
 from hybridplan.predict.layout import DeviceGroup, Layout, StageLayout
 from hybridplan.predict.time_model import TimeBreakdown, p2p_seconds, predict_iteration_time, stage_layer_costs
 from hybridplan.predict.time_profile import TimeProfile
-from hybridplan.search.stage_cuts import Assignment, amp_layer_assignment
+from hybridplan.search.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.rank_placement import anneal_placement, megatron_placement
 
 __all__ = [
@@ -153,9 +153,10 @@ def assign_layers(
     micro_batch_size: int,
     global_batch_size: int,
     cache: dict[bytes, Assignment] | None = None,
+    schedule: str = "1f1b",
 ) -> Layout:
     """The layout of a strategy whose stages are cut by AMP's dynamic program (the time model's pipeline term
-    on these devices).
+    on these devices); for "2bw", which never flushes, by the min-max partition of the steady-state period.
 
     ``cache`` memoises the dynamic program on its inputs: annealing mostly visits placements whose stage and
     boundary costs equal ones already solved (identical devices and links).
@@ -167,11 +168,16 @@ def assign_layers(
     stage_costs = [stage_layer_costs(profile, cluster, g, m).total for g in groups]
     cut_costs = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(groups, groups[1:])]
     gas = global_batch_size // m
-    key = np.concatenate([[gas], *stage_costs, *cut_costs]).tobytes() if cache is not None else b""
+    flush = schedule != "2bw"
+    key = np.concatenate([[gas, flush], *stage_costs, *cut_costs]).tobytes() if cache is not None else b""
     assignment = cache.get(key) if cache is not None else None
     if assignment is None:
         # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
-        assignment = amp_layer_assignment(stage_costs, cut_costs, gas, [c / 2 for c in cut_costs])
+        floors = [c / 2 for c in cut_costs]
+        if flush:
+            assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
+        else:
+            assignment = min_max_assignment(stage_costs, floors, cut_costs)
         if cache is not None:
             cache[key] = assignment
     b = assignment.boundaries
@@ -229,7 +235,8 @@ def search_throughput(
         placement: "megatron" (AMP's default) or "anneal" (also anneal the best ``anneal_top`` strategies'
             device orderings, ``anneal_iterations`` moves each, from ``seed``).
         node_local_stages: keep only plans whose every stage sits in one node.
-        schedule: the Plan schedule to write ("1f1b" or "gpipe"; AMP's runs use DeepSpeed's 1F1B).
+        schedule: the Plan schedule to write and time ("1f1b", "gpipe", "flush", or "2bw", which has no flush;
+            AMP's runs use DeepSpeed's 1F1B).
 
     Raises:
         UsageError: for a bad objective, placement or batch size.
@@ -252,19 +259,22 @@ def search_throughput(
         raise UsageError(f"unknown placement {placement!r}", fix="use 'megatron' or 'anneal'")
     if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
         raise UsageError(f"global batch size must be a positive integer, got {global_batch_size!r}")
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}", fix=f"use one of {list(SCHEDULES)}")
     evaluated = rejected = 0
     cache: dict[bytes, Assignment] = {}
 
     def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> ThroughputCandidate | None:
         nonlocal evaluated, rejected
         layout = assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
-                               micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache)
+                               micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule)
         evaluated += 1
         plan = layout.to_plan(schedule=schedule)
         if memory_ok is not None and not memory_ok(plan):
             rejected += 1
             return None
-        return ThroughputCandidate(plan, layout, predict_iteration_time(layout, profile, cluster), pp, dp, tp, mbs)
+        predicted = predict_iteration_time(layout, profile, cluster, schedule=schedule)
+        return ThroughputCandidate(plan, layout, predicted, pp, dp, tp, mbs)
 
     found: list[ThroughputCandidate] = []
     for pp, dp, tp in enumerate_degrees(cluster.num_devices, profile.num_layers, supported_tensor_degrees(profile, cluster)):
@@ -274,6 +284,8 @@ def search_throughput(
         if node_local_stages and not _node_local(cluster, devices, dp * tp):
             continue
         for mbs in divisors(global_batch_size // dp):
+            if schedule == "2bw" and global_batch_size // (dp * mbs) < pp:
+                continue  # 2BW's two weight versions cover the in-flight micro-batches only if m >= pp (pipedream_2bw.py)
             candidate = evaluate(devices, pp, dp, tp, mbs)
             if candidate is not None:
                 found.append(candidate)

@@ -1,0 +1,71 @@
+"""``hybridplan estimate``: the predicted iteration time of a plan and its parts per stage (AMP's cost model,
+predict/time_model.py), and its predicted per-device peak memory when the database has memory statistics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from hybridplan.cli.common import add_cluster, cluster_from, load_memory_predictor, load_time_profile
+from hybridplan.errors import ProfileError
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import DEGREE_FITS
+from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.units import format_bytes
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "estimate",
+        help="predict a plan's iteration time (per stage) and, with memory statistics, its per-device peak memory",
+        description="Predict the seconds per iteration of PLAN with AMP's cost model: per stage, the forward, backward "
+        "and tensor-parallel seconds of one micro-batch, the pipeline transfer to the next stage and the data-parallel "
+        "gradient all-reduce; then the pipeline and the iteration. Layer times come from --time-profile or the "
+        "--db's layer times (hybridplan profile --time); device speeds and bandwidths from the cluster.",
+    )
+    p.add_argument("--plan", required=True, help="plan JSON file")
+    p.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON (default: the --db's layer times)")
+    p.add_argument("--db", help="profile database: layer times and/or memory statistics")
+    add_cluster(p)
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="memory: fit for degrees above the profiled ones")
+    p.add_argument("--blocking-p2p", action="store_true", help="model blocking sends instead of AMP's overlap (section 6.1)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(handler=handle)
+
+
+def handle(args: argparse.Namespace) -> int:
+    plan = Plan.load(args.plan)
+    cluster = cluster_from(args)
+    profile = load_time_profile(args.time_profile, args.db)
+    plan.validate(num_layers=profile.num_layers, cluster=cluster)
+    time = predict_iteration_time(plan, profile, cluster, overlap_p2p=not args.blocking_p2p)
+    predictor = load_memory_predictor(args.db, degree_fit=args.degree_fit)
+    memory: dict[str, Any] | None = None
+    memory_error = None
+    if predictor is not None:
+        try:
+            memory = predictor.predict(plan).to_dict()
+        except ProfileError as e:
+            memory_error = e.message
+    if args.json:
+        out = {"plan": plan.to_dict(), "cluster": cluster.shape, "time_profile": profile.source, "time": time.to_dict(),
+               "samples_per_s": plan.global_batch_size / time.total_s if time.total_s > 0 else None,
+               "memory": memory, "memory_error": memory_error}
+        print(json.dumps(out, indent=1))
+        return 0
+    print(plan.describe())
+    print(f"on {cluster.describe()}; layer times: {profile.source or profile.model}")
+    print(time.table())
+    if time.total_s > 0:
+        print(f"throughput: {plan.global_batch_size / time.total_s:.1f} samples/s")
+    if memory is not None:
+        print(f"{'device':>6} {'stage':>5} {'predicted peak':>15} {'capacity':>12}")
+        for d in memory["devices"]:
+            capacity = cluster.memory_of(d["device"])
+            over = "" if capacity is None or d["peak_memory_bytes"] <= capacity else "  over capacity"
+            print(f"{d['device']:>6} {d['stage']:>5} {format_bytes(d['peak_memory_bytes']):>15} {format_bytes(capacity):>12}{over}")
+        print(f"predicted plan peak: {format_bytes(memory['peak_memory_bytes'])}")
+    elif memory_error is not None:
+        print(f"memory: not predicted: {memory_error}")
+    return 0

@@ -1,0 +1,109 @@
+"""Running one profiling run: on the real runtime, or its measured stages on simulated devices.
+
+Either way the result is, per measured device, its start level, data share and per-action timeline,
+from which profiling/quantities.py derives the stage's quantities.
+
+[Note: two micro-batches suffice on simulated devices] A stage's quantities are per action (every
+forward keeps the same bytes, the first backward allocates the gradients, later ones free what a
+forward kept), so a run with two micro-batches has them all; only the data share grows with the
+micro-batch count, linearly (it is the device's rows of the batch). Simulated profiling therefore runs
+each measured stage with two micro-batches of the target size, scales its data share to the real
+count, and replays the stage's peak at its position in the run (predict/schedule_memory.py, exact on
+the runtime: tests/profiling/test_replay.py) for CAPTURE's peak statistic. A GPT-3 2.6B campaign with
+64 micro-batches simulates 32 times fewer actions this way.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, is_dataclass
+from typing import Any
+
+from hybridplan.cluster import Cluster
+from hybridplan.plan import Plan
+from hybridplan.predict.schedule_memory import stage_peak
+from hybridplan.profiling.quantities import quantities_from_report, quantities_from_timeline
+
+__all__ = ["RunOutcome", "run_plan", "simulate_stages", "measurements_of", "failed_stage"]
+
+_FAILED_DEVICE = re.compile(r"^device (\d+) \(stage (\d+)\)")
+
+
+@dataclass
+class RunOutcome:
+    """What a profiling run returned."""
+
+    status: str
+    reason: str | None
+    devices: list[dict[str, Any]] = field(default_factory=list)
+    """Per measured device: device, stage, peak_memory_bytes, static_memory_bytes, data_bytes, timeline."""
+
+    @property
+    def failed_stage(self) -> int | None:
+        return failed_stage(self.reason)
+
+
+def failed_stage(reason: str | None) -> int | None:
+    """The stage a run's failure reason names ("device 3 (stage 1): ..."; runtime/launch.py)."""
+    match = _FAILED_DEVICE.match(reason or "")
+    return int(match.group(2)) if match else None
+
+
+def run_plan(plan: Plan, cluster: Cluster, execute: Callable[[Plan, Cluster], Any]) -> RunOutcome:
+    """Run the whole plan (every device) with ``execute`` (the launcher) and collect every device."""
+    result = execute(plan, cluster)
+    devices = [asdict(d) if is_dataclass(d) else dict(d) for d in result.devices]
+    return RunOutcome(result.status, result.reason, devices if result.status == "ok" else [])
+
+
+def simulate_stages(
+    plan: Plan,
+    cluster: Cluster,
+    spans: set[tuple[int, int]],
+    *,
+    model: Any,
+    seed: int,
+    iterations: int,
+    run_options: dict[str, Any],
+    specs: Sequence[Any],
+) -> RunOutcome:
+    """Simulate one device of each stage of ``plan`` whose layers are in ``spans`` (see the note above)."""
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.memory import DeviceOutOfMemory
+    from hybridplan.runtime.sim import simulate_stage
+
+    short = min(2, plan.num_microbatches)
+    sim_plan = Plan(plan.schedule, plan.microbatch_size * short, short, plan.stages, plan.extra)
+    cfg = RunConfig(model=model, plan=sim_plan, cluster=cluster, seed=seed, **run_options)
+    scale = plan.num_microbatches / short
+    devices = []
+    for index, stage in enumerate(plan.stages):
+        if (stage.start, stage.stop) not in spans:
+            continue
+        try:
+            report = simulate_stage(cfg, index, iterations=iterations, specs=list(specs))
+        except DeviceOutOfMemory as e:
+            return RunOutcome("oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}")
+        static, data = report["static"][-1], round(report["data"][-1] * scale)
+        q = quantities_from_timeline(static, data, report["timeline"])
+        peak = stage_peak(q, plan.schedule, plan.num_stages - 1 - index, plan.num_microbatches)
+        devices.append({
+            "device": stage.devices[0], "stage": index, "peak_memory_bytes": int(round(peak)),
+            "static_memory_bytes": static, "data_bytes": data, "timeline": report["timeline"],
+        })
+    return RunOutcome("ok", None, devices)
+
+
+def measurements_of(outcome: RunOutcome, plan: Plan, batch: int) -> list[dict[str, Any]]:
+    """The database rows of a successful run (profiling/store.py ``measurements``)."""
+    rows = []
+    for d in outcome.devices:
+        s = plan.stages[d["stage"]]
+        rows.append({
+            "device": d["device"], "stage": d["stage"], "start": s.start, "stop": s.stop,
+            "kind": "none" if s.degree == 1 else s.parallelism, "degree": s.degree,
+            "batch_size": batch, "microbatch_size": plan.microbatch_size,
+            "peak": d["peak_memory_bytes"], "quantities": quantities_from_report(d), "timeline": d["timeline"],
+        })
+    return rows

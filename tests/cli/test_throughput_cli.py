@@ -1,0 +1,147 @@
+"""``hybridplan estimate`` and ``hybridplan plan --objective throughput|pareto``, ``--mode 2bw``, ``--baseline``
+as a user calls them: a memory profile (simulated devices) and a time profile of the MLP user model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridplan.cli import main
+from hybridplan.cluster import Cluster
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.predict.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.campaign import Campaign, CampaignConfig
+from hybridplan.profiling.partitions import Scenario
+from hybridplan.profiling.store import ProfileStore
+from hybridplan.search.baselines import BASELINES
+
+MLP = "tests.cli.user_models:mlp"  # Linear(16, 32), ReLU, Linear(32, 32), ReLU, Linear(32, 10)
+MIXED = {"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 2, "stages": [
+    {"layers": [0, 2], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
+    {"layers": [2, 3], "parallelism": "none", "degree": 1, "devices": [2]},
+    {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [3]}]}
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """A memory profile of the MLP on 1x4 (pipeline and tensor x2; simulated devices) and a time profile whose
+    layer 2 is slow and whose tensor x2 halves the Linear layers' times."""
+    d = tmp_path_factory.mktemp("throughput")
+    with ProfileStore(d / "p.sqlite") as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)), run_options={"backend": "sim"}),
+                 store).run()
+    fwd = (1e-3, 1e-4, 4e-3, 1e-4, 1e-3)
+    profile = TimeProfile(
+        model=MLP,
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=128.0, parameter_bytes=4096.0) for i in range(5)),
+        timings=tuple(
+            TimingTable(device_type="cpu", tensor_degree=t, micro_batch_size=16,
+                        forward_s=tuple(f / t for f in fwd), backward_s=tuple(2 * f / t for f in fwd))
+            for t in (1, 2)
+        ),
+        tensor_comm_in_times=True,
+        source="synthetic",
+    )
+    profile.save(d / "t.json")
+    (d / "plan.json").write_text(json.dumps(MIXED))
+    return d
+
+
+def test_estimate_prints_time_per_stage_and_memory(files, capsys):
+    args = ["estimate", "--plan", str(files / "plan.json"), "--time-profile", str(files / "t.json"), "--db",
+            str(files / "p.sqlite"), "--cluster", "1x4"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ms per iteration" in out and "fwd ms" in out and "predicted plan peak" in out
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    plan = Plan.from_dict(MIXED)
+    expected = predict_iteration_time(plan, TimeProfile.load(files / "t.json"), Cluster.parse("1x4"))
+    assert data["time"]["total_s"] == pytest.approx(expected.total_s) and len(data["time"]["stages"]) == 3
+    assert data["memory"]["peak_memory_bytes"] == MemoryPredictor.from_db(files / "p.sqlite").predict(plan).peak_memory_bytes
+    # the same plan under 2BW: no flush (faster), a weight stash (more memory)
+    (files / "plan2bw.json").write_text(json.dumps({**MIXED, "schedule": "2bw"}))
+    assert main(["estimate", "--plan", str(files / "plan2bw.json")] + args[3:] + ["--json"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["time"]["schedule"] == "2bw" and two["time"]["total_s"] < data["time"]["total_s"]
+    assert two["memory"]["peak_memory_bytes"] > data["memory"]["peak_memory_bytes"]
+
+
+def test_throughput_plan_fits_the_device_memory(files, capsys):
+    base = ["plan", "--objective", "throughput", "--db", str(files / "p.sqlite"), "--time-profile", str(files / "t.json"),
+            "--cluster", "1x4"]
+    assert main(base + ["--out", str(files / "fast.json")]) == 0
+    assert "fastest plan" in capsys.readouterr().out
+    fast = json.loads((files / "fast.json").read_text())
+    assert fast["predicted_iteration_s"] > 0 and fast["predicted_peak_bytes"] > 0
+    # a capacity just under the fastest plan's peak: another plan, every device within the capacity
+    capacity = fast["predicted_peak_bytes"] - 1
+    assert main(base + ["--device-memory", str(capacity), "--out", str(files / "fit.json")]) == 0
+    capsys.readouterr()
+    fit = Plan.load(files / "fit.json")
+    assert fit.extra["predicted_peak_bytes"] <= capacity
+    assert fit.extra["predicted_iteration_s"] >= fast["predicted_iteration_s"]
+    assert max(d.peak_memory_bytes for d in MemoryPredictor.from_db(files / "p.sqlite").predict(fit).devices) <= capacity
+    assert main(base + ["--device-memory", "1KiB"]) == 2
+    assert "no feasible plan" in capsys.readouterr().err
+
+
+def test_pareto_frontier(files, capsys):
+    out = files / "front.json"
+    assert main(["plan", "--objective", "pareto", "--db", str(files / "p.sqlite"), "--time-profile", str(files / "t.json"),
+                 "--cluster", "1x4", "--out", str(out)]) == 0
+    assert "Pareto frontier" in capsys.readouterr().out
+    frontier = json.loads(out.read_text())["frontier"]
+    assert frontier
+    memory = [p["predicted_peak_bytes"] for p in frontier]
+    seconds = [p["predicted_iteration_s"] for p in frontier]
+    assert memory == sorted(memory) and seconds == sorted(seconds, reverse=True)  # non-dominated
+    assert len(set(memory)) == len(memory) and len(set(seconds)) == len(seconds)
+    for p in frontier:
+        Plan.from_dict(p["plan"]).validate(num_layers=5, cluster=Cluster.parse("1x4"))
+
+
+def test_2bw_mode(files, capsys):
+    out = files / "2bw.json"
+    assert main(["plan", "--objective", "throughput", "--mode", "2bw", "--db", str(files / "p.sqlite"), "--time-profile",
+                 str(files / "t.json"), "--cluster", "1x4", "--out", str(out)]) == 0
+    assert "2bw w=" in capsys.readouterr().out
+    plan = Plan.load(out)
+    assert plan.schedule == "2bw" and plan.extra["pipeline"] == "pipedream-2bw" and plan.extra["recompute"] is False
+
+
+@pytest.mark.parametrize("name", list(BASELINES))
+def test_baselines(files, capsys, name):
+    out = files / f"{name}.json"
+    assert main(["plan", "--baseline", name, "--db", str(files / "p.sqlite"), "--time-profile", str(files / "t.json"),
+                 "--cluster", "1x4", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert f"baseline {name}" in text and "per iteration" in text and "predicted plan peak" in text
+    plan = Plan.load(out)
+    assert plan.extra["baseline"] == name and plan.num_stages == 4 and plan.extra["predicted_iteration_s"] > 0
+    if name == "torchgpipe-time":  # the slow layer 2 gets a stage of its own
+        assert any((s.start, s.stop) == (2, 3) for s in plan.stages)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2", "--db", "{d}/x.sqlite",
+      "--time", "--backend", "sim"], "fake tensors that take no time"),
+    (["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2", "--db", "{d}/x.sqlite",
+      "--time-out", "t.json"], "need --time"),
+    (["estimate", "--plan", "{d}/plan.json", "--cluster", "1x4", "--db", "{d}/p.sqlite"], "holds none"),
+    (["plan", "--objective", "pareto", "--time-profile", "{d}/t.json", "--cluster", "1x4", "--global-batch-size", "32"],
+     "needs memory predictions"),
+    (["plan", "--objective", "throughput", "--cluster", "1x4", "--time-profile", "{d}/t.json"], "global batch size is unknown"),
+    (["plan", "--mode", "2bw", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "plans for throughput"),
+    (["plan", "--objective", "throughput", "--mode", "bayesian", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "solves the memory"),
+    (["plan", "--cluster", "1x4"], "needs a profile database"),
+    (["plan", "--baseline", "torchgpipe-time", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "no time profile was given"),
+])
+def test_bad_input_exits_2(files, capsys, args, message):
+    assert main([a.format(d=files) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

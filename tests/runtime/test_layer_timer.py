@@ -1,0 +1,84 @@
+"""Per-layer forward and backward times from hooks (runtime/layer_timer.py), and model slices for timing in
+chunks (models/slice.py)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from hybridplan.errors import ModelError
+from hybridplan.models.slice import ModelSlice
+from hybridplan.models.zoo import get_model
+from hybridplan.runtime.layer_timer import LayerTimer
+from hybridplan.runtime.stage import CheckpointedSequential
+
+FORWARD_S, BACKWARD_S = 0.03, 0.05
+"""Sleeps of the slow layer: long enough to stand out of a loaded machine's noise (the other layers take
+microseconds)."""
+
+
+class _SlowBackward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def]
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def]
+        time.sleep(BACKWARD_S)
+        return grad
+
+
+class Slow(nn.Module):
+    """Sleeps in its forward and in its backward (and saves a tensor for it: under activation checkpointing,
+    unpacking it in the backward is what recomputes the forward)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(FORWARD_S)
+        return torch.tanh(_SlowBackward.apply(x))
+
+
+def _rows(module: nn.Sequential, microbatches: int = 2) -> dict:
+    timer = LayerTimer(module, torch.device("cpu"))
+    for _ in range(microbatches):
+        module(torch.randn(4, 8, requires_grad=True)).sum().backward()
+    return timer.take()
+
+
+def test_time_lands_on_the_layer_that_spends_it():
+    record = _rows(nn.Sequential(nn.Linear(8, 8), Slow(), nn.Tanh()))
+    assert len(record["forward"]) == len(record["backward"]) == 2
+    for fwd, bwd in zip(record["forward"], record["backward"]):
+        assert fwd[1] >= FORWARD_S and max(fwd[0], fwd[2]) < FORWARD_S
+        assert bwd[1] >= BACKWARD_S and max(bwd[0], bwd[2]) < BACKWARD_S
+
+
+def test_recomputation_is_backward_time_not_forward():
+    record = _rows(CheckpointedSequential(nn.Linear(8, 8), Slow(), nn.Tanh()), microbatches=1)
+    (fwd,), (bwd,) = record["forward"], record["backward"]
+    assert FORWARD_S <= fwd[1] < 2 * FORWARD_S  # counted once, not again when recomputed
+    assert bwd[1] >= FORWARD_S + BACKWARD_S
+
+
+def test_take_clears():
+    timer = LayerTimer(nn.Sequential(nn.Linear(8, 8)), torch.device("cpu"))
+    timer.module(torch.randn(2, 8)).sum().backward()
+    assert len(timer.take()["forward"]) == 1 and timer.take() == {"forward": [], "backward": []}
+
+
+def test_model_slice():
+    model = get_model("gpt-tiny")
+    middle, tail = ModelSlice(model, 3, 7), ModelSlice(model, 7, 10)
+    x, y = middle.make_batch(4, torch.Generator().manual_seed(0))
+    assert x.dtype == torch.float32 and x.shape[0] == 4 and y.shape == (4,)
+    layer = middle.build_layer(0)
+    out = layer(x)
+    assert out.requires_grad and middle.loss(out, y).dim() == 0
+    x, y = tail.make_batch(4, torch.Generator().manual_seed(0))
+    ref_x, ref_y = model.make_batch(4, torch.Generator().manual_seed(0))
+    assert torch.equal(y, ref_y) and x.dtype == torch.float32  # the model's targets, for its loss
+    assert middle.tensor_parallel_problem(0, 2) is None and middle.sample_granularity == 1
+    with pytest.raises(ModelError, match="not a non-empty range"):
+        ModelSlice(model, 5, 5)
