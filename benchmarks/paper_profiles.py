@@ -105,11 +105,6 @@ def measured_layer_times(case: Case) -> list[float] | None:
     return [float(f + b) for f, b in zip(fwd, bwd)]
 
 
-if __name__ == "__main__":
-    for name in sys.argv[1:] or list(CASES):
-        print(f"{name}: {profile(CASES[name])}")
-
-
 def fits_at_target(predictor: Any, model: Any, cluster: Cluster, capacity: int) -> Any:
     """The ``memory_ok`` of a throughput search that keeps the target's micro-batch count (as Alpa's
     benchmark fixes it; the FLOP time model, linear in samples, would always pick the smallest
@@ -125,3 +120,8 @@ def fits_at_target(predictor: Any, model: Any, cluster: Cluster, capacity: int) 
             return False
 
     return fits
+
+
+if __name__ == "__main__":
+    for name in sys.argv[1:] or list(CASES):
+        print(f"{name}: {profile(CASES[name])}")
