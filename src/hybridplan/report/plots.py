@@ -9,6 +9,7 @@ never changes the backend of the caller's own pyplot session.
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -73,6 +74,11 @@ def _highest(values: list[float | None], u: _Unit) -> float:
     return max((u(v) for v in values if v is not None), default=0.0)
 
 
+def _wrap(title: str, width: int = 70) -> str:
+    """A title broken into lines that fit a single-axes figure (matplotlib clips a long one)."""
+    return textwrap.fill(title, width)
+
+
 def plot_memory(view: MemoryView, path: str | Path) -> Path:
     """Per-device bars: predicted beside measured peak (GiB), the capacity as a dashed line."""
     fig = _figure(max(6.0, 0.45 * len(view.devices) + 2), 4)
@@ -115,7 +121,7 @@ def plot_pareto(view: ParetoView, path: str | Path) -> Path:
         ax.scatter([u(m.peak_memory_bytes)], [m.iteration_s], s=70, marker="*", zorder=4, label=m.label)
     ax.set_xlabel(f"peak memory per device ({u.name})")
     ax.set_ylabel("seconds per iteration")
-    ax.set_title(view.title)
+    ax.set_title(_wrap(view.title), fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
@@ -227,7 +233,7 @@ def plot_scaling(view: ScalingView, path: str | Path) -> Path:
     _capacity(ax, view.capacity_bytes, _highest(values, u), u)
     ax.set_xlabel("trainable parameters (billions)")
     ax.set_ylabel(f"peak memory per device ({u.name})")
-    ax.set_title(view.title)
+    ax.set_title(_wrap(view.title), fontsize=10)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
