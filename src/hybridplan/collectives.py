@@ -60,15 +60,20 @@ def all_reduce(t: torch.Tensor, group: Any = None) -> torch.Tensor:
     return t
 
 
+# torch 2.13 deprecates all_gather_into_tensor (a FutureWarning on every call) for all_gather_single, the
+# same collective; older versions have only the former.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+
 def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group: Any = None) -> torch.Tensor:
     """Concatenate every rank's ``t`` along dim 0 into ``out`` and return ``out``."""
     if _direct(t):
-        dist.all_gather_into_tensor(out, t, group=group)
+        _all_gather(out, t, group=group)
         return out
     with _disable_current_modes():  # not program memory: invisible to memory trackers
         src = _buffer(t.shape, t.dtype, ("gather_src", id(group)))
         dst = _buffer(out.shape, out.dtype, ("gather_dst", id(group)))
         src.copy_(t)
-        dist.all_gather_into_tensor(dst, src, group=group)
+        _all_gather(dst, src, group=group)
         out.copy_(dst)
     return out
