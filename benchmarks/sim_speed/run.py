@@ -83,7 +83,8 @@ def run_case(name: str, iterations: int) -> dict[str, Any]:
     t0 = time.perf_counter()
     if whole:
         result = launch(cfg)
-        assert result.ok, result.reason
+        if not result.ok:
+            raise SystemExit(f"{name}: the simulated plan did not run: {result.reason}")
         peak = result.peak_memory_bytes
     else:
         peak = simulate_stage(cfg, 0, iterations=iterations)["iteration_peaks"][-1]

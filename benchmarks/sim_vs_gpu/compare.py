@@ -59,12 +59,14 @@ def main() -> None:
         plan = _plan(model, batch, micro, schedule)
         common = dict(model=model, plan=plan, cluster=Cluster.parse("1x1"), iterations=args.iterations, device_type="cuda", **options)
         sim = launch(RunConfig(backend="sim", **common))
-        assert sim.ok, sim.reason
+        if not sim.ok:
+            raise SystemExit(f"{model} ({schedule}, {options}): simulated run {sim.status}: {sim.reason}")
         s = sim.devices[0]
         real_peak = real_overhead = diff = "-"
         if not args.sim_only:
             real = launch(RunConfig(backend="real", **common))
-            assert real.ok, real.reason
+            if not real.ok:
+                raise SystemExit(f"{model} ({schedule}, {options}): real CUDA run {real.status}: {real.reason}")
             r = real.devices[0]
             real_peak = f"{r.peak_memory_bytes / 2**20:.1f} MiB"
             diff = f"{(s.peak_memory_bytes - r.peak_memory_bytes) / r.peak_memory_bytes:+.2%}"
