@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridplan.cluster import Cluster
 
 if TYPE_CHECKING:
+    from hybridplan.plan import Plan
     from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.predict.time_profile import TimeProfile
 
@@ -99,3 +101,14 @@ def load_memory_predictor(db: str | None, **targets: Any) -> MemoryPredictor | N
     if "num_layers" not in meta or "batch_sizes" not in meta:
         return None
     return MemoryPredictor.from_db(db, **{k: v for k, v in targets.items() if v is not None})
+
+
+def output_plan(args: argparse.Namespace, plan: Plan) -> bool:
+    """Write ``plan`` to ``--out`` if given, and print its JSON if ``--json``; True when it was printed,
+    so the command prints nothing else (its stdout is the JSON)."""
+    if args.out:
+        Path(args.out).write_text(plan.to_json())
+    if args.json:
+        print(plan.to_json(), end="")
+        return True
+    return False

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from hybridplan.cli.common import add_cluster, cluster_from
+from hybridplan.cli.common import add_cluster, cluster_from, output_plan
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES
 from hybridplan.predict.memory import DEGREE_FITS, MemoryPredictor
@@ -118,10 +117,7 @@ def _memory(args: argparse.Namespace) -> int:
         plan = model.to_original(plan)
     plan = type(plan).from_dict({**plan.to_dict(), "model": model_name, "cluster": cluster.shape,
                                  "predicted_peak_bytes": int(round(result.peak))})
-    if args.out:
-        Path(args.out).write_text(plan.to_json())
-    if args.json:
-        print(plan.to_json(), end="")
+    if output_plan(args, plan):
         return 0
     print(f"{model_name} on {cluster.describe()}: {result.solver} search, {result.visited} visited in {result.elapsed_s:.3f} s")
     print(plan.describe())

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridplan.cli.common import cluster_from, find_time_profile, load_memory_predictor, load_time_profile, profile_meta
+from hybridplan.cli.common import cluster_from, find_time_profile, load_memory_predictor, load_time_profile, output_plan, profile_meta
 from hybridplan.cluster import Cluster
 from hybridplan.errors import HybridPlanError, UsageError
 from hybridplan.models.base import LayeredModel
@@ -174,10 +174,7 @@ def _annotated(plan: Plan, row: _Row, cluster: Cluster, profile: TimeProfile) ->
 def _print_best(args: argparse.Namespace, rows: list[_Row], profile: TimeProfile, cluster: Cluster, fit: Feasibility) -> int:
     best = rows[0]
     plan = _annotated(best.plan, best, cluster, profile)
-    if args.out:
-        Path(args.out).write_text(plan.to_json())
-    if args.json:
-        print(plan.to_json(), end="")
+    if output_plan(args, plan):
         return 0
     print(f"{'#':>3} {'time ms':>10} {'samples/s':>10} {'peak memory':>12}  plan")
     for i, r in enumerate(rows[: args.top]):
@@ -248,10 +245,7 @@ def baseline(args: argparse.Namespace) -> int:
     if prediction is not None:
         extra["predicted_peak_bytes"] = prediction.peak_memory_bytes
     plan = Plan.from_dict({**plan.to_dict(), **extra})
-    if args.out:
-        Path(args.out).write_text(plan.to_json())
-    if args.json:
-        print(plan.to_json(), end="")
+    if output_plan(args, plan):
         return 0
     print(f"baseline {args.baseline}: {model.name} on {cluster.describe()}")
     print(plan.describe())
