@@ -122,6 +122,11 @@ def fits_at_target(predictor: Any, model: Any, cluster: Cluster, capacity: int) 
     return fits
 
 
+def md_cell(label: str) -> str:
+    """A plan label (``[0,3) data2 | ...``) inside a Markdown table cell."""
+    return label.replace("|", "\\|")
+
+
 if __name__ == "__main__":
     for name in sys.argv[1:] or list(CASES):
         print(f"{name}: {profile(CASES[name])}")

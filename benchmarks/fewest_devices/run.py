@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from paper_profiles import CAPACITY, CASES, profile  # noqa: E402
+from paper_profiles import CAPACITY, CASES, md_cell, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
 from hybridplan.experiments.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
@@ -123,21 +123,17 @@ def main() -> None:
     print("| mesh | plan | peak (measured) | peak (predicted) | fits |\n|---|---|---:|---:|---|")
     for shape, plan, r in attempts:
         fits = r["status"] == "ok" and r["measured_peak_bytes"] <= capacity
-        print(f"| {shape} | {md(plan_label(plan))} | {format_bytes(r['measured_peak_bytes'])} | {format_bytes(r['predicted_peak_bytes'])}"
+        print(f"| {shape} | {md_cell(plan_label(plan))} | {format_bytes(r['measured_peak_bytes'])} | {format_bytes(r['predicted_peak_bytes'])}"
               f" | {'yes' if fits else 'no'} |")
     print("\n| planner | mesh | devices | plan | peak (measured) | peak (predicted) | s/iter (predicted) | samples/s (predicted) |")
     print("|---|---|---:|---|---:|---:|---:|---:|")
     for name, shape, plan, r, seconds in rows:
         n, k = (int(x) for x in shape.split("x"))
-        print(f"| {name} | {shape} | {n * k} | {md(plan_label(plan))} | {format_bytes(r['measured_peak_bytes'])} |"
+        print(f"| {name} | {shape} | {n * k} | {md_cell(plan_label(plan))} | {format_bytes(r['measured_peak_bytes'])} |"
               f" {format_bytes(r['predicted_peak_bytes'])} | {seconds:.3f} | {batch / seconds:.1f} |")
     (HERE / f"summary-{args.model}-{args.schedule}.json").write_text(json.dumps(
         [{"planner": n, "mesh": s, "plan": p.to_dict(), **r, "iteration_s": t} for n, s, p, r, t in rows], indent=1) + "\n")
 
-
-def md(label: str) -> str:
-    """A plan label inside a Markdown table cell."""
-    return label.replace("|", "\\|")
 
 
 if __name__ == "__main__":

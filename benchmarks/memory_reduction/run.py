@@ -35,7 +35,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from paper_profiles import CAPACITY, CASES, fits_at_target, Case, measured_layer_times, profile  # noqa: E402
+from paper_profiles import CAPACITY, CASES, Case, fits_at_target, measured_layer_times, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
 from hybridplan.experiments.layer_costs import baseline_layer_costs, flop_time_profile, measure_layer_costs  # noqa: E402

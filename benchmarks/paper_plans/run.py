@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from paper_profiles import CAPACITY, CASES, Case, profile  # noqa: E402
+from paper_profiles import CAPACITY, CASES, Case, md_cell, profile  # noqa: E402
 
 from hybridplan.experiments.runs import ResultStore, devices_json, measure_plan  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
@@ -113,14 +113,10 @@ def print_table(store: ResultStore) -> None:
         largest = f"{100 * max(errors):.2f}%" if errors else "n/a"
         reused = " (earlier)" if r["profile_reused"] else ""
         print(f"| {name} | {r['global_batch_size']} / {r['num_microbatches']} | {r['profile_runs']} |"
-              f" {r['profile_seconds'] / 60:.1f} min{reused} | {r['plan_seconds']:.2f} s | {cell(r['plan_label'])} |"
+              f" {r['profile_seconds'] / 60:.1f} min{reused} | {r['plan_seconds']:.2f} s | {md_cell(r['plan_label'])} |"
               f" {format_bytes(r['predicted_peak_bytes'])} | {format_bytes(r['measured_peak_bytes'])} | {largest} |"
               f" {'yes' if r['fits'] else 'no'} |")
 
-
-def cell(label: str) -> str:
-    """A plan label inside a Markdown table cell."""
-    return label.replace("|", "\\|")
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from paper_profiles import CAPACITY, CASES, fits_at_target, profile  # noqa: E402
+from paper_profiles import CAPACITY, CASES, fits_at_target, md_cell, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
 from hybridplan.experiments.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
@@ -109,14 +109,10 @@ def main() -> None:
             print(f"| {r['model']} | {r['schedule']} | {r['skipped']} | | | | | | | |")
             continue
         m, t = r["memory-optimal"], r["throughput-optimal"]
-        print(f"| {r['model']} | {r['schedule']} | {cell(m['label'])} | {format_bytes(m['measured_peak_bytes'])} | {m['iteration_s']:.3f} |"
-              f" {cell(t['label'])} | {format_bytes(t['measured_peak_bytes'])} | {t['iteration_s']:.3f} |"
+        print(f"| {r['model']} | {r['schedule']} | {md_cell(m['label'])} | {format_bytes(m['measured_peak_bytes'])} | {m['iteration_s']:.3f} |"
+              f" {md_cell(t['label'])} | {format_bytes(t['measured_peak_bytes'])} | {t['iteration_s']:.3f} |"
               f" {100 * r['memory_gain']:.1f}% | {100 * r['throughput_loss']:.1f}% |")
 
-
-def cell(label: str) -> str:
-    """A plan label inside a Markdown table cell."""
-    return label.replace("|", "\\|")
 
 
 if __name__ == "__main__":
