@@ -31,7 +31,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
-from paper_profiles import CAPACITY, CASES, md_cell, profile  # noqa: E402
+from paper_profiles import CAPACITY, CASES, fits_at_target, md_cell, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
 from hybridplan.experiments.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
@@ -73,12 +73,6 @@ def main() -> None:
             print(f"  {key}: {m.status} measured {format_bytes(m.peak('measured'))} ({time.perf_counter() - started:.0f} s)", flush=True)
         return store[key]
 
-    def predicted_peak(plan: Plan) -> float | None:
-        try:
-            return predictor.predict(plan).peak_memory_bytes
-        except HybridPlanError:
-            return None
-
     def same_count(plan: Plan) -> bool:
         """The target's micro-batch count (Alpa's benchmark fixes it; the FLOP time model, linear in samples,
         would otherwise always pick the smallest micro-batches)."""
@@ -107,14 +101,14 @@ def main() -> None:
                 unaware_needs = shape
                 rows.append(("throughput-optimal, memory-unaware", shape, fastest.plan, r, fastest.iteration_s))
         if aware_needs is None:
-            fits = lambda p: same_count(p) and (v := predicted_peak(p)) is not None and v <= capacity  # noqa: E731
-            aware = search_throughput(time_profile, cluster, batch, schedule=args.schedule, node_local_stages=True, memory_ok=fits)
+            aware = search_throughput(time_profile, cluster, batch, schedule=args.schedule, node_local_stages=True,
+                                      memory_ok=fits_at_target(predictor, model, cluster, capacity))
             if aware.candidates:
                 aware_needs = shape
                 r = measured(f"throughput-aware/{shape}", aware.best.plan, shape)
                 rows.append(("throughput-optimal, memory-aware", shape, aware.best.plan, r, aware.best.iteration_s))
     full_fastest = search_throughput(time_profile, full, batch, schedule=args.schedule, node_local_stages=True,
-                                     memory_ok=lambda p: same_count(p) and (v := predicted_peak(p)) is not None and v <= capacity).best
+                                     memory_ok=fits_at_target(predictor, model, full, capacity)).best
     r = measured("throughput-aware/4x4", full_fastest.plan, "4x4")
     rows.append(("throughput-optimal, memory-aware, all 16", "4x4", full_fastest.plan, r, full_fastest.iteration_s))
     print(f"\n{args.model} {args.schedule}, global batch {batch}, {CAPACITY} devices; tried for ours: "
