@@ -43,3 +43,9 @@ class FaultyGPT(GPT):
 
     def tensor_parallel_plan(self, index: int):
         return None if index == self.faulty_layer else super().tensor_parallel_plan(index)
+
+
+def hanging_gpt() -> FaultyGPT:
+    """gpt-tiny whose middle layer hangs: a run that lasts until it is killed (``--model
+    tests.runtime.faulty_models:hanging_gpt``, with the repository on PYTHONPATH)."""
+    return FaultyGPT(5, "hang")

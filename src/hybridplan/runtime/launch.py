@@ -4,8 +4,12 @@ The launcher owns the rendezvous store (a TCPStore on a free port), so ranks nev
 Each rank writes a small report file and exits with 0 (ok), 1 (failed) or 3 (out of memory). As soon
 as one rank exits non-zero, dies by a signal, or the run passes its timeout, the launcher terminates
 every other rank (SIGTERM, then SIGKILL after a grace period) and returns the root cause: an
-out-of-memory report first, else the earliest failure. Ranks also ask the kernel to kill them if the
-launcher itself dies (``PR_SET_PDEATHSIG``), so no run leaves orphan processes.
+out-of-memory report first, else the earliest failure.
+
+If the launcher itself dies (``kill -9``, SIGTERM, a crash), its cleanup never runs: each rank then
+sees the launcher's pid exit and ends itself within a moment, and the forkserver, which forked the
+ranks, ends with the launcher (runtime/lifeline.py says how and why). A launcher that lives on keeps
+its forkserver for its next run.
 
 ``RunConfig.backend == "sim"`` runs no process: :func:`launch` hands the run to the simulator
 (runtime/sim.py), which executes every device's work on fake tensors in this process.
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
 import statistics
 import tempfile
 import time
@@ -94,11 +99,12 @@ def launch(
     say = on_event or (lambda _msg: None)
     world = cfg.plan.num_devices
     ctx = _context()
+    me = os.getpid()  # the ranks end when this process does, however it ends (runtime/lifeline.py)
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="hybridplan-run-") as report_dir:
         procs = [
-            ctx.Process(target=spawn_entry, args=(rank, world, cfg, store.port, report_dir, specs), daemon=True)
+            ctx.Process(target=spawn_entry, args=(rank, world, cfg, store.port, report_dir, me, specs), daemon=True)
             for rank in range(world)
         ]
         try:
@@ -124,7 +130,9 @@ def _context() -> Any:
     """A forkserver that has imported torch once: each rank starts in ~0.1 s instead of re-importing it.
 
     The server process is single-threaded when it forks (it only imported modules), which is what makes
-    forking after importing torch safe; it lives as long as this process, so later runs reuse it.
+    forking after importing torch safe; it lives as long as this process, so later runs reuse it. It is
+    the ranks' parent, not this process: see [Note: ranks are the forkserver's children] in
+    runtime/lifeline.py for how ranks and server still end with this process.
     """
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", "torch.distributed.tensor", "hybridplan.runtime.worker"])

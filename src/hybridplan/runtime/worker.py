@@ -12,11 +12,9 @@ rank's report and writes the result.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
-import signal
 import sys
 import time
 import traceback
@@ -34,6 +32,7 @@ from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.executor import BoundarySpec, StageExecutor
 from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_bytes
 from hybridplan.runtime.layer_timer import LayerTimer
+from hybridplan.runtime.lifeline import tie_to_launcher
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
 from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
 from hybridplan.runtime.stage import boundary_specs, build_stage_module, unsplit_state
@@ -177,15 +176,6 @@ def run_rank(
     }
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to kill this process if its parent dies, so a crashed launcher leaves no orphans."""
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:  # not Linux: the launcher's own cleanup still applies
-        pass
-
-
 def _failure(rank: int, exc: BaseException) -> tuple[dict[str, Any], int]:
     oom = isinstance(exc, DeviceOutOfMemory) or type(exc).__name__ == "OutOfMemoryError"
     where = f"device {rank}"
@@ -200,10 +190,20 @@ def _failure(rank: int, exc: BaseException) -> tuple[dict[str, Any], int]:
 
 
 def spawn_entry(
-    rank: int, world: int, cfg: RunConfig, store_port: int, report_dir: str, specs: list[BoundarySpec] | None = None
+    rank: int,
+    world: int,
+    cfg: RunConfig,
+    store_port: int,
+    report_dir: str,
+    launcher_pid: int,
+    specs: list[BoundarySpec] | None = None,
 ) -> None:
-    """Entry point of a locally spawned rank: never returns (exits with 0, 1 failed, or 3 out of memory)."""
-    _die_with_parent()
+    """Entry point of a locally spawned rank: never returns (exits with 0, 1 failed, or 3 out of memory).
+
+    The rank ends at once (code 4) if process ``launcher_pid`` dies (runtime/lifeline.py): its parent is
+    the forkserver, which would otherwise keep it running.
+    """
+    tie_to_launcher(launcher_pid)
     torch.set_num_threads(1)
     path = Path(report_dir) / f"rank{rank}.json"
     try:
