@@ -26,6 +26,7 @@ Devices are numbered globally; device ``d`` is on node ``d // devices_per_node``
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field, replace
@@ -44,6 +45,24 @@ datasheet), i.e. 300 GB/s per direction."""
 DEFAULT_INTER_NODE_BANDWIDTH = 12.5e9
 """Bytes/s between nodes when none is given: 100 Gbps InfiniBand, the CAPTURE testbed (seed 001, section IV)."""
 
+MAX_DEVICES = 2**20
+"""The largest mesh accepted (1,048,576 devices, e.g. 1024x1024): about ten times the largest training
+clusters reported to date; a larger shorthand is a typo, and describing it would take gigabytes."""
+
+
+
+def _check_shape(num_nodes: int, devices_per_node: int) -> None:
+    if num_nodes < 1 or devices_per_node < 1:
+        raise ClusterError(f"a cluster needs at least 1 node of at least 1 device, got {num_nodes}x{devices_per_node}",
+                           fix="use e.g. --cluster 1x4")
+    if num_nodes * devices_per_node > MAX_DEVICES:
+        raise ClusterError(
+            f"cluster {num_nodes}x{devices_per_node} has {num_nodes * devices_per_node:,} devices, more than the"
+            f" {MAX_DEVICES:,} hybridplan plans for",
+            fix="check the shorthand: NxK is N nodes of K devices each, e.g. --cluster 128x8",
+        )
+
+
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
 
 
@@ -57,6 +76,13 @@ class DeviceSpec:
     """Memory capacity in bytes; ``None`` means unlimited (no out-of-memory check)."""
     speed: float = 1.0
     """Relative compute speed: a layer takes ``time / speed`` on this device."""
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes is not None and self.memory_bytes < 1:
+            raise ClusterError(f"device memory must be positive, got {self.memory_bytes} bytes",
+                               fix="give a capacity such as --device-memory 40GiB, or none for unlimited")
+        if not (isinstance(self.speed, (int, float)) and 0 < self.speed < math.inf):
+            raise ClusterError(f"device speed must be a positive number, got {self.speed!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +103,7 @@ class Cluster:
     """Optional full matrix of bytes/s from device i to device j; overrides the two bandwidths above."""
 
     def __post_init__(self) -> None:
-        if self.num_nodes < 1 or self.devices_per_node < 1:
-            raise ClusterError(
-                f"a cluster needs at least 1 node of at least 1 device, got {self.num_nodes}x{self.devices_per_node}",
-                fix="use e.g. --cluster 1x4",
-            )
+        _check_shape(self.num_nodes, self.devices_per_node)
         if len(self.devices) != self.num_devices:
             raise ClusterError(
                 f"cluster {self.num_nodes}x{self.devices_per_node} has {self.num_devices} devices"
@@ -109,6 +131,7 @@ class Cluster:
         inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH,
     ) -> Cluster:
         """A homogeneous cluster of ``num_nodes`` x ``devices_per_node`` identical devices."""
+        _check_shape(num_nodes, devices_per_node)  # before making one spec per device
         spec = DeviceSpec(type=device_type, memory_bytes=memory_bytes, speed=speed)
         return cls(
             num_nodes=num_nodes,
@@ -141,7 +164,11 @@ class Cluster:
                 fix="write e.g. --cluster 2x4 (2 nodes of 4 devices) or --cluster path/to/cluster.toml",
             )
         if device_memory is not None:
-            cluster = cluster.with_memory(parse_bytes(device_memory, what="--device-memory"))
+            capacity = parse_bytes(device_memory, what="--device-memory")
+            if capacity < 1:
+                raise ClusterError(f"--device-memory {device_memory!r} is not a capacity (it must be positive)",
+                                   fix="give the capacity of one device, e.g. --device-memory 40GiB")
+            cluster = cluster.with_memory(capacity)
         return cluster
 
     @classmethod
@@ -151,6 +178,9 @@ class Cluster:
             data = tomllib.loads(Path(path).read_text())
         except FileNotFoundError:
             raise ClusterError(f"cluster file {str(path)!r} does not exist", fix="check the path") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ClusterError(f"cluster file {str(path)!r} cannot be read: {getattr(e, 'strerror', None) or e}",
+                               fix="give a TOML cluster file (format: hybridplan/cluster.py)") from None
         except tomllib.TOMLDecodeError as e:
             raise ClusterError(f"cluster file {str(path)!r} is not valid TOML: {e}") from None
         return cls.from_dict(data, source=str(path))
@@ -169,6 +199,7 @@ class Cluster:
             k = _positive_int(data["devices_per_node"], f"{source}: devices_per_node")
         except KeyError as e:
             raise ClusterError(f"{source}: missing required key {e.args[0]!r}", fix="give nodes and devices_per_node") from None
+        _check_shape(nodes, k)
         try:
             base = _device_spec(data.get("device", {}), DeviceSpec(), f"{source}: [device]")
             per_node = [base] * nodes

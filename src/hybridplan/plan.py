@@ -226,6 +226,9 @@ class Plan:
             text = p.read_text()
         except FileNotFoundError:
             raise PlanError(f"plan file {str(p)!r} does not exist", fix="check the path, or create one with 'hybridplan plan'") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise PlanError(f"plan file {str(p)!r} cannot be read: {getattr(e, 'strerror', None) or e}",
+                            fix="give a plan JSON file (format: hybridplan/plan.py)") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:

@@ -82,7 +82,10 @@ def test_run_oom_exit_code(example, capsys):
         (["--cluster", "1x3"], "device 3 does not exist on cluster 1x3"),
         (["--cluster", "3 nodes"], "neither the shorthand NxK"),
         (["--device-memory", "lots"], "is not a size"),
-        (["--iterations", "0"], "--iterations must be at least 1"),
+        (["--iterations", "0"], "argument --iterations: must be a positive integer, got '0'"),
+        (["--timeout", "0"], "argument --timeout: must be a positive number, got '0'"),
+        (["--lr", "-1"], "argument --lr: must be a positive number"),
+        (["--device-memory", "0"], "--device-memory '0' is not a capacity"),
         (["--model", "wresnet-tiny"], "model has 7 layers"),
     ],
 )

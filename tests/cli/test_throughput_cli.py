@@ -12,43 +12,15 @@ from hybridplan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.time_model import predict_iteration_time
-from hybridplan.predict.time_profile import LayerInfo, TimeProfile, TimingTable
-from hybridplan.profiling.campaign import Campaign, CampaignConfig
-from hybridplan.profiling.partitions import Scenario
-from hybridplan.profiling.store import ProfileStore
+from hybridplan.predict.time_profile import TimeProfile
 from hybridplan.search.baselines import BASELINES
-
-MLP = "tests.cli.user_models:mlp"  # Linear(16, 32), ReLU, Linear(32, 32), ReLU, Linear(32, 10)
-MIXED = {"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 2, "stages": [
-    {"layers": [0, 2], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
-    {"layers": [2, 3], "parallelism": "none", "degree": 1, "devices": [2]},
-    {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [3]}]}
+from tests.cli.conftest import MIXED, MLP
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    """A memory profile of the MLP on 1x4 (pipeline and tensor x2; simulated devices) and a time profile whose
-    layer 2 is slow and whose tensor x2 halves the Linear layers' times."""
-    d = tmp_path_factory.mktemp("throughput")
-    with ProfileStore(d / "p.sqlite") as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
-                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)), run_options={"backend": "sim"}),
-                 store).run()
-    fwd = (1e-3, 1e-4, 4e-3, 1e-4, 1e-3)
-    profile = TimeProfile(
-        model=MLP,
-        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=128.0, parameter_bytes=4096.0) for i in range(5)),
-        timings=tuple(
-            TimingTable(device_type="cpu", tensor_degree=t, micro_batch_size=16,
-                        forward_s=tuple(f / t for f in fwd), backward_s=tuple(2 * f / t for f in fwd))
-            for t in (1, 2)
-        ),
-        tensor_comm_in_times=True,
-        source="synthetic",
-    )
-    profile.save(d / "t.json")
-    (d / "plan.json").write_text(json.dumps(MIXED))
-    return d
+@pytest.fixture
+def files(mlp_files):
+    """The MLP's memory and time profiles and the MIXED plan (tests/cli/conftest.py)."""
+    return mlp_files
 
 
 def test_estimate_prints_time_per_stage_and_memory(files, capsys):
@@ -73,7 +45,7 @@ def test_estimate_prints_time_per_stage_and_memory(files, capsys):
 
 def test_throughput_plan_fits_the_device_memory(files, capsys):
     base = ["plan", "--objective", "throughput", "--db", str(files / "p.sqlite"), "--time-profile", str(files / "t.json"),
-            "--cluster", "1x4"]
+            "--cluster", "1x4", "--model", MLP]
     assert main(base + ["--out", str(files / "fast.json")]) == 0
     assert "fastest plan" in capsys.readouterr().out
     fast = json.loads((files / "fast.json").read_text())
@@ -93,7 +65,7 @@ def test_throughput_plan_fits_the_device_memory(files, capsys):
 def test_pareto_frontier(files, capsys):
     out = files / "front.json"
     assert main(["plan", "--objective", "pareto", "--db", str(files / "p.sqlite"), "--time-profile", str(files / "t.json"),
-                 "--cluster", "1x4", "--out", str(out)]) == 0
+                 "--cluster", "1x4", "--model", MLP, "--out", str(out)]) == 0
     assert "Pareto frontier" in capsys.readouterr().out
     frontier = json.loads(out.read_text())["frontier"]
     assert frontier
@@ -108,7 +80,7 @@ def test_pareto_frontier(files, capsys):
 def test_2bw_mode(files, capsys):
     out = files / "2bw.json"
     assert main(["plan", "--objective", "throughput", "--mode", "2bw", "--db", str(files / "p.sqlite"), "--time-profile",
-                 str(files / "t.json"), "--cluster", "1x4", "--out", str(out)]) == 0
+                 str(files / "t.json"), "--cluster", "1x4", "--model", MLP, "--out", str(out)]) == 0
     assert "2bw w=" in capsys.readouterr().out
     plan = Plan.load(out)
     assert plan.schedule == "2bw" and plan.extra["pipeline"] == "pipedream-2bw" and plan.extra["recompute"] is False
@@ -118,7 +90,7 @@ def test_2bw_mode(files, capsys):
 def test_baselines(files, capsys, name):
     out = files / f"{name}.json"
     assert main(["plan", "--baseline", name, "--db", str(files / "p.sqlite"), "--time-profile", str(files / "t.json"),
-                 "--cluster", "1x4", "--out", str(out)]) == 0
+                 "--cluster", "1x4", "--model", MLP, "--out", str(out)]) == 0
     text = capsys.readouterr().out
     assert f"baseline {name}" in text and "per iteration" in text and "predicted plan peak" in text
     plan = Plan.load(out)
@@ -139,7 +111,14 @@ def test_baselines(files, capsys, name):
     (["plan", "--mode", "2bw", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "plans for throughput"),
     (["plan", "--objective", "throughput", "--mode", "bayesian", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "solves the memory"),
     (["plan", "--cluster", "1x4"], "needs a profile database"),
-    (["plan", "--baseline", "torchgpipe-time", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "no time profile was given"),
+    (["plan", "--baseline", "torchgpipe-time", "--db", "{d}/p.sqlite", "--cluster", "1x4", "--model", MLP],
+     "no time profile was given"),
+    # the database names user code (the MLP): it is imported only when the user names it (issue 9, item 3)
+    (["plan", "--baseline", "equal", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "add --model tests.cli.user_models:mlp"),
+    (["plan", "--objective", "throughput", "--db", "{d}/p.sqlite", "--time-profile", "{d}/t.json", "--cluster", "1x4"],
+     "building it would import and run code"),
+    (["plan", "--baseline", "equal", "--db", "{d}/p.sqlite", "--cluster", "1x4", "--model", "gpt-tiny"],
+     "is another model"),
 ])
 def test_bad_input_exits_2(files, capsys, args, message):
     assert main([a.format(d=files) for a in args]) == 2

@@ -10,7 +10,8 @@ from hybridplan.cluster import Cluster
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.profiling.campaign import Campaign, CampaignConfig, load_statistics
+from hybridplan.profiling.campaign import Campaign, CampaignConfig
+from hybridplan.profiling.statistics import load_statistics
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
 

@@ -1,13 +1,22 @@
-"""Options shared by several commands."""
+"""Options shared by several commands, and the checks every command makes before its work starts.
+
+Nothing here imports torch: a command parses and checks its arguments and files first (milliseconds),
+then imports what does the work (torch takes seconds), so a bad argument is answered at once.
+"""
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridplan.cluster import Cluster
+from hybridplan.errors import UsageError
 
 if TYPE_CHECKING:
     from hybridplan.plan import Plan
@@ -15,8 +24,110 @@ if TYPE_CHECKING:
     from hybridplan.predict.time_profile import TimeProfile
 
 
-def add_model(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True, help="zoo name (see 'hybridplan models') or module:function")
+# ---------------------------------------------------------------------- commands
+def add_command(sub: argparse._SubParsersAction, name: str, *, help: str, description: str, reads: str, writes: str,
+                examples: list[str]) -> argparse.ArgumentParser:
+    """A sub-command whose ``--help`` says what it does, what it reads, what it writes, and examples."""
+    import textwrap
+
+    text = "\n\n".join([textwrap.fill(description, 100), textwrap.fill(f"Reads: {reads}", 100),
+                         textwrap.fill(f"Writes: {writes}", 100)])
+    return sub.add_parser(name, help=help, description=text,
+                          epilog="examples:\n" + "\n".join(f"  {e}" for e in examples),
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+# ---------------------------------------------------------------------- argument types
+def positive_int(text: str) -> int:
+    """An argparse type: an integer of at least 1 (a count or a size; 0 never means "the default")."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (seconds, a rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def model_name(text: str) -> str:
+    """An argparse type: a zoo name or ``module:function``, checked without importing either."""
+    from hybridplan.errors import ModelError
+    from hybridplan.models.names import check_model_name
+
+    try:
+        check_model_name(text)
+    except ModelError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("\n  fix:", ";")) from None
+    return text
+
+
+# ---------------------------------------------------------------------- outputs
+def check_output(path: str | Path | None, option: str) -> None:
+    """Fail now, before any work, if ``path`` cannot be written.
+
+    The check writes: it opens an existing file for appending (changing nothing), or creates the file
+    and removes it again. Permission bits alone would not do (root may write anywhere, yet not into a
+    missing folder, a read-only file system or a path that is a folder).
+
+    Raises:
+        UsageError: naming the option, the path and why.
+    """
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"{option} {str(p)!r} is a directory", fix=f"give a file name, e.g. {option} {p / 'out.json'}")
+    existed = p.exists()
+    try:
+        with open(p, "a" if existed else "x"):
+            pass
+    except OSError as e:
+        raise UsageError(f"{option} {str(p)!r} cannot be written: {e.strerror or e}",
+                         fix="choose a path in an existing folder you can write to") from None
+    if not existed:
+        p.unlink()
+
+
+def write_output(path: str | Path, text: str, option: str) -> None:
+    """Write a finished result to ``path``; if that fails now (the folder went away, the disk filled),
+    write it to a file in the temporary folder instead, so the result is never lost, and say where.
+
+    Raises:
+        UsageError: after the fallback was written, naming both paths (exit code 2).
+    """
+    p = Path(path)
+    try:
+        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(text)
+        tmp.replace(p)
+        return
+    except OSError as e:
+        reason = e.strerror or str(e)
+    fallback = Path(tempfile.gettempdir()) / f"hybridplan-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{p.name or 'output'}"
+    try:
+        fallback.write_text(text)
+    except OSError as e:  # nowhere to write: the text goes to the terminal rather than nowhere
+        print(text, file=sys.stderr)
+        raise UsageError(f"could not write {option} {str(p)!r} ({reason}) nor {str(fallback)!r} ({e.strerror or e});"
+                         " the result was printed above") from None
+    raise UsageError(f"could not write {option} {str(p)!r} ({reason}); the result was written to {str(fallback)!r}",
+                     fix="move it where you want it, and check the output path next time")
+
+
+def add_model(p: argparse.ArgumentParser, *, required: bool = True, help: str | None = None) -> None:
+    p.add_argument("--model", required=required, type=model_name,
+                   help=help or "zoo name (see 'hybridplan models') or module:function")
 
 
 def add_cluster(p: argparse.ArgumentParser, *, required: bool = True) -> None:
@@ -36,7 +147,7 @@ def add_training(p: argparse.ArgumentParser) -> None:
                    help="device type; with --backend sim, cuda reports peaks in CUDA allocator terms")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="fp32, or mixed precision with fp32 master weights (default fp32)")
-    p.add_argument("--loss-scale", type=float, help="static loss scale of fp16 runs (default 128)")
+    p.add_argument("--loss-scale", type=positive_float, help="static loss scale of fp16 runs (default 128)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer's activations in backward")
 
 
@@ -65,13 +176,14 @@ def find_time_profile(path: str | None, db: str | None) -> TimeProfile | None:
     """The layer-time profile: the JSON file ``path`` if given, else the layer times of database ``db``, else None."""
     from hybridplan.predict.time_profile import TimeProfile
     from hybridplan.profiling.store import ProfileStore
-    from hybridplan.profiling.timing import time_profile_from_store
 
     if path:
         return TimeProfile.load(path)
     if db:
         with ProfileStore(db, create=False) as store:
             if store.get_meta("time_layers") is not None:
+                from hybridplan.profiling.timing import time_profile_from_store
+
                 return time_profile_from_store(store, warn=lambda msg: print(msg, file=sys.stderr))
     return None
 
@@ -103,11 +215,18 @@ def load_memory_predictor(db: str | None, **targets: Any) -> MemoryPredictor | N
     return MemoryPredictor.from_db(db, **{k: v for k, v in targets.items() if v is not None})
 
 
+def note_scaling(predictor: MemoryPredictor) -> None:
+    """Print the predictor's one-line warning if its target batch is far beyond the profiled ones."""
+    note = predictor.scaling_note()
+    if note is not None:
+        print(note, file=sys.stderr)
+
+
 def output_plan(args: argparse.Namespace, plan: Plan) -> bool:
     """Write ``plan`` to ``--out`` if given, and print its JSON if ``--json``; True when it was printed,
     so the command prints nothing else (its stdout is the JSON)."""
     if args.out:
-        Path(args.out).write_text(plan.to_json())
+        write_output(args.out, plan.to_json(), "--out")
     if args.json:
         print(plan.to_json(), end="")
         return True

@@ -17,20 +17,26 @@ import sys
 import time
 from pathlib import Path
 
+from hybridplan.cli.common import add_command, check_output, model_name, write_output
 from hybridplan.cluster import Cluster
-from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.predict.validation import validate_plan
-from hybridplan.profiling.campaign import Campaign, CampaignConfig
-from hybridplan.profiling.store import ProfileStore
-from hybridplan.search import PlanSpace, solve_exact
+from hybridplan.errors import UsageError
 from hybridplan.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("demo", help="profile, plan and validate a small model on the local CPU runtime",
-                       description=__doc__.split("\n\n")[0])
+    p = add_command(
+        sub, "demo",
+        help="profile, plan and validate a small model on the local CPU runtime",
+        description="The whole loop in one command: profile the model (gpt-tiny by default) on a 1x4 mesh of local CPU "
+        "processes, search every plan for the lowest predicted peak memory, then run that plan and compare every "
+        "device's measured peak with the prediction. A few minutes on a 2-core machine; running it again resumes.",
+        reads="the files of an earlier demo in --dir, if any (to resume).",
+        writes="--dir/profile.sqlite (the profile), --dir/plan.json (the recommended plan), --dir/validation.json "
+        "(predicted against measured); progress and the comparison table to the terminal.",
+        examples=["hybridplan demo", "hybridplan demo --dir /tmp/demo --backend sim"],
+    )
     p.add_argument("--dir", default="hybridplan-demo", help="where to write the profile, plan and validation")
-    p.add_argument("--model", default="gpt-tiny", help="model (default gpt-tiny)")
+    p.add_argument("--model", default="gpt-tiny", type=model_name, help="model (default gpt-tiny)")
     p.add_argument("--cluster", default="1x4", help="mesh (default 1x4: four CPU processes)")
     p.add_argument("--backend", choices=("real", "sim"), default="real", help="profile on the real runtime (default) or simulated devices")
     p.set_defaults(handler=handle)
@@ -38,9 +44,21 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def handle(args: argparse.Namespace) -> int:
     out = Path(args.dir)
-    out.mkdir(parents=True, exist_ok=True)
-    db, plan_file, val_file = out / "profile.sqlite", out / "plan.json", out / "validation.json"
     cluster = Cluster.parse(args.cluster)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"--dir {str(out)!r} cannot be made: {e.strerror or e}", fix="choose a folder you can write to") from None
+    db, plan_file, val_file = out / "profile.sqlite", out / "plan.json", out / "validation.json"
+    for path in (db, plan_file, val_file):
+        check_output(path, "--dir")
+
+    from hybridplan.predict.memory import MemoryPredictor
+    from hybridplan.predict.validation import validate_plan
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.store import ProfileStore
+    from hybridplan.search import PlanSpace, solve_exact
+
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
 
@@ -56,12 +74,12 @@ def handle(args: argparse.Namespace) -> int:
     result = solve_exact(predictor, PlanSpace.for_cluster(cluster, predictor.num_layers))
     plan = result.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
                           num_microbatches=predictor.num_microbatches)
-    plan.save(plan_file)
+    write_output(plan_file, plan.to_json(), "--dir")
     say(f"    best plan (predicted peak {format_bytes(result.peak)}), searched in {result.elapsed_s:.3f} s -> {plan_file}")
 
     say("3/3 running the plan on the CPU runtime and comparing with the prediction")
-    report = validate_plan(db, plan, progress=say)
-    val_file.write_text(json.dumps(report.to_dict(), indent=1))
+    report = validate_plan(db, plan, progress=say, model=args.model)
+    write_output(val_file, json.dumps(report.to_dict(), indent=1) + "\n", "--dir")
     print(report.table())
     print(f"\nprofile: {db}\nplan: {plan_file}\nvalidation: {val_file}\ntotal {time.perf_counter() - started:.0f} s")
     return 0 if report.run.ok else 1

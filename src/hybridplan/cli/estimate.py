@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from hybridplan.cli.common import add_cluster, cluster_from, load_memory_predictor, load_time_profile
+from hybridplan.cli.common import add_cluster, add_command, cluster_from, load_memory_predictor, load_time_profile, note_scaling
 from hybridplan.errors import ProfileError
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import DEGREE_FITS
@@ -16,13 +16,19 @@ from hybridplan.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "estimate",
+    p = add_command(
+        sub, "estimate",
         help="predict a plan's iteration time (per stage) and, with memory statistics, its per-device peak memory",
         description="Predict the seconds per iteration of PLAN with AMP's cost model: per stage, the forward, backward "
         "and tensor-parallel seconds of one micro-batch, the pipeline transfer to the next stage and the data-parallel "
         "gradient all-reduce; then the pipeline and the iteration. Layer times come from --time-profile or the "
-        "--db's layer times (hybridplan profile --time); device speeds and bandwidths from the cluster.",
+        "--db's layer times (hybridplan profile --time); device speeds and bandwidths from the cluster. With a --db "
+        "that holds memory statistics, also the per-device peak memory against the devices' capacity.",
+        reads="the plan JSON (--plan); a layer-time JSON (--time-profile) and/or the profile database (--db, read "
+        "only); a cluster TOML if --cluster names one.",
+        writes="a table to the terminal (or JSON with --json). No files.",
+        examples=["hybridplan estimate --db profile.sqlite --cluster 1x4 --plan plan.json",
+                  "hybridplan estimate --time-profile times.json --cluster cluster.toml --plan plan.json --json"],
     )
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON (default: the --db's layer times)")
@@ -40,7 +46,10 @@ def handle(args: argparse.Namespace) -> int:
     profile = load_time_profile(args.time_profile, args.db)
     plan.validate(num_layers=profile.num_layers, cluster=cluster)
     time = predict_iteration_time(plan, profile, cluster, overlap_p2p=not args.blocking_p2p)
-    predictor = load_memory_predictor(args.db, degree_fit=args.degree_fit)
+    predictor = load_memory_predictor(args.db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
+                                      num_microbatches=plan.num_microbatches, degree_fit=args.degree_fit)
+    if predictor is not None:
+        note_scaling(predictor)
     memory: dict[str, Any] | None = None
     memory_error = None
     if predictor is not None:

@@ -5,16 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 
-from hybridplan.models import get_model, model_names
+from hybridplan.cli.common import add_command
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("models", help="list the model zoo", description="List the zoo models with their layers and sizes.")
+    p = add_command(
+        sub, "models",
+        help="list the model zoo",
+        description="List the zoo models with their layer counts, parameter counts (counted on the meta device: no "
+        "memory needed) and sizes. Any command's --model takes one of these names, or module:function for your own "
+        "model (a function returning a LayeredModel or an nn.Sequential).",
+        reads="nothing.",
+        writes="a table to the terminal (or JSON with --json). No files.",
+        examples=["hybridplan models", "hybridplan models --json"],
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(handler=handle)
 
 
 def handle(args: argparse.Namespace) -> int:
+    from hybridplan.models import get_model, model_names
+
     rows = []
     for name in model_names():
         model = get_model(name)

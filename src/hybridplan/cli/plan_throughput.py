@@ -15,20 +15,30 @@ import math
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from hybridplan.cli.common import cluster_from, find_time_profile, load_memory_predictor, load_time_profile, output_plan, profile_meta
+from hybridplan.cli.common import (
+    cluster_from,
+    find_time_profile,
+    load_memory_predictor,
+    load_time_profile,
+    note_scaling,
+    output_plan,
+    profile_meta,
+    write_output,
+)
 from hybridplan.cluster import Cluster
 from hybridplan.errors import HybridPlanError, UsageError
-from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.time_model import TimeBreakdown, predict_iteration_time
 from hybridplan.predict.time_profile import TimeProfile
-from hybridplan.search.feasibility import Feasibility
 from hybridplan.search.throughput import pareto_frontier
 from hybridplan.units import format_bytes
+
+if TYPE_CHECKING:
+    from hybridplan.models.base import LayeredModel
+    from hybridplan.search.feasibility import Feasibility
 
 __all__ = ["throughput", "baseline"]
 
@@ -59,35 +69,50 @@ def _targets(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[int, int |
     return int(gbs), m, args.schedule or meta.get("schedule") or "1f1b"
 
 
-def _model_name(args: argparse.Namespace, meta: dict[str, Any]) -> str | None:
-    name = args.model or meta.get("model") or meta.get("time_identity", {}).get("model")
-    return str(name) if name is not None else None
+def _model_name(args: argparse.Namespace, meta: dict[str, Any], profile: TimeProfile | None = None) -> str | None:
+    """The model the plans are for: --model, else the one the profile records if it is a zoo model
+    ([Note: a file is data] in models/names.py: a profile naming user code needs --model)."""
+    from hybridplan.models.names import model_for_profile, recorded_fingerprint
+
+    if meta.get("model") is not None:
+        return model_for_profile(meta["model"], args.model, source=f"profile database {args.db!r}",
+                                 fingerprint=recorded_fingerprint(meta.get("identity", {})))
+    recorded = meta.get("time_identity", {}).get("model") or (profile.model if profile is not None else None)
+    source = f"profile database {args.db!r}" if meta.get("time_identity") else f"time profile {args.time_profile!r}"
+    return model_for_profile(recorded, args.model, source=source)
 
 
-def _optional_model(args: argparse.Namespace, meta: dict[str, Any]) -> LayeredModel | None:
+def _optional_model(args: argparse.Namespace, meta: dict[str, Any], profile: TimeProfile | None) -> LayeredModel | None:
     """The model whose layer rules plans must follow, if known (an imported third-party profile has none)."""
+    name = _model_name(args, meta, profile)
+    if name is None:
+        return None
     from hybridplan.models.zoo import get_model
 
-    name = _model_name(args, meta)
-    return get_model(name) if name is not None else None
+    return get_model(name)
 
 
 def _required_model(args: argparse.Namespace, meta: dict[str, Any], profile: TimeProfile | None) -> LayeredModel:
+    name = _model_name(args, meta, profile)
+    if name is None:
+        raise UsageError("the model is unknown (the profile names none from the zoo)",
+                         fix="give --model (zoo name or module:function)")
     from hybridplan.models.zoo import get_model
 
-    name = _model_name(args, meta) or (profile.model if profile is not None else None)
-    if name is None:
-        raise UsageError("the model is unknown", fix="give --model (zoo name or module:function)")
     return get_model(name)
 
 
 def _feasibility(args: argparse.Namespace, cluster: Cluster, meta: dict[str, Any], model: LayeredModel | None,
                  schedule: str, gbs: int, m: int | None) -> Feasibility:
+    from hybridplan.search.feasibility import Feasibility
+
     # The search varies the micro-batch count; the predictor re-targets itself per plan (MemoryPredictor.predict).
     predictor = load_memory_predictor(args.db, schedule=schedule, global_batch_size=gbs,
                                       num_microbatches=m if m and gbs % m == 0 else 1, degree_fit=args.degree_fit)
     if predictor is None:
         print("note: no memory statistics (--db): plans are not checked against device memory", file=sys.stderr)
+    else:
+        note_scaling(predictor)
     recompute = bool(meta.get("identity", {}).get("run_options", {}).get("activation_checkpointing", False))
     return Feasibility(cluster, predictor, model, recompute_profiled=recompute)
 
@@ -105,7 +130,7 @@ def throughput(args: argparse.Namespace) -> int:
         if args.schedule not in (None, "2bw"):
             raise UsageError(f"--mode 2bw plans PipeDream-2BW, whose schedule is '2bw', not {args.schedule!r}", fix="drop --schedule")
         schedule = "2bw"
-    fit = _feasibility(args, cluster, meta, _optional_model(args, meta), schedule, gbs, m)
+    fit = _feasibility(args, cluster, meta, _optional_model(args, meta, None), schedule, gbs, m)
     if args.objective == "pareto" and fit.predictor is None:
         raise UsageError("the Pareto objective needs memory predictions", fix="give --db with memory statistics ('hybridplan profile')")
     rows: list[_Row] = []
@@ -201,7 +226,7 @@ def _print_pareto(args: argparse.Namespace, rows: list[_Row], profile: TimeProfi
         {"label": r.label, "predicted_peak_bytes": int(round(r.peak or 0.0)), "predicted_iteration_s": r.seconds,
          "samples_per_s": r.samples_per_s, "plan": _annotated(r.plan, r, cluster, profile).to_dict()} for r in frontier]}
     if args.out:
-        Path(args.out).write_text(json.dumps(data, indent=1) + "\n")
+        write_output(args.out, json.dumps(data, indent=1) + "\n", "--out")
     if args.json:
         print(json.dumps(data, indent=1))
         return 0
@@ -232,6 +257,8 @@ def baseline(args: argparse.Namespace) -> int:
     plan.validate(model=model, cluster=cluster)
     predictor = load_memory_predictor(args.db, schedule=schedule, global_batch_size=gbs, num_microbatches=m,
                                       degree_fit=args.degree_fit)
+    if predictor is not None:
+        note_scaling(predictor)
     timed = predict_iteration_time(plan, profile, cluster) if profile is not None else None
     prediction = None
     if predictor is not None:

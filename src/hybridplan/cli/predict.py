@@ -5,13 +5,25 @@ from __future__ import annotations
 import argparse
 import json
 
+from hybridplan.cli.common import add_command, note_scaling
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import DEGREE_FITS, MemoryPredictor
 from hybridplan.units import format_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("predict", help="predict per-device peak memory of a plan from a profile")
+    p = add_command(
+        sub, "predict",
+        help="predict per-device peak memory of a plan from a profile",
+        description="Predict the peak memory of every device of PLAN from the profile database's per-layer "
+        "statistics, at the plan's schedule, global batch and micro-batch count (scaled from the profiled batch "
+        "sizes; a target far beyond them is warned about). Runs nothing: answers in about a second.",
+        reads="the profile database (--db, read only) and the plan JSON (--plan).",
+        writes="a table to the terminal: per device its stage, micro-batches in flight and predicted peak (or the "
+        "prediction as JSON with --json). No files.",
+        examples=["hybridplan predict --db profile.sqlite --plan plan.json",
+                  "hybridplan predict --db profile.sqlite --plan plan.json --method capture --json"],
+    )
     p.add_argument("--db", required=True, help="profile database written by 'hybridplan profile'")
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
@@ -27,6 +39,7 @@ def handle(args: argparse.Namespace) -> int:
         args.db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
         num_microbatches=plan.num_microbatches, degree_fit=args.degree_fit, method=args.method,
     )
+    note_scaling(predictor)
     prediction = predictor.predict(plan)
     if args.json:
         print(json.dumps(prediction.to_dict(), indent=1))

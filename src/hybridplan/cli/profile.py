@@ -5,36 +5,57 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridplan.cli.common import add_cluster, add_model, add_training, cluster_from, training_options
+from hybridplan.cli.common import (
+    add_cluster,
+    add_command,
+    add_model,
+    add_training,
+    check_output,
+    cluster_from,
+    positive_float,
+    positive_int,
+    training_options,
+    write_output,
+)
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES
-from hybridplan.profiling.campaign import Campaign, CampaignConfig
+from hybridplan.cluster import Cluster
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
-from hybridplan.profiling.timing import LayerTiming, TimingConfig, time_profile_from_store
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "profile",
-        help="run the profiling campaign (per-layer memory statistics)",
-        description="Profile the model's memory with short runs of chosen partitionings (CAPTURE). Every run is "
-        "written to the database as it finishes; running the same command again resumes.",
+    p = add_command(
+        sub, "profile",
+        help="run the profiling campaign (per-layer memory statistics), or time the layers (--time)",
+        description="Profile the model's memory with short runs of chosen partitionings (CAPTURE): pipeline-only, "
+        "data- and tensor-parallel stages at two batch sizes, from which per-layer statistics predict any plan. Every "
+        "run is written to the database as it finishes; running the same command again resumes where it stopped. "
+        "With --time, measure per-layer forward and backward seconds instead (for the throughput objective).",
+        reads="a cluster TOML if --cluster names one; the database, if it exists (to resume).",
+        writes="the SQLite profile database (--db: runs, per-device measurements, statistics, layer times); with "
+        "--time-out, a layer-time JSON; progress to the terminal. --dry-run writes nothing.",
+        examples=["hybridplan profile --model gpt-tiny --cluster 1x4 --global-batch-size 64 --num-microbatches 4 "
+                  "--db profile.sqlite",
+                  "hybridplan profile --model gpt3-1.3b --cluster 4x4 --global-batch-size 1024 --num-microbatches 64 "
+                  "--backend sim --device cuda --precision bf16 --device-memory 40GiB --db gpt3.sqlite",
+                  "hybridplan profile --model gpt-tiny --cluster 1x4 --global-batch-size 64 --num-microbatches 4 "
+                  "--db profile.sqlite --time"],
     )
     add_model(p)
     add_cluster(p)
-    p.add_argument("--global-batch-size", type=int, required=True, help="the target global batch size")
-    p.add_argument("--num-microbatches", type=int, required=True, help="the target micro-batch count")
+    p.add_argument("--global-batch-size", type=positive_int, required=True, help="the target global batch size")
+    p.add_argument("--num-microbatches", type=positive_int, required=True, help="the target micro-batch count")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="schedule of the profiling runs (a 2bw profile includes the weight stash; any profile predicts every schedule)")
     p.add_argument("--db", required=True, help="SQLite profile database (created or resumed)")
     p.add_argument("--profile-batch-sizes", help="two global batch sizes to profile, e.g. 32,16 (default: B/2,B/4)")
     p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4 (default: all that apply)")
-    p.add_argument("--neighbors", type=int, help="layers per neighbour chain for M_a (default ceil(L/G), as CAPTURE)")
-    p.add_argument("--merge-layers", type=int, metavar="L_M", help="merge layers to L_M after the pipeline scenario (CAPTURE's layer merger)")
+    p.add_argument("--neighbors", type=positive_int, help="layers per neighbour chain for M_a (default ceil(L/G), as CAPTURE)")
+    p.add_argument("--merge-layers", type=positive_int, metavar="L_M", help="merge layers to L_M after the pipeline scenario (CAPTURE's layer merger)")
     p.add_argument("--dry-run", action="store_true", help="list the runs the campaign would make, run nothing")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds before a profiling run is ended")
+    p.add_argument("--timeout", type=positive_float, default=900.0, help="seconds before a profiling run is ended (default 900)")
     add_training(p)
     t = p.add_argument_group("layer times (--time)")
     t.add_argument("--time", action="store_true",
@@ -42,57 +63,74 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--time-out", metavar="FILE", help="also write the layer times as a time-profile JSON")
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
     t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
-    t.add_argument("--time-max-layers", type=int, help="at most this many consecutive layers per timing run (default: all)")
+    t.add_argument("--time-max-layers", type=positive_int, help="at most this many consecutive layers per timing run (default: all)")
     p.set_defaults(handler=handle)
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
     try:
-        return tuple(int(x) for x in text.split(","))
+        values = tuple(int(x) for x in text.split(","))
     except ValueError:
-        raise UsageError(f"{what} must be comma-separated integers, got {text!r}") from None
+        raise UsageError(f"{what} must be comma-separated positive integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise UsageError(f"{what} must be comma-separated positive integers, got {text!r}")
+    return values
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.global_batch_size < 1 or args.num_microbatches < 1:
-        raise UsageError("--global-batch-size and --num-microbatches must be positive")
+    if args.global_batch_size % args.num_microbatches:
+        raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into {args.num_microbatches}"
+                         " equal micro-batches", fix="choose a micro-batch count that divides the global batch size")
     if args.time:
         return _time(args)
     if args.time_out or args.time_degrees or args.time_micro_batch_sizes or args.time_max_layers:
         raise UsageError("--time-out, --time-degrees, --time-micro-batch-sizes and --time-max-layers need --time")
+    if not args.dry_run:
+        check_output(args.db, "--db")
+    cluster = cluster_from(args)
+    batch_sizes = _ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None
+    scenarios = tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None
+
+    with ProfileStore(":memory:" if args.dry_run else args.db) as store:  # a file that is no database fails here
+        return _campaign(args, cluster, batch_sizes, scenarios, store)
+
+
+def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int, ...] | None,
+              scenarios: tuple[Scenario, ...] | None, store: ProfileStore) -> int:
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+
     cfg = CampaignConfig(
         model=args.model,
-        cluster=cluster_from(args),
+        cluster=cluster,
         global_batch_size=args.global_batch_size,
         num_microbatches=args.num_microbatches,
         schedule=args.schedule,
-        batch_sizes=_ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None,
-        scenarios=tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None,
+        batch_sizes=batch_sizes,
+        scenarios=scenarios,
         neighbors=args.neighbors,
         merge_to=args.merge_layers,
         seed=args.seed,
         timeout_s=args.timeout,
         run_options=training_options(args),
     )
-    with ProfileStore(":memory:" if args.dry_run else args.db) as store:
-        campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
-        if args.dry_run:
-            runs = campaign.dry_run()
-            for batch, scenario, run in runs:
-                stages = " ".join(f"[{s.start},{s.stop}){'' if s.degree == 1 else s.parallelism[0] + str(s.degree)}" for s in run.stages)
-                print(f"{scenario.name:>9} @ batch {batch:>5}: {stages}")
-            counts: dict[str, int] = {}
-            for _, scenario, _ in runs:
-                counts[scenario.name] = counts.get(scenario.name, 0) + 1
-            print(f"{len(runs)} runs: " + ", ".join(f"{k} {v}" for k, v in counts.items()) +
-                  f" (CAPTURE's Description 1: {campaign.L + 1} per scenario and batch size)")
-            return 0
-        print(
-            f"profiling {args.model} ({campaign.L} layers) for {cfg.cluster.describe()}: scenarios "
-            f"{', '.join(s.name for s in campaign.scenarios)} at global batch sizes {campaign.batch_sizes}",
-            file=sys.stderr,
-        )
-        summary = campaign.run()
+    campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    if args.dry_run:
+        runs = campaign.dry_run()
+        for batch, scenario, run in runs:
+            stages = " ".join(f"[{s.start},{s.stop}){'' if s.degree == 1 else s.parallelism[0] + str(s.degree)}" for s in run.stages)
+            print(f"{scenario.name:>9} @ batch {batch:>5}: {stages}")
+        counts: dict[str, int] = {}
+        for _, scenario, _ in runs:
+            counts[scenario.name] = counts.get(scenario.name, 0) + 1
+        print(f"{len(runs)} runs: " + ", ".join(f"{k} {v}" for k, v in counts.items()) +
+              f" (CAPTURE's Description 1: {campaign.L + 1} per scenario and batch size)")
+        return 0
+    print(
+        f"profiling {args.model} ({campaign.L} layers) for {cfg.cluster.describe()}: scenarios "
+        f"{', '.join(s.name for s in campaign.scenarios)} at global batch sizes {campaign.batch_sizes}",
+        file=sys.stderr,
+    )
+    summary = campaign.run()
     print(
         f"done: {summary.runs_executed} runs executed, {summary.runs_resumed} resumed from the database,"
         f" {summary.runs_failed} failed, in {summary.seconds:.0f} s; statistics in {args.db}"
@@ -113,21 +151,24 @@ def _time(args: argparse.Namespace) -> int:
         )
     if args.dry_run:
         raise UsageError("--dry-run lists the memory campaign's runs; it does not apply to --time")
-    if args.global_batch_size % args.num_microbatches:
-        raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into {args.num_microbatches} micro-batches")
+    check_output(args.db, "--db")
+    check_output(args.time_out, "--time-out")
     target = args.global_batch_size // args.num_microbatches
     if args.time_micro_batch_sizes:
         sizes = _ints(args.time_micro_batch_sizes, "--time-micro-batch-sizes")
     else:
         sizes = (target, target // 2) if target % 2 == 0 else (target,)
-    if args.time_max_layers is not None and args.time_max_layers < 1:
-        raise UsageError(f"--time-max-layers must be at least 1, got {args.time_max_layers}")
+    degrees = _ints(args.time_degrees, "--time-degrees") if args.time_degrees else None
+    cluster = cluster_from(args)
+
+    from hybridplan.profiling.timing import LayerTiming, TimingConfig, time_profile_from_store
+
     options = {k: v for k, v in training_options(args).items() if k != "backend"}
     cfg = TimingConfig(
         model=args.model,
-        cluster=cluster_from(args),
+        cluster=cluster,
         micro_batch_sizes=tuple(sorted(set(sizes), reverse=True)),
-        tensor_degrees=_ints(args.time_degrees, "--time-degrees") if args.time_degrees else None,
+        tensor_degrees=degrees,
         max_layers_per_run=args.time_max_layers,
         seed=args.seed,
         timeout_s=args.timeout,
@@ -148,6 +189,6 @@ def _time(args: argparse.Namespace) -> int:
         print(f"  {t.device_type} tensor x{t.tensor_degree}, micro-batch {t.micro_batch_size}: forward"
               f" {sum(t.forward_s) * 1e3:.2f} ms, backward {sum(t.backward_s) * 1e3:.2f} ms per micro-batch")
     if args.time_out:
-        profile.save(args.time_out)
+        write_output(args.time_out, profile.to_json(), "--time-out")
         print(f"time profile written to {args.time_out}")
     return 0 if not summary.failed else 1

@@ -6,19 +6,26 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from hybridplan.cli.common import add_cluster, cluster_from
+from hybridplan.cli.common import add_cluster, add_command, check_output, cluster_from
 from hybridplan.errors import UsageError
 from hybridplan.report.data import MemoryView, View, load_view
 from hybridplan.units import parse_bytes
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "report",
+    p = add_command(
+        sub, "report",
         help="table and PNG of a validation, a run, a plan's prediction, a Pareto front or a benchmark result",
         description="Render per-device predicted against measured peak memory (from 'validate --out' or 'run --out',"
         " or --plan with --db for a prediction), a memory/time Pareto front (a Pareto JSON, or computed with"
         " --pareto), or a benchmark's results.json, as a table in the terminal and a PNG (matplotlib).",
+        reads="the input JSON (a validation, run result, Pareto front or benchmark results file), or the plan JSON "
+        "(--plan) with the profile database (--db, read only); a time profile for --pareto.",
+        writes="a PNG (--png, default <input name>.png in the current folder; none with --no-plot) and a table to the "
+        "terminal.",
+        examples=["hybridplan report v.json --png v.png",
+                  "hybridplan report --plan best.json --db profile.sqlite --device-memory 40GiB --no-plot",
+                  "hybridplan report --plan best.json --db profile.sqlite --pareto --cluster 1x4"],
     )
     p.add_argument("input", nargs="?", help="a validation, run result, Pareto or benchmark results JSON file")
     p.add_argument("--plan", help="plan JSON: report its predicted per-device peaks (needs --db)")
@@ -43,8 +50,17 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--plan needs --db (the profile that predicts it)", fix="add --db profile.sqlite")
     if args.pareto and not (args.db and args.cluster):
         raise UsageError("--pareto needs --db and --cluster", fix="add --db profile.sqlite --cluster 4x4")
-    capacity = parse_bytes(args.device_memory) if args.device_memory else None
+    capacity = parse_bytes(args.device_memory, what="--device-memory") if args.device_memory else None
+    if capacity is not None and capacity < 1:
+        raise UsageError(f"--device-memory {args.device_memory!r} is not a capacity (it must be positive)",
+                         fix="give the capacity of one device, e.g. --device-memory 40GiB")
     stem = Path(args.input or args.plan).stem
+    base = Path(args.png) if args.png else None
+    if not args.no_plot:
+        first = base if base is not None else Path(f"{stem}.png")
+        check_output(first, "--png")
+        if args.pareto:
+            check_output(first.with_name(f"{first.stem}-pareto.png"), "--png")
     views: list[tuple[View, str]] = []
     if args.input:
         view = load_view(args.input)
@@ -55,7 +71,6 @@ def handle(args: argparse.Namespace) -> int:
         views.append((_prediction(args, capacity), stem))
     if args.pareto:
         views.append((_pareto(args), f"{stem}-pareto"))
-    base = Path(args.png) if args.png else None
     for i, (view, name) in enumerate(views):
         print(render_table(view))
         if args.no_plot:

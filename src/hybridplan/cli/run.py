@@ -1,34 +1,49 @@
-"""``hybridplan run``: train a model with a plan on local processes and measure it."""
+"""``hybridplan run``: train a model with a plan on local processes (or simulated devices) and measure it."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from pathlib import Path
 
-from hybridplan.cli.common import add_cluster, add_model, add_training, cluster_from, training_options
-from hybridplan.errors import UsageError
+from hybridplan.cli.common import (
+    add_cluster,
+    add_command,
+    add_model,
+    add_training,
+    check_output,
+    cluster_from,
+    positive_float,
+    positive_int,
+    training_options,
+    write_output,
+)
 from hybridplan.plan import Plan
-from hybridplan.runtime.config import RunConfig, config_to_json
-from hybridplan.runtime.launch import launch, validate_config
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser(
-        "run",
+    p = add_command(
+        sub, "run",
         help="train with a plan and measure per-device peak memory and iteration time",
-        description="Train MODEL for N iterations with PLAN, one process per device (gloo on CPU, NCCL on GPU). "
-        "The first iteration is a warm-up; peak memory and time are measured on the others.",
+        description="Train MODEL for N iterations with PLAN, one process per device (gloo on CPU, NCCL on GPU), or on "
+        "simulated devices (--backend sim: fake tensors, exact memory, no time). The first iteration is a warm-up; "
+        "peak memory and time are measured on the others. A run that exceeds --device-memory ends with status 'oom' "
+        "(exit code 1).",
+        reads="the plan JSON (--plan); a cluster TOML if --cluster names one.",
+        writes="the result JSON to --out (status, losses, iteration time, per-device peak memory and breakdown); a "
+        "table to the terminal (or the JSON with --json). With --write-config, only a run configuration for torchrun.",
+        examples=["hybridplan run --model gpt-tiny --cluster 1x4 --plan plan.json --iterations 3 --out result.json",
+                  "hybridplan run --model gpt3-1.3b --cluster 4x4 --plan plan.json --backend sim --device cuda "
+                  "--precision bf16"],
     )
     add_model(p)
     add_cluster(p)
     p.add_argument("--plan", required=True, help="plan JSON file")
-    p.add_argument("--iterations", type=int, default=3, help="training iterations including the warm-up (default 3)")
+    p.add_argument("--iterations", type=positive_int, default=3, help="training iterations including the warm-up (default 3)")
     p.add_argument("--out", help="write the result JSON here")
     p.add_argument("--seed", type=int, default=0, help="weights and data seed (default 0)")
-    p.add_argument("--lr", type=float, default=1e-3, help="AdamW learning rate (default 1e-3)")
-    p.add_argument("--timeout", type=float, default=900.0, help="end the run after this many seconds (default 900)")
+    p.add_argument("--lr", type=positive_float, default=1e-3, help="AdamW learning rate (default 1e-3)")
+    p.add_argument("--timeout", type=positive_float, default=900.0, help="end the run after this many seconds (default 900)")
     add_training(p)
     p.add_argument("--no-memory", action="store_true", help="do not track memory (CPU tracking costs ~1.2x time)")
     p.add_argument("--json", action="store_true", help="print the result JSON instead of a table")
@@ -41,12 +56,20 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    if args.iterations < 1:
-        raise UsageError(f"--iterations must be at least 1, got {args.iterations}")
+    # Everything that can be checked without torch first: files, outputs, the plan's own rules.
+    check_output(args.out, "--out")
+    check_output(args.write_config, "--write-config")
+    plan = Plan.load(args.plan)
+    cluster = cluster_from(args)
+    plan.validate(cluster=cluster)
+
+    from hybridplan.runtime.config import RunConfig, config_to_json
+    from hybridplan.runtime.launch import launch, validate_config
+
     cfg = RunConfig(
         model=args.model,
-        plan=Plan.load(args.plan),
-        cluster=cluster_from(args),
+        plan=plan,
+        cluster=cluster,
         iterations=args.iterations,
         seed=args.seed,
         learning_rate=args.lr,
@@ -54,17 +77,16 @@ def handle(args: argparse.Namespace) -> int:
         timeout_s=args.timeout,
         **training_options(args),
     )
+    validate_config(cfg)
     if args.write_config:
-        validate_config(cfg)
-        Path(args.write_config).write_text(config_to_json(cfg))
+        write_output(args.write_config, config_to_json(cfg), "--write-config")
         print(f"wrote {args.write_config}; launch with: torchrun --nproc-per-node K --nnodes N ... "
               f"-m hybridplan.runtime.worker --config {args.write_config} --out result.json")
         return 0
-    validate_config(cfg)
     print(f"running {cfg.model_name()} on {cfg.cluster.describe()}", file=sys.stderr)
     print(cfg.plan.describe(), file=sys.stderr)
     result = launch(cfg, on_event=lambda msg: print(msg, file=sys.stderr))
-    if args.out:
-        result.save(args.out)
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.summary())
+    if args.out:
+        write_output(args.out, json.dumps(result.to_dict(), indent=1) + "\n", "--out")
     return 0 if result.ok else 1

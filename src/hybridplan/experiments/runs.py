@@ -79,6 +79,7 @@ def measure_plan(db: str | Path | None, plan: Plan, *, cluster: Cluster, backend
         UsageError: without ``db``, if ``model`` is missing.
     """
     from hybridplan.errors import UsageError
+    from hybridplan.models.names import model_of_campaign
     from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.profiling.store import ProfileStore
     from hybridplan.runtime.config import RunConfig
@@ -98,7 +99,9 @@ def measure_plan(db: str | Path | None, plan: Plan, *, cluster: Cluster, backend
     elif model is None:
         raise UsageError("measure_plan without a profile needs the model", fix="pass model='zoo-name'")
     options = {**identity.get("run_options", {}), **(run_options or {}), "backend": backend}
-    run = launch(RunConfig(model=model or identity["model"], plan=plan, cluster=cluster, iterations=2,
+    if db is not None:
+        model = model_of_campaign(identity, model, source=f"profile database {str(db)!r}")
+    run = launch(RunConfig(model=model, plan=plan, cluster=cluster, iterations=2,
                            seed=identity["seed"], **options))
     measured = {d.device: d.peak_memory_bytes for d in run.devices}
     devices = tuple(DeviceMemory(d, i, predicted.get(d), measured.get(d)) for i, s in enumerate(plan.stages) for d in s.devices)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.gpt import GPT, GPT_CONFIGS
+from hybridplan.models.names import check_model_name
 
 __all__ = ["get_model", "model_names", "register"]
 
@@ -53,14 +54,10 @@ def get_model(name: str) -> LayeredModel:
     _load_zoo()
     if name in _FACTORIES:
         return _FACTORIES[name]()
+    check_model_name(name)  # names the closest zoo models if it is neither a zoo name nor module:function
     if ":" in name:
         return _user_model(name)
-    close = [n for n in _FACTORIES if n.split("-")[0] == name.split("-")[0]]
-    raise ModelError(
-        f"unknown model {name!r}",
-        fix=(f"did you mean one of {close}? " if close else "")
-        + "run 'hybridplan models' for the zoo, or give 'module:function' returning a LayeredModel or nn.Sequential",
-    )
+    raise ModelError(f"unknown model {name!r}", fix="run 'hybridplan models' for the zoo")  # a zoo name not registered
 
 
 def _user_model(spec: str) -> LayeredModel:

@@ -39,9 +39,14 @@ from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 from hybridplan.runtime.schedule import in_flight_count
 
-__all__ = ["MemoryPredictor", "DevicePrediction", "PlanPrediction", "DEGREE_FITS"]
+__all__ = ["MemoryPredictor", "DevicePrediction", "PlanPrediction", "DEGREE_FITS", "EXTRAPOLATION_LIMIT"]
 
 DEGREE_FITS = ("log", "inverse")
+
+EXTRAPOLATION_LIMIT = 4.0
+"""How far beyond the largest profiled batch a prediction goes before :meth:`MemoryPredictor.scaling_note`
+warns: a campaign profiles B/2 and B/4 (seed 000 III-A2), so its own target is 2x the largest profiled
+batch; 4x is twice as far as the campaign itself extrapolates."""
 _PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
 
 
@@ -180,7 +185,7 @@ class MemoryPredictor:
         method: str = "quantities",
     ) -> MemoryPredictor:
         """A predictor from a profile database; unset targets default to the campaign's."""
-        from hybridplan.profiling.campaign import load_statistics
+        from hybridplan.profiling.statistics import load_statistics
         from hybridplan.profiling.store import ProfileStore
 
         with ProfileStore(path, create=False) as store:
@@ -204,6 +209,24 @@ class MemoryPredictor:
     @property
     def microbatch_size(self) -> int:
         return self.global_batch_size // self.num_microbatches
+
+    def scaling_note(self) -> str | None:
+        """One line if the target batch lies far beyond the profiled ones (:data:`EXTRAPOLATION_LIMIT`), else None.
+
+        The batch scaling is a straight line through two measured sizes; far beyond them nothing was
+        measured, so the prediction is an extrapolation a user should know about (and may re-profile for).
+        """
+        sizes = [s for per_size in self.stats.values() for s in per_size]
+        if not sizes:
+            return None
+        big_global = max(s.batch_size for s in sizes)
+        big_micro = max(s.microbatch_size for s in sizes)
+        ratio = max(self.global_batch_size / big_global, self.microbatch_size / big_micro)
+        if ratio <= EXTRAPOLATION_LIMIT:
+            return None
+        return (f"warning: global batch {self.global_batch_size} (micro-batches of {self.microbatch_size}) is {ratio:.3g}x"
+                f" the largest profiled ({big_global}, micro-batches of {big_micro}): the batch scaling is extrapolated"
+                " that far from its two measured sizes; profile near this batch for a measured answer")
 
     # ------------------------------------------------------------------ per stage
     def _scenario(self, kind: str, degree: int) -> tuple[str, int]:

@@ -296,6 +296,9 @@ class TimeProfile:
             text = p.read_text()
         except FileNotFoundError:
             raise ProfileError(f"time profile {str(p)!r} does not exist", fix="check the path") from None
+        except (OSError, UnicodeDecodeError) as e:
+            raise ProfileError(f"time profile {str(p)!r} cannot be read: {getattr(e, 'strerror', None) or e}",
+                               fix="give a layer-time JSON file") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:

@@ -9,6 +9,7 @@ from typing import Any
 
 from hybridplan.cluster import Cluster
 from hybridplan.errors import ProfileError
+from hybridplan.models.names import model_of_campaign
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
 from hybridplan.profiling.store import ProfileStore
@@ -83,16 +84,19 @@ def validate_plan(
     degree_fit: str = "log",
     progress: Callable[[str], None] | None = None,
     run_options: dict[str, Any] | None = None,
+    model: str | None = None,
 ) -> ValidationReport:
     """Predict ``plan`` from the profile ``db``, run it with the profiled model and settings, compare.
 
     Args:
         cluster: the devices to run on; default: a single node of as many devices as the plan uses,
             with the profiled cluster's device type and memory capacity.
-    """
-    from hybridplan.runtime.config import RunConfig
-    from hybridplan.runtime.launch import launch
+        model: the model to run (the user's ``--model``); default: the profiled one, if it is a zoo model
+            ([Note: a file is data] in models/names.py: a database alone never makes us import code).
 
+    Raises:
+        ProfileError: if the database names user code and ``model`` is not given, or names another model.
+    """
     predictor = MemoryPredictor.from_db(
         db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
         num_microbatches=plan.num_microbatches, degree_fit=degree_fit,
@@ -107,10 +111,15 @@ def validate_plan(
         cluster = Cluster.uniform(
             1, plan.num_devices, device_type=profiled.devices[0].type, memory_bytes=profiled.memory_of(0)
         )
+    name = model_of_campaign(identity, model, source=f"profile database {str(db)!r}")
+
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.launch import launch
+
     options = {**identity.get("run_options", {}), **(run_options or {})}
-    cfg = RunConfig(model=identity["model"], plan=plan, cluster=cluster, iterations=iterations, seed=identity["seed"], **options)
+    cfg = RunConfig(model=name, plan=plan, cluster=cluster, iterations=iterations, seed=identity["seed"], **options)
     if progress is not None:
-        progress(f"running {identity['model']} with the plan on {cluster.describe()}")
+        progress(f"running {name} with the plan on {cluster.describe()}")
     run = launch(cfg)
     measured = {d.device: d.peak_memory_bytes for d in run.devices}
     rows = [ValidationRow(d.device, d.stage, d.peak_memory_bytes, measured.get(d.device)) for d in prediction.devices]

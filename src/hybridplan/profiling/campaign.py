@@ -33,11 +33,11 @@ from hybridplan.plan import StagePlan
 from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
 from hybridplan.profiling.execution import failed_stage, measurements_of, run_plan, simulate_stages
-from hybridplan.profiling.statistics import SpanStatistics, build_statistics
+from hybridplan.profiling.statistics import anchor_of, statistics_of
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.runtime.stage import boundary_specs
 
-__all__ = ["CampaignConfig", "Campaign", "CampaignSummary", "load_statistics", "default_scenarios"]
+__all__ = ["CampaignConfig", "Campaign", "CampaignSummary", "default_scenarios"]
 
 _MAX_ATTEMPTS = 2
 
@@ -224,7 +224,7 @@ class Campaign:
 
     def anchor(self, scenario: Scenario) -> Callable[[int], int]:
         """The neighbour anchor the campaign profiles for layer ``l`` in ``scenario``."""
-        return _anchor(self._neighbors(scenario))
+        return anchor_of(self._neighbors(scenario))
 
     # ------------------------------------------------------------------ running
     def run(self) -> CampaignSummary:
@@ -289,7 +289,7 @@ class Campaign:
         return out
 
     def _merge(self) -> None:
-        stats = _statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))
+        stats = statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))
         if stats is None:
             raise ProfileError("the layer merger needs the pipeline scenario's statistics", fix="profile the pipeline scenario too")
         self.groups = merge_layers(stats, self.cfg.merge_to or self.L, schedule=self.cfg.schedule,
@@ -439,44 +439,9 @@ class Campaign:
     def _refresh_statistics(self, batch: int, scenario: Scenario) -> None:
         units = self._units(scenario)
         bounds = units.bounds if units.num_groups != self.L else None
-        stats = _statistics_of(self.store, scenario, batch, units.num_groups, self.anchor(scenario), bounds)
+        stats = statistics_of(self.store, scenario, batch, units.num_groups, self.anchor(scenario), bounds)
         if stats is not None:
             self.store.replace_statistics(scenario.name, batch, stats.rows())
-
-
-def _statistics_of(
-    store: ProfileStore,
-    scenario: Scenario,
-    batch: int,
-    num_units: int,
-    anchor: Callable[[int], int] | None,
-    bounds: list[int] | None = None,
-) -> SpanStatistics | None:
-    ms = store.measurements(kind=scenario.kind, degree=scenario.degree, batch_size=batch)
-    return build_statistics(ms, num_layers=num_units, anchor=anchor, bounds=bounds) if ms else None
-
-
-def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStatistics]]:
-    """Every scenario's statistics at every profiled batch size, from the stored measurements."""
-    meta = store.meta()
-    if "num_layers" not in meta:
-        return {}
-    L = meta["num_layers"]
-    bounds = meta.get("merge_groups")
-    out: dict[tuple[str, int], list[SpanStatistics]] = {}
-    for name in meta.get("scenarios", []):
-        scenario = Scenario.parse(name)
-        anchor = _anchor(meta.get("neighbors", {}).get(name, 1))
-        merged = bounds is not None and scenario.degree > 1
-        for batch in meta["batch_sizes"]:
-            stats = _statistics_of(store, scenario, batch, len(bounds) - 1 if merged else L, anchor, bounds if merged else None)
-            if stats is not None:
-                out.setdefault((scenario.kind, scenario.degree), []).append(stats)
-    return out
-
-
-def _anchor(neighbors: int) -> Callable[[int], int]:
-    return lambda l: ((l - 1) // neighbors) * neighbors
 
 
 def _duration(seconds: float) -> str:

@@ -20,9 +20,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from hybridplan.profiling.quantities import QUANTITIES
-from hybridplan.profiling.store import Measurement
+from hybridplan.profiling.partitions import Scenario
+from hybridplan.profiling.store import Measurement, ProfileStore
 
-__all__ = ["SpanStatistics", "build_statistics", "STATISTIC_QUANTITIES"]
+__all__ = ["SpanStatistics", "build_statistics", "STATISTIC_QUANTITIES", "statistics_of", "load_statistics", "anchor_of"]
 
 STATISTIC_QUANTITIES: tuple[str, ...] = QUANTITIES + ("peak",)
 """Columns of the statistics: the eight quantities, then CAPTURE's measured peak."""
@@ -157,3 +158,40 @@ def build_statistics(
             n = candidates[0]
             stats.ma[layer] = spans[(n, layer + 1)] - spans[(n, layer)]
     return stats
+
+
+def statistics_of(
+    store: ProfileStore,
+    scenario: Scenario,
+    batch: int,
+    num_units: int,
+    anchor: Callable[[int], int] | None,
+    bounds: list[int] | None = None,
+) -> SpanStatistics | None:
+    """The statistics of one scenario at one profiled batch size, from the stored measurements (None if none)."""
+    ms = store.measurements(kind=scenario.kind, degree=scenario.degree, batch_size=batch)
+    return build_statistics(ms, num_layers=num_units, anchor=anchor, bounds=bounds) if ms else None
+
+
+def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStatistics]]:
+    """Every scenario's statistics at every profiled batch size, from the stored measurements."""
+    meta = store.meta()
+    if "num_layers" not in meta:
+        return {}
+    L = meta["num_layers"]
+    bounds = meta.get("merge_groups")
+    out: dict[tuple[str, int], list[SpanStatistics]] = {}
+    for name in meta.get("scenarios", []):
+        scenario = Scenario.parse(name)
+        anchor = anchor_of(meta.get("neighbors", {}).get(name, 1))
+        merged = bounds is not None and scenario.degree > 1
+        for batch in meta["batch_sizes"]:
+            stats = statistics_of(store, scenario, batch, len(bounds) - 1 if merged else L, anchor, bounds if merged else None)
+            if stats is not None:
+                out.setdefault((scenario.kind, scenario.degree), []).append(stats)
+    return out
+
+
+def anchor_of(neighbors: int) -> Callable[[int], int]:
+    """The neighbour-chain anchor of layer ``l`` for chains of ``neighbors`` layers (Description 1)."""
+    return lambda l: ((l - 1) // neighbors) * neighbors

@@ -105,23 +105,35 @@ class ProfileStore:
 
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
         self.path = Path(path)
-        if not create and not self.path.exists():
-            raise ProfileError(
-                f"profile database {str(self.path)!r} does not exist", fix="create it with 'hybridplan profile ... --db FILE'"
-            )
+        if not create and not self.path.is_file():
+            what = "is a directory" if self.path.is_dir() else "does not exist"
+            raise ProfileError(f"profile database {str(self.path)!r} {what}",
+                               fix="give the file written by 'hybridplan profile ... --db FILE'")
         try:
-            self._db = sqlite3.connect(str(self.path), isolation_level=None)
-            self._db.executescript(_SCHEMA)
+            if create:
+                self._db = sqlite3.connect(str(self.path), isolation_level=None)
+                self._db.executescript(_SCHEMA)
+            else:  # reading a profile never changes the file (nor adds our tables to someone else's database)
+                uri = f"{self.path.resolve().as_uri()}?mode=ro"
+                self._db = sqlite3.connect(uri, uri=True, isolation_level=None)
+            self._tables = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            if "meta" not in self._tables:
+                raise ProfileError(f"{str(self.path)!r} is not a hybridplan profile database (it has no 'meta' table)",
+                                   fix="give the file written by 'hybridplan profile ... --db FILE'")
             version = self.get_meta("format_version")
         except sqlite3.DatabaseError as e:
             raise ProfileError(f"{str(self.path)!r} is not a hybridplan profile database: {e}") from None
-        if version is None:
+        if version is None and create:
             self.set_meta("format_version", FORMAT_VERSION)
-        elif version != FORMAT_VERSION:
+        elif version is not None and version != FORMAT_VERSION:
             raise ProfileError(
                 f"{str(self.path)!r} has profile format {version}, this hybridplan reads {FORMAT_VERSION}",
                 fix="profile again with this version",
             )
+
+    def _has(self, table: str) -> bool:
+        """Whether the file has ``table`` (a database read-only may predate a table added later)."""
+        return table in self._tables
 
     def close(self) -> None:
         self._db.close()
@@ -145,22 +157,33 @@ class ProfileStore:
     # ------------------------------------------------------------------ meta
     def get_meta(self, key: str) -> Any:
         row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
-        return None if row is None else json.loads(row[0])
+        return None if row is None else self._decode(key, row[0])
 
     def set_meta(self, key: str, value: Any) -> None:
         self._db.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     def meta(self) -> dict[str, Any]:
-        return {k: json.loads(v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+        return {k: self._decode(k, v) for k, v in self._db.execute("SELECT key, value FROM meta")}
+
+    def _decode(self, key: str, text: str) -> Any:
+        try:
+            return json.loads(text)
+        except (json.JSONDecodeError, TypeError):
+            raise ProfileError(f"{str(self.path)!r}: meta value {key!r} is not JSON ({str(text)[:40]!r})",
+                               fix="the database is damaged: profile again into a new --db") from None
 
     # ------------------------------------------------------------------ runs
     def find_run(self, key: str) -> StoredRun | None:
+        if not self._has("runs"):
+            return None
         row = self._db.execute(
             "SELECT id, key, scenario, batch_size, plan, status, reason, wall_seconds FROM runs WHERE key = ?", (key,)
         ).fetchone()
         return None if row is None else StoredRun(row[0], row[1], row[2], row[3], json.loads(row[4]), row[5], row[6], row[7])
 
     def runs(self) -> list[StoredRun]:
+        if not self._has("runs"):
+            return []
         rows = self._db.execute(
             "SELECT id, key, scenario, batch_size, plan, status, reason, wall_seconds FROM runs ORDER BY id"
         ).fetchall()
@@ -195,6 +218,8 @@ class ProfileStore:
 
     def measurements(self, *, kind: str | None = None, degree: int | None = None, batch_size: int | None = None) -> list[Measurement]:
         """Measurements of successful runs, optionally filtered; stage kind "none" is degree 1."""
+        if not self._has("measurements"):
+            return []
         where, args = [], []
         for col, val in (("kind", kind), ("degree", degree), ("batch_size", batch_size)):
             if val is not None:
@@ -228,6 +253,8 @@ class ProfileStore:
 
     def weight_stash(self) -> dict[tuple[str, int], dict[int, int]]:
         """``{(kind, degree): {layer: bytes}}`` of every stored scenario."""
+        if not self._has("weight_stash"):
+            return {}
         out: dict[tuple[str, int], dict[int, int]] = {}
         for kind, degree, layer, nbytes in self._db.execute("SELECT kind, degree, layer, bytes FROM weight_stash"):
             out.setdefault((kind, int(degree)), {})[int(layer)] = int(nbytes)
@@ -247,6 +274,8 @@ class ProfileStore:
 
     def layer_times(self) -> dict[tuple[str, int, int], dict[int, tuple[float, float, int]]]:
         """``{(device_type, tensor_degree, micro_batch_size): {layer: (forward_s, backward_s, samples)}}``."""
+        if not self._has("layer_times"):
+            return {}
         out: dict[tuple[str, int, int], dict[int, tuple[float, float, int]]] = {}
         rows = self._db.execute(
             "SELECT device_type, tensor_degree, micro_batch_size, layer, forward_s, backward_s, samples FROM layer_times"
@@ -257,6 +286,8 @@ class ProfileStore:
         return out
 
     def statistics_rows(self) -> list[tuple[str, int, int, str, str, float]]:
+        if not self._has("statistics"):
+            return []
         return list(
             self._db.execute(
                 "SELECT scenario, batch_size, layer, statistic, quantity, value FROM statistics"

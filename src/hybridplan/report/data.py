@@ -352,6 +352,8 @@ def load_view(path: str | Path) -> View:
         data = json.loads(Path(path).read_text())
     except OSError as e:
         raise UsageError(f"cannot read {str(path)!r}: {e.strerror or e}", fix="check the path") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{str(path)!r} is not text", fix="give a JSON file written by hybridplan or a benchmark") from None
     except json.JSONDecodeError as e:
         raise UsageError(f"{str(path)!r} is not JSON: {e}", fix="give a file written by hybridplan or a benchmark") from None
     return view_from_dict(data, Path(path).stem)

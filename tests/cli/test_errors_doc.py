@@ -1,0 +1,248 @@
+"""Bad input, as a new user types it: every case exits with code 2, one clear message and no traceback, and the
+cases marked so are answered before torch is imported. The table of docs/errors.md is this test's output.
+
+Each case runs the real command line in a fresh process (so ``sys.modules`` tells whether torch was imported),
+in a folder holding the files the commands name (``mlp_files`` of tests/cli/conftest.py and a few broken ones).
+Rewrite the doc after changing a message: ``HYBRIDPLAN_WRITE_DOCS=1 pytest tests/cli/test_errors_doc.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.cli.conftest import MIXED, MLP
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad input: the arguments after ``hybridplan``, a fragment its message must contain, and whether it is
+    answered before torch is imported."""
+
+    args: str
+    expect: str
+    before_torch: bool = True
+
+
+RUN = "run --model gpt-tiny --cluster 1x4 --plan gpt_plan.json"
+PLAN = "plan --db profile.sqlite --cluster 1x4"
+PROFILE = "profile --model gpt-tiny --cluster 1x4 --global-batch-size 16 --num-microbatches 2 --db new.sqlite"
+CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
+    ("Arguments", (
+        Case("run --model gpt-tiny --plan gpt_plan.json", "the following arguments are required: --cluster"),
+        Case("plan --objective speed --db profile.sqlite --cluster 1x4", "invalid choice: 'speed'"),
+        Case(f"{RUN} --iterations 0", "argument --iterations: must be a positive integer, got '0'"),
+        Case(f"{RUN} --timeout 0", "argument --timeout: must be a positive number, got '0'"),
+        Case(f"{RUN} --lr -1", "argument --lr: must be a positive number"),
+        Case(f"{RUN} --precision fp16 --loss-scale 0", "argument --loss-scale: must be a positive number"),
+        Case(f"{PLAN} --global-batch-size 0", "argument --global-batch-size: must be a positive integer, got '0'"),
+        Case(f"{PLAN} --num-microbatches 0", "argument --num-microbatches: must be a positive integer, got '0'"),
+        Case(f"{PLAN} --top 0", "argument --top: must be a positive integer"),
+        Case(f"{PLAN} --baseline equal --stage-degree 0", "argument --stage-degree: must be a positive integer"),
+        Case("profile --model gpt-tiny --cluster 1x4 --global-batch-size 0 --num-microbatches 2 --db new.sqlite",
+             "argument --global-batch-size: must be a positive integer"),
+        Case(f"{PROFILE.replace('16', '15')}", "does not split into 2"),
+        Case(f"{PROFILE} --profile-batch-sizes 0,8", "--profile-batch-sizes must be comma-separated positive integers"),
+        Case(f"{PROFILE} --scenarios pipeline,tensor3x", "unknown scenario 'tensor3x'"),
+        Case(f"{PROFILE} --merge-layers 0", "argument --merge-layers: must be a positive integer"),
+        Case(f"{PROFILE} --time --backend sim", "fake tensors that take no time"),
+        Case(f"{PROFILE} --time-out t2.json", "need --time"),
+    )),
+    ("Models", (
+        Case("run --model gpt-huge --cluster 1x4 --plan gpt_plan.json", "unknown model 'gpt-huge'"),
+        Case("run --model mypkg: --cluster 1x4 --plan gpt_plan.json", "is not of the form module:function"),
+        Case("run --model nosuchpkg.models:build --cluster 1x4 --plan gpt_plan.json", "cannot import module 'nosuchpkg.models'",
+             before_torch=False),
+        Case("run --model wresnet-tiny --cluster 1x4 --plan gpt_plan.json", "model has 7 layers", before_torch=False),
+    )),
+    ("Clusters and capacities", (
+        Case("run --model gpt-tiny --cluster 4nodes --plan gpt_plan.json", "neither the shorthand NxK"),
+        Case("run --model gpt-tiny --cluster 0x4 --plan gpt_plan.json", "at least 1 node of at least 1 device"),
+        Case("run --model gpt-tiny --cluster 1000000x1000000 --plan gpt_plan.json", "more than the 1,048,576"),
+        Case("run --model gpt-tiny --cluster missing.toml --plan gpt_plan.json", "does not exist"),
+        Case("run --model gpt-tiny --cluster bad.toml --plan gpt_plan.json", "is not valid TOML"),
+        Case(f"{RUN} --device-memory lots", "is not a size"),
+        Case(f"{RUN} --device-memory 0", "is not a capacity"),
+        Case(f"{RUN} --device-memory=-1GiB", "is not a size"),
+        Case(f"{PLAN} --device-memory 1KiB", "the lowest-memory plan does not fit"),
+        Case("validate --db profile.sqlite --plan plan.json --device-memory 40GiB", "no --cluster was given"),
+    )),
+    ("Plan files", (
+        Case("run --model gpt-tiny --cluster 1x4 --plan missing.json", "plan file 'missing.json' does not exist"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan notjson.json", "is not valid JSON"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan nostages.json", "plan lacks key(s) ['stages']"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan gap.json", "must start where stage 0 stops"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan short.json", "the model has 10 layers", before_torch=False),
+        Case("run --model gpt-tiny --cluster 1x3 --plan gpt_plan.json", "device 3 does not exist on cluster 1x3"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan twice.json", "is used by stage 0 and stage 1"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan degree.json", "degree 2 but 1 device(s)"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan pipe.json", "unknown parallelism 'pipe'"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan schedule.json", "unknown schedule 'zb'"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan split.json", "does not split into 3 equal micro-batches"),
+        Case("run --model gpt-tiny --cluster 2x2 --plan spans.json", "spans nodes [0, 1]"),
+    )),
+    ("Profile databases and time profiles", (
+        Case("plan --db missing.sqlite --cluster 1x4", "profile database 'missing.sqlite' does not exist"),
+        Case("plan --db notadb.sqlite --cluster 1x4", "is not a hybridplan profile database"),
+        Case("plan --db other.sqlite --cluster 1x4", "it has no 'meta' table"),
+        Case("predict --db profile.sqlite --plan gpt_plan.json", "the model has 5 layers"),
+        Case("validate --db code.sqlite --plan plan.json", "names the model 'this:x', which is not a zoo model"),
+        Case("plan --baseline equal --db profile.sqlite --cluster 1x4",
+             f"add --model {MLP}"),
+        Case("plan --baseline equal --db profile.sqlite --cluster 1x4 --model gpt-tiny", "is another model",
+             before_torch=False),
+        Case("estimate --plan plan.json --cluster 1x4 --time-profile missing.json", "does not exist"),
+        Case("estimate --plan plan.json --cluster 1x4 --db profile.sqlite", "holds none"),
+        Case(f"{PROFILE.replace('new.sqlite', 'notadb.sqlite')}", "is not a hybridplan profile database"),
+    )),
+    ("Outputs (checked before any work)", (
+        Case(f"{RUN} --out .", "--out '.' is a directory"),
+        Case(f"{RUN} --out missing/result.json", "--out 'missing/result.json' cannot be written"),
+        Case(f"{RUN} --out /proc/result.json", "cannot be written"),
+        Case(f"{PLAN} --out missing/best.json", "cannot be written"),
+        Case("validate --db profile.sqlite --plan plan.json --out missing/v.json", "cannot be written"),
+        Case(f"{PROFILE.replace('new.sqlite', 'missing/p.sqlite')}", "--db 'missing/p.sqlite' cannot be written"),
+        Case("report v.json --png missing/v.png", "--png 'missing/v.png' cannot be written"),
+    )),
+    ("Combinations", (
+        Case("plan --cluster 1x4", "needs a profile database"),
+        Case(f"{PLAN} --mode 2bw", "plans for throughput"),
+        Case(f"{PLAN} --objective throughput --mode bayesian", "solves the memory objective"),
+        Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),
+        Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
+    )),
+)
+
+
+def _setup(folder: Path, mlp_files: Path) -> None:
+    """The files the cases name, good and broken."""
+    shutil.copy(mlp_files / "p.sqlite", folder / "profile.sqlite")
+    shutil.copy(mlp_files / "t.json", folder / "times.json")
+    (folder / "plan.json").write_text(json.dumps(MIXED))
+    gpt = {"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 8, "stages": [
+        {"layers": [0, 3], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
+        {"layers": [3, 7], "parallelism": "none", "degree": 1, "devices": [2]},
+        {"layers": [7, 10], "parallelism": "data", "degree": 1, "devices": [3]}]}
+    (folder / "gpt_plan.json").write_text(json.dumps(gpt))
+
+    def variant(name: str, **changes: object) -> None:
+        stages = [dict(s) for s in gpt["stages"]]
+        for key, value in changes.items():
+            if key.startswith("stage"):
+                index, field = key[5], key[7:]
+                stages[int(index)][field] = value
+        plan = {**gpt, **{k: v for k, v in changes.items() if not k.startswith("stage")}, "stages": stages}
+        (folder / name).write_text(json.dumps(plan))
+
+    variant("gap.json", stage1_layers=[4, 7])
+    variant("short.json", stage2_layers=[7, 9])
+    variant("twice.json", stage1_devices=[1])
+    variant("degree.json", stage0_devices=[0])
+    variant("pipe.json", stage1_parallelism="pipe")
+    variant("schedule.json", schedule="zb")
+    variant("split.json", num_microbatches=3)
+    variant("spans.json", stage0_devices=[1, 2], stage1_devices=[0])
+    (folder / "nostages.json").write_text(json.dumps({k: v for k, v in gpt.items() if k != "stages"}))
+    (folder / "notjson.json").write_text('{"schedule": "1f1b", "stages": [')
+    (folder / "bad.toml").write_text("nodes = [1\n")
+    (folder / "notadb.sqlite").write_text("this is a text file, not a database\n")
+    with sqlite3.connect(folder / "other.sqlite") as db:
+        db.execute("CREATE TABLE t (x INTEGER)")
+    shutil.copy(mlp_files / "p.sqlite", folder / "code.sqlite")
+    with sqlite3.connect(folder / "code.sqlite") as db:  # a database that names code to import and call
+        for key in ("model", "identity"):
+            (value,) = db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+            value = json.loads(value)
+            value = "this:x" if key == "model" else {**value, "model": "this:x"}
+            db.execute("UPDATE meta SET value = ? WHERE key = ?", (json.dumps(value), key))
+    (folder / "v.json").write_text(json.dumps({"plan": MIXED, "status": "ok", "reason": None, "devices": [
+        {"device": 0, "stage": 0, "predicted": 100, "measured": 100, "relative_error": 0.0}]}))
+
+
+_PROBE = ("import sys\nfrom hybridplan.cli import main\ncode = main(sys.argv[1:])\n"
+          "print('@torch' if 'torch' in sys.modules else '@no-torch', file=sys.stderr)\n"
+          "print('@zen' if 'this' in sys.modules else '@no-zen', file=sys.stderr)\nsys.exit(code)\n")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    code: int
+    message: str
+    torch: bool
+    zen: bool
+
+
+def _run(case: Case, folder: Path) -> Outcome:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2])] + sys.path)}
+    proc = subprocess.run([sys.executable, "-c", _PROBE, *case.args.split()], cwd=folder, capture_output=True,
+                          text=True, timeout=120, env=env)
+    lines = proc.stderr.rstrip("\n").splitlines()
+    markers, text = lines[-2:], lines[:-2]
+    # The error, without what the command printed before it (e.g. what a search holds fixed).
+    first = next((i for i, line in enumerate(text) if line.startswith("hybridplan ") and ": error:" in line), 0)
+    return Outcome(proc.returncode, "\n".join(text[first:]).strip(), markers[0] == "@torch", markers[1] == "@zen")
+
+
+@pytest.fixture(scope="module")
+def outcomes(mlp_files, tmp_path_factory) -> dict[str, Outcome]:
+    folder = tmp_path_factory.mktemp("bad-input")
+    _setup(folder, mlp_files)
+    cases = [c for _, group in CASES for c in group]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        return dict(zip((c.args for c in cases), pool.map(lambda c: _run(c, folder), cases)))
+
+
+@pytest.mark.parametrize("case", [c for _, group in CASES for c in group], ids=lambda c: c.args[:60])
+def test_bad_input(case: Case, outcomes: dict[str, Outcome]) -> None:
+    got = outcomes[case.args]
+    assert got.code == 2, got.message
+    assert case.expect in got.message, got.message
+    assert "Traceback" not in got.message and got.message.startswith("hybridplan ")
+    assert len(got.message.splitlines()) <= 3, got.message
+    assert not got.zen  # no data file made us import the code it names
+    if case.before_torch:
+        assert not got.torch, f"{case.args}: torch was imported before the error"
+
+
+def render(outcomes: dict[str, Outcome]) -> str:
+    """docs/errors.md."""
+    lines = [
+        "# Bad input: what hybridplan answers",
+        "",
+        "Every row below was run as written by `tests/cli/test_errors_doc.py`, which fails when this file and the",
+        "program disagree (`HYBRIDPLAN_WRITE_DOCS=1 pytest tests/cli/test_errors_doc.py` rewrites it). The folder",
+        f"held `profile.sqlite` (a profile of the user model `{MLP}`, 5 layers, on 1x4), `plan.json` (a plan",
+        "of it), `gpt_plan.json` (a plan of gpt-tiny, 10 layers, on 1x4) and broken variants of them (a gap",
+        "between stages, a device used twice, a database naming the code `this:x`, ...).",
+        "",
+        "Every case exits with code 2, says what is wrong and how to fix it, prints no traceback and starts no",
+        "work; \"before torch\" says the answer came before torch was imported (milliseconds rather than seconds:",
+        "only checks that need the model itself wait for it).",
+        "",
+    ]
+    for title, group in CASES:
+        lines += [f"## {title}", "", "| input | exit | before torch | message |", "|---|--:|:-:|---|"]
+        for case in group:
+            got = outcomes[case.args]
+            message = got.message.replace("|", "\\|").replace("\n", "<br>")
+            lines.append(f"| `hybridplan {case.args}` | {got.code} | {'yes' if not got.torch else 'no'} | {message} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def test_the_doc_is_this_tests_output(outcomes: dict[str, Outcome]) -> None:
+    text = render(outcomes)
+    if os.environ.get("HYBRIDPLAN_WRITE_DOCS"):
+        DOC.write_text(text)
+    assert DOC.exists() and DOC.read_text() == text, "docs/errors.md is stale: rerun with HYBRIDPLAN_WRITE_DOCS=1"

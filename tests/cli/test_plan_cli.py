@@ -1,0 +1,77 @@
+"""``hybridplan plan --objective memory`` as a user calls it: a plan that does not fit the devices is never the
+answer, the search says what it holds fixed, and targets far beyond the profile are warned about."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridplan.cli import main
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.units import format_bytes
+
+
+@pytest.fixture
+def base(mlp_files):
+    return ["plan", "--db", str(mlp_files / "p.sqlite"), "--cluster", "1x4"]
+
+
+def _best(base, capsys) -> dict:
+    assert main(base + ["--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_a_plan_over_the_capacity_is_an_error_naming_the_device(base, mlp_files, capsys):
+    out = mlp_files / "over.json"
+    assert main(base + ["--device-memory", "1KiB", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "the lowest-memory plan does not fit: device" in err and "more than its 1.00 KiB" in err
+    assert "Traceback" not in err and not out.exists()
+
+
+def test_the_excess_is_the_predicted_peak_minus_the_capacity(base, mlp_files, capsys):
+    best = _best(base, capsys)
+    peak = best["predicted_peak_bytes"]
+    capacity = peak - 1000
+    assert main(base + ["--device-memory", str(capacity)]) == 2
+    assert f"needs {format_bytes(peak)}, {format_bytes(1000)} more than its {format_bytes(capacity)}" in capsys.readouterr().err
+
+
+def test_a_plan_at_exactly_the_capacity_fits(base, mlp_files, capsys):
+    best = _best(base, capsys)
+    out = mlp_files / "exact.json"
+    assert main(base + ["--device-memory", str(best["predicted_peak_bytes"]), "--out", str(out)]) == 0
+    written = json.loads(out.read_text())
+    assert written["stages"] == best["stages"]
+    predicted = MemoryPredictor.from_db(mlp_files / "p.sqlite").predict(
+        __import__("hybridplan.plan", fromlist=["Plan"]).Plan.from_dict(written))
+    assert predicted.peak_memory_bytes <= best["predicted_peak_bytes"]
+
+
+def test_the_search_says_what_it_holds_fixed(base, capsys):
+    assert main(base) == 0
+    err = capsys.readouterr().err
+    assert "held fixed: schedule 1f1b, global batch 32 in 2 micro-batches of 16" in err
+    assert "--num-microbatches" in err and "--objective pareto" in err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--device-memory", "0"], "is not a capacity"),
+    (["--global-batch-size", "0"], "argument --global-batch-size: must be a positive integer, got '0'"),
+    (["--num-microbatches", "0"], "argument --num-microbatches: must be a positive integer, got '0'"),
+    (["--num-microbatches", "-2"], "must be a positive integer"),
+])
+def test_zeros_are_refused(base, capsys, args, message):
+    assert main(base + args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_a_target_far_beyond_the_profile_is_warned_about_once(base, capsys):
+    assert main(base + ["--global-batch-size", str(10**12)]) == 0
+    err = capsys.readouterr().err
+    warnings = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "extrapolated" in warnings[0] and "the largest profiled (16" in warnings[0]
+    assert main(base + ["--global-batch-size", "64"]) == 0  # within 4x of the profiled 16: no warning
+    assert "warning:" not in capsys.readouterr().err
