@@ -72,7 +72,7 @@ def _targets(args: argparse.Namespace, meta: dict[str, Any]) -> tuple[int, int |
 def _model_name(args: argparse.Namespace, meta: dict[str, Any], profile: TimeProfile | None = None) -> str | None:
     """The model the plans are for: --model, else the one the profile records if it is a zoo model
     ([Note: a file is data] in models/names.py: a profile naming user code needs --model)."""
-    from hybridplan.models.names import model_for_profile, recorded_fingerprint
+    from hybridplan.models.profiled import model_for_profile, recorded_fingerprint
 
     if meta.get("model") is not None:
         return model_for_profile(meta["model"], args.model, source=f"profile database {args.db!r}",

@@ -79,7 +79,7 @@ def measure_plan(db: str | Path | None, plan: Plan, *, cluster: Cluster, backend
         UsageError: without ``db``, if ``model`` is missing.
     """
     from hybridplan.errors import UsageError
-    from hybridplan.models.names import model_of_campaign
+    from hybridplan.models.profiled import model_of_campaign
     from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.profiling.store import ProfileStore
     from hybridplan.runtime.config import RunConfig

@@ -9,7 +9,7 @@ from typing import Any
 
 from hybridplan.cluster import Cluster
 from hybridplan.errors import ProfileError
-from hybridplan.models.names import model_of_campaign
+from hybridplan.models.profiled import model_of_campaign
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
 from hybridplan.profiling.store import ProfileStore
