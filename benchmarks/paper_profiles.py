@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import HybridPlanError
-from hybridplan.experiments.runs import ensure_profile
+from hybridplan.workflows.runs import ensure_profile
 
 WORK = Path(__file__).resolve().parent / "work"
 CAPACITY = "40GiB"
@@ -92,7 +92,7 @@ def measured_layer_times(case: Case) -> list[float] | None:
         return None
     from hybridplan.cli import main
     from hybridplan.profiling.store import ProfileStore
-    from hybridplan.profiling.timing import time_profile_from_store
+    from hybridplan.profiling.time_profile import time_profile_from_store
 
     db = WORK / f"{case.model}-{case.mesh}-times.sqlite"
     argv = ["profile", "--model", case.model, "--cluster", case.mesh, "--global-batch-size", str(case.global_batch_size),

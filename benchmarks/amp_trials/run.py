@@ -22,13 +22,12 @@ import numpy as np
 import scipy
 from scipy.stats import kendalltau, spearmanr
 
-from hybridplan.cluster import Cluster
-from hybridplan.predict.importers import load_amp_gpt2
-from hybridplan.predict.layout import Layout
+from hybridplan.plan import Cluster, Plan
+from hybridplan.profiling.importers import load_amp_gpt2
 from hybridplan.predict.time_model import p2p_seconds, predict_iteration_time, stage_layer_costs
-from hybridplan.predict.time_profile import TimeProfile
-from hybridplan.search.stage_cuts import assignment_objective
-from hybridplan.search.throughput import assign_layers, divisors, enumerate_degrees, search_throughput
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.search.time.stage_cuts import assignment_objective
+from hybridplan.search.time.throughput import assign_layers, divisors, enumerate_degrees, search_throughput
 
 LINK = 50e9 / 8
 """Bytes/s of every link of AMP's homogeneous testbed: 50 Gbit/s intra- and inter-node (seed 002 section 4.3)."""
@@ -42,17 +41,17 @@ def _cluster(nodes: int, per_node: int) -> Cluster:
     return Cluster.uniform(nodes, per_node, device_type="T4", intra_node_bandwidth=LINK, inter_node_bandwidth=LINK)
 
 
-def _layout(r: dict[str, str], boundaries: list[int] | None = None) -> Layout:
-    return Layout.uniform(
+def _layout(r: dict[str, str], boundaries: list[int] | None = None) -> Plan:
+    return Plan.uniform(
         boundaries=boundaries or [int(b) for b in r["stage_boundaries"].split()], data_degree=int(r["dp"]),
         tensor_degree=int(r["tp"]), micro_batch_size=int(r["mbs"]), global_batch_size=int(r["gbs"]),
     )
 
 
-def _eq5_parts(layout: Layout, profile: TimeProfile, cluster: Cluster) -> tuple[list[np.ndarray], list[np.ndarray]]:
+def _eq5_parts(layout: Plan, profile: TimeProfile, cluster: Cluster) -> tuple[list[np.ndarray], list[np.ndarray]]:
     m = layout.microbatch_size
-    stage_costs = [stage_layer_costs(profile, cluster, s.group, m).total for s in layout.stages]
-    cuts = [p2p_seconds(profile, cluster, a.group, b.group, m) for a, b in zip(layout.stages, layout.stages[1:])]
+    stage_costs = [stage_layer_costs(profile, cluster, s, m).total for s in layout.stages]
+    cuts = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(layout.stages, layout.stages[1:])]
     return stage_costs, cuts
 
 
@@ -70,7 +69,7 @@ def trials_report(shared: Path) -> None:
     rank_all = 1 + sum(t.total_s < ours[best].total_s for t in ours)
     ties_all = sum(t.total_s == ours[best].total_s for t in ours) - 1
     print("## 1. Cost model on AMP's 52 homogeneous runs (16 x T4, GPT-2 345M, global batch 32)\n")
-    print(f"| | ours | AMP's model (from the CSV) |\n|---|---|---|")
+    print("| | ours | AMP's model (from the CSV) |\n|---|---|---|")
     print(f"| Spearman rank correlation with measured, {len(ok)} successful runs | {spearmanr(pred, meas).statistic:.4f} | {spearmanr(amp, meas).statistic:.4f} |")
     print(f"| Kendall tau | {kendalltau(pred, meas).statistic:.4f} | {kendalltau(amp, meas).statistic:.4f} |")
     print(f"| max relative difference to AMP's predicted seconds, all 52 | {max(abs(t.total_s / float(r['amp_predicted_s']) - 1) for t, r in zip(ours, rows)):.2%} | - |")

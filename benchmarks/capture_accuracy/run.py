@@ -18,14 +18,14 @@ import sys
 import time
 from pathlib import Path
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.profiling.campaign import Campaign, CampaignConfig
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
 from hybridplan.search import PlanSpace, enumerate_plans
-from hybridplan.search.objective import build_result
+from hybridplan.search.memory.objective import build_result
 
 HERE = Path(__file__).resolve().parent
 CASES = {  # model: (global batch, micro-batches): micro-batches of 16, profiled at 8 and 4 (B/2, B/4)

@@ -29,8 +29,8 @@ sys.path.insert(0, str(HERE.parent))
 from paper_profiles import CASES, measured_layer_times, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.experiments.layer_costs import baseline_layer_costs, measure_layer_costs  # noqa: E402
-from hybridplan.experiments.runs import ResultStore, measure_plan, plan_from_choices  # noqa: E402
+from hybridplan.profiling.layer_costs import baseline_layer_costs, measure_layer_costs  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, measure_plan, plan_from_choices  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
 from hybridplan.plan import Plan  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402

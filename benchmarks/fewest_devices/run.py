@@ -12,7 +12,7 @@ CAPTURE trained Wide-ResNet 1B on 6 GPUs where Alpa's plan needed 16 (it ran out
   benchmark fixes it (the FLOP time model, linear in samples, would always pick the smallest micro-batches).
 
 Every plan reported is run on simulated devices (measured peaks). Iteration times are predicted by the AMP
-cost model from per-layer FLOPs (a stand-in for measured layer times: hybridplan/experiments/layer_costs.py
+cost model from per-layer FLOPs (a stand-in for measured layer times: hybridplan/profiling/layer_costs.py
 [Note: FLOPs for time]); throughput = global batch / iteration time.
 
 Run from the repository root (a few minutes once the profile exists)::
@@ -34,16 +34,16 @@ sys.path.insert(0, str(HERE.parent))
 from paper_profiles import CAPACITY, CASES, fits_at_target, md_cell, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.experiments.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
-from hybridplan.experiments.runs import ResultStore, measure_plan  # noqa: E402
+from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, measure_plan  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
 from hybridplan.plan import Plan  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
 from hybridplan.predict.time_model import predict_iteration_time  # noqa: E402
 from hybridplan.report.pareto import plan_label  # noqa: E402
 from hybridplan.search import fewest_devices  # noqa: E402
-from hybridplan.search.fewest import mesh_shapes  # noqa: E402
-from hybridplan.search.throughput import search_throughput  # noqa: E402
+from hybridplan.search.memory.fewest import mesh_shapes  # noqa: E402
+from hybridplan.search.time.throughput import search_throughput  # noqa: E402
 from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 

@@ -10,7 +10,7 @@ device (each probe is a simulated run of that plan):
 
 - ours: profile the model (pipeline scenario, simulated devices), ``plan --pipeline-only`` on the profile;
 - time-balanced: torchgpipe ``balance_by_time`` of per-layer forward FLOPs (the stand-in for measured times:
-  hybridplan/experiments/layer_costs.py [Note: FLOPs for time]).
+  hybridplan/profiling/layer_costs.py [Note: FLOPs for time]).
 
 Run from the repository root (resumable; about 25 minutes on 2 cores)::
 
@@ -32,9 +32,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from paper_profiles import WORK  # noqa: E402
 
-from hybridplan.cluster import Cluster  # noqa: E402
-from hybridplan.experiments.layer_costs import baseline_layer_costs, measure_layer_costs  # noqa: E402
-from hybridplan.experiments.runs import ResultStore, ensure_profile, measure_plan  # noqa: E402
+from hybridplan.plan.cluster import Cluster  # noqa: E402
+from hybridplan.profiling.layer_costs import baseline_layer_costs, measure_layer_costs  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, ensure_profile, measure_plan  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
 from hybridplan.plan import Plan  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402

@@ -5,7 +5,7 @@ data/tensor-parallel; pipeline-only: one stage per device), the plans compared a
 
 - ours: ``hybridplan plan --objective memory`` (exact solver on the profile's predictions);
 - pipeline-only: ``equal`` (Megatron-LM, and Alpa's uniform split of equal layers), ``torchgpipe-time``
-  (per-layer FLOPs standing in for measured times, see hybridplan/experiments/layer_costs.py),
+  (per-layer FLOPs standing in for measured times, see hybridplan/profiling/layer_costs.py),
   ``torchgpipe-time measured`` for the tiny model on the real runtime (layer times measured on this CPU by
   ``hybridplan profile --time``), ``torchgpipe-size`` (torchgpipe's latent bytes of one sample x micro-batch + 2 x parameter bytes, counted on
   fake tensors), ``deepspeed-parameters``;
@@ -38,14 +38,14 @@ sys.path.insert(0, str(HERE.parent))
 from paper_profiles import CAPACITY, CASES, Case, fits_at_target, measured_layer_times, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.experiments.layer_costs import baseline_layer_costs, flop_time_profile, measure_layer_costs  # noqa: E402
-from hybridplan.experiments.runs import ResultStore, devices_json, measure_plan  # noqa: E402
+from hybridplan.profiling.layer_costs import baseline_layer_costs, flop_time_profile, measure_layer_costs  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
 from hybridplan.plan import Plan  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
 from hybridplan.search import PlanSpace, solve_exact  # noqa: E402
 from hybridplan.search.baselines import baseline_plan  # noqa: E402
-from hybridplan.search.throughput import search_throughput  # noqa: E402
+from hybridplan.search.time.throughput import search_throughput  # noqa: E402
 from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 PIPELINE_BASELINES = ("equal", "torchgpipe-time", "torchgpipe-size", "deepspeed-parameters")

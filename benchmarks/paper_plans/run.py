@@ -34,12 +34,12 @@ sys.path.insert(0, str(HERE.parent))
 
 from paper_profiles import CAPACITY, CASES, Case, md_cell, profile  # noqa: E402
 
-from hybridplan.experiments.runs import ResultStore, devices_json, measure_plan  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
 from hybridplan.report.pareto import plan_label  # noqa: E402
 from hybridplan.search import PlanSpace  # noqa: E402
-from hybridplan.search.exact import solve_exact  # noqa: E402
+from hybridplan.search.memory.exact import solve_exact  # noqa: E402
 from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 MODELS: dict[str, Case] = {

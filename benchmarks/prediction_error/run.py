@@ -4,11 +4,11 @@ CAPTURE predicted 500 plans "randomly sampled from the set of possible plans tha
 leaving out plans predicted to run out of memory, and compared with real runs: 44.8% / 65.5% / 97.1% of
 the per-GPU predictions within 2% / 5% / 11% (per plan: 45.4% / 69.6% / 97.8%). Here the plans are drawn
 uniformly from the CAPTURE plan space of the 4x4 mesh among those whose every stage is predicted to fit
-40 GiB (hybridplan/experiments/sampling.py), and each is run on simulated devices (byte-identical to the
+40 GiB (hybridplan/workflows/sampling.py), and each is run on simulated devices (byte-identical to the
 real runtime; GPU allocator terms) and compared device by device with the prediction.
 
 A simulated device's memory depends only on its own stage and schedule position, so each distinct stage is
-simulated once (hybridplan/experiments/stage_cache.py); the first ``--check`` plans are also simulated whole
+simulated once (hybridplan/workflows/stage_cache.py); the first ``--check`` plans are also simulated whole
 (``launch(backend="sim")``) and must give the same bytes on every device, or the script stops.
 
 Run from the repository root (resumable: rerun to continue; about an hour on 2 cores, most of it simulating
@@ -32,10 +32,10 @@ sys.path.insert(0, str(HERE.parent))
 
 from paper_profiles import CAPACITY, CASES, profile  # noqa: E402
 
-from hybridplan.experiments.runs import ResultStore, devices_json, measure_plan, plan_from_choices  # noqa: E402
-from hybridplan.experiments.stage_cache import StageCache  # noqa: E402
-from hybridplan.report.data import DeviceMemory  # noqa: E402
-from hybridplan.experiments.sampling import count_kept_plans, sample_plans  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan, plan_from_choices  # noqa: E402
+from hybridplan.workflows.stage_cache import StageCache  # noqa: E402
+from hybridplan.workflows.validate import DeviceMemory  # noqa: E402
+from hybridplan.workflows.sampling import count_kept_plans, sample_plans  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
 from hybridplan.report.data import view_from_dict  # noqa: E402
 from hybridplan.report.tables import render_table  # noqa: E402

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.profiling.campaign import Campaign, CampaignConfig
 from hybridplan.profiling.store import ProfileStore
 

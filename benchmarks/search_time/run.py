@@ -8,7 +8,7 @@ Run from the repository root (about a minute on a 2-core CPU; ``--quick`` skips 
 Prints two markdown tables: the exact solver on every case (best of ``--repeat`` runs), and exhaustive
 enumeration (CAPTURE's Algorithm 4 with its pruning) and Bayesian optimisation (mCAP-BO, 75 evaluations)
 beside it on the cases small enough to enumerate. The memory model is the synthetic
-:class:`hybridplan.search.synthetic.AdditiveStageModel` (``transformer``: a heavy embedding, similar
+:class:`hybridplan.search.memory.synthetic.AdditiveStageModel` (``transformer``: a heavy embedding, similar
 blocks with 5% jitter, a heavy head that cannot be tensor-parallel; *pipeline*: the same model in mCAP's
 pipeline-only space), the same with *identical* blocks
 (many plans tie exactly), or *random ints*: a random table of integers 0..3 per stage, the adversarial
@@ -25,7 +25,7 @@ from collections.abc import Callable
 import numpy as np
 
 from hybridplan.search import PlanSpace, SearchResult, StageTable, solve_bayesian, solve_exact, solve_exhaustive
-from hybridplan.search.synthetic import AdditiveStageModel, TableStageModel
+from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
 
 EXACT_CASES = [  # (nodes, devices per node, layers, horizon, model); "pipeline" models: mCAP's pipeline-only space
     (1, 4, 32, 8, "additive"),

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.models.zoo import get_model
 from hybridplan.plan import Plan
 from hybridplan.runtime.config import RunConfig

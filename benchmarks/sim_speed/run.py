@@ -67,7 +67,7 @@ def run_case(name: str, iterations: int) -> dict[str, Any]:
     """Run one case in this process and return its measurements."""
     import resource
 
-    from hybridplan.cluster import Cluster
+    from hybridplan.plan.cluster import Cluster
     from hybridplan.runtime.config import RunConfig
     from hybridplan.runtime.launch import launch
     from hybridplan.runtime.sim import simulate_stage
@@ -87,7 +87,7 @@ def run_case(name: str, iterations: int) -> dict[str, Any]:
             raise SystemExit(f"{name}: the simulated plan did not run: {result.reason}")
         peak = result.peak_memory_bytes
     else:
-        peak = simulate_stage(cfg, 0, iterations=iterations)["iteration_peaks"][-1]
+        peak = simulate_stage(cfg, 0, iterations=iterations).iteration_peaks[-1]
     sim = time.perf_counter() - t0
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return {"case": name, "setup_s": setup, "sim_s": sim, "rss": rss, "peak": peak}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch

@@ -12,7 +12,7 @@ model (benchmarks/paper_profiles.py) and schedule, on the 4x4 mesh of 40 GiB:
 
 Both plans' peaks are measured on simulated devices; their iteration times are PREDICTED by the AMP cost
 model (hybridplan/predict/time_model.py) from per-layer FLOPs at 52% of an A100's peak (a stand-in for
-measured layer times, which need the GPU: hybridplan/experiments/layer_costs.py [Note: FLOPs for time]) and
+measured layer times, which need the GPU: hybridplan/profiling/layer_costs.py [Note: FLOPs for time]) and
 the default A100 links (NVLink 300 GB/s in a node, 100 Gb/s InfiniBand between nodes). The whole
 memory/time front is written per model and schedule (``pareto-*.json``, rendered by ``hybridplan report``).
 
@@ -35,8 +35,8 @@ sys.path.insert(0, str(HERE.parent))
 from paper_profiles import CAPACITY, CASES, fits_at_target, md_cell, profile  # noqa: E402
 
 from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.experiments.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
-from hybridplan.experiments.runs import ResultStore, devices_json, measure_plan  # noqa: E402
+from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan  # noqa: E402
 from hybridplan.models.zoo import get_model  # noqa: E402
 from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
 from hybridplan.predict.time_model import predict_iteration_time  # noqa: E402
@@ -44,7 +44,7 @@ from hybridplan.report.data import pareto_document  # noqa: E402
 from hybridplan.report.pareto import memory_time_front, plan_label  # noqa: E402
 from hybridplan.report.plots import plot_pareto  # noqa: E402
 from hybridplan.search import PlanSpace, solve_exact  # noqa: E402
-from hybridplan.search.throughput import search_throughput  # noqa: E402
+from hybridplan.search.time.throughput import search_throughput  # noqa: E402
 from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 
@@ -101,8 +101,8 @@ def main() -> None:
             if schedule == "1f1b":
                 plot_pareto(view, HERE / f"pareto-{name}-{schedule}.png")
     (HERE / "summary.json").write_text(json.dumps(rows, indent=1) + "\n")
-    print(f"\n| model | schedule | memory-optimal plan | peak (measured) | s/iter (predicted) | throughput-optimal plan |"
-          f" peak (measured) | s/iter (predicted) | memory gain | throughput loss |")
+    print("\n| model | schedule | memory-optimal plan | peak (measured) | s/iter (predicted) | throughput-optimal plan |"
+          " peak (measured) | s/iter (predicted) | memory gain | throughput loss |")
     print("|---|---|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows:
         if "skipped" in r:

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from hybridplan.cluster import Cluster
-from hybridplan.predict.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.plan.cluster import Cluster
+from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
 from hybridplan.profiling.campaign import Campaign, CampaignConfig
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore

@@ -124,10 +124,41 @@ def test_torchrun_worker(example, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
     proc = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "4",
-         "-m", "hybridplan.runtime.worker", "--config", str(cfg), "--out", str(out)],
+         "-m", "hybridplan.runtime.torchrun", "--config", str(cfg), "--out", str(out)],
         capture_output=True, text=True, timeout=300, env=env,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["status"] == "ok" and len(result["losses"]) == 2
     assert len(result["devices"]) == 4
+
+
+def test_a_finished_result_is_kept_when_its_output_path_fails(example, tmp_path, monkeypatch, capsys):
+    """The output folder disappears during the run: the result is written elsewhere, and the message says where."""
+    import tempfile
+
+    import hybridplan.cli.run as run_cli
+
+    monkeypatch.setattr(run_cli, "check_output", lambda path, option: None)  # as if the folder went away later
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    out = tmp_path / "gone" / "result.json"
+    code = main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(example), "--iterations", "2",
+                 "--backend", "sim", "--out", str(out)])
+    assert code == 2
+    err = capsys.readouterr().err
+    kept = [p for p in tmp_path.iterdir() if p.name.endswith("result.json")]
+    assert len(kept) == 1 and str(kept[0]) in err and str(out) in err
+    result = json.loads(kept[0].read_text())
+    assert result["status"] == "ok" and len(result["devices"]) == 4
+
+
+def test_ctrl_c_ends_a_command_with_code_130_and_no_traceback(monkeypatch, capsys):
+    import hybridplan.cli.models as models_cli
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(models_cli, "handle", interrupted)
+    assert main(["models"]) == 130
+    err = capsys.readouterr().err
+    assert err.strip() == "interrupted" and "Traceback" not in err

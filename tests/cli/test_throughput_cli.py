@@ -8,11 +8,11 @@ import json
 import pytest
 
 from hybridplan.cli import main
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.time_model import predict_iteration_time
-from hybridplan.predict.time_profile import TimeProfile
+from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.baselines import BASELINES
 from tests.cli.conftest import MIXED, MLP
 

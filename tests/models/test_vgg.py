@@ -23,7 +23,6 @@ from torch import nn
 
 from hybridplan.models import get_model
 from hybridplan.models.tensor_parallel import TensorParallelPlan
-from hybridplan.models.vgg import VGG_CONFIGS
 
 # torchvision vgg11: features (conv/ReLU pairs with 5 max-pools), avgpool, flatten, classifier.
 _C, _R, _P = nn.Conv2d, nn.ReLU, nn.MaxPool2d

@@ -8,7 +8,7 @@ import pytest
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.predict.schedule_memory import stage_peak
+from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import STATISTIC_QUANTITIES, SpanStatistics
 

@@ -6,21 +6,19 @@ Expected numbers are worked out here from the formulas of the module note, not b
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridplan.cluster import Cluster, DeviceSpec
+from hybridplan.plan.cluster import Cluster, DeviceSpec
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
-from hybridplan.predict.layout import DeviceGroup, Layout, StageLayout
 from hybridplan.predict.time_model import allreduce_seconds, pipeline_seconds, predict_iteration_time
-from hybridplan.predict.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from tests.paths import SHARED
 
-SHARED = Path(__file__).resolve().parents[3] / "shared"
 AMP = SHARED / "data" / "amp"
 
 
@@ -46,8 +44,9 @@ def _cluster(nodes: int, per_node: int, intra: float, inter: float, devices: tup
     return Cluster(num_nodes=nodes, devices_per_node=per_node, devices=specs, intra_node_bandwidth=intra, inter_node_bandwidth=inter)
 
 
-def _plan(stages: list[tuple[int, int, str, list[int]]], gbs: int = 8, microbatches: int = 4) -> Plan:
-    return Plan("1f1b", gbs, microbatches, tuple(StagePlan(a, b, k, len(d), tuple(d)) for a, b, k, d in stages))
+def _plan(stages: list[tuple[int, int, str, list[int]]], gbs: int = 8, microbatches: int = 4, tensor_degree: int = 0) -> Plan:
+    return Plan("1f1b", gbs, microbatches, tuple(StagePlan(a, b, k, len(d), tuple(d), {}, tensor_degree if k == "data+tensor" else 0)
+                                                for a, b, k, d in stages))
 
 
 def test_two_plain_stages_by_hand() -> None:
@@ -114,31 +113,27 @@ def test_amp_uniform_stage_with_data_and_tensor() -> None:
     #   + block all-reduces 4 * 1 * (1 sample * 5 B) / 100 = 0.2 s -> 6.5 s.
     # sync: each tensor rank all-reduces (100 + 200) / 2 = 150 B over 2 devices at 10 B/s: 15 s.
     # T = 3 * 6.5 + 6.5 + 15 = 41
-    layout = Layout.uniform(boundaries=[0, 3], data_degree=2, tensor_degree=2, micro_batch_size=1, global_batch_size=8)
-    assert (layout.microbatch_size, layout.num_microbatches) == (2, 4)
-    t = predict_iteration_time(layout, _profile(), _cluster(2, 2, 100.0, 10.0))
+    plan = Plan.uniform(boundaries=[0, 3], data_degree=2, tensor_degree=2, micro_batch_size=1, global_batch_size=8)
+    assert (plan.microbatch_size, plan.num_microbatches) == (2, 4)
+    t = predict_iteration_time(plan, _profile(), _cluster(2, 2, 100.0, 10.0))
     assert t.stages[0].kind == "data+tensor"
     assert t.stages[0].compute_s == pytest.approx(6.5) and t.sync_s == pytest.approx(15.0)
     assert t.total_s == pytest.approx(41.0)
-    with pytest.raises(PlanError, match="a Plan stage has one kind"):
-        layout.to_plan()
+    # the same stage written in a plan file
+    written = _plan([(0, 3, "data+tensor", [0, 1, 2, 3])], tensor_degree=2)
+    assert predict_iteration_time(written, _profile(), _cluster(2, 2, 100.0, 10.0)).total_s == pytest.approx(41.0)
 
 
-def test_layout_conversions_and_errors() -> None:
-    plan = _plan([(0, 1, "data", [0, 1]), (1, 3, "tensor", [2, 3])])
-    assert Layout.from_plan(plan).to_plan() == plan
+def test_plan_errors() -> None:
     cluster = _cluster(1, 4, 100.0, 100.0)
-    assert predict_iteration_time(plan, _profile(), cluster) == predict_iteration_time(Layout.from_plan(plan), _profile(), cluster)
-    with pytest.raises(PlanError, match="the profile has 3 layers"):
+    with pytest.raises(PlanError, match="but the model has 3 layers"):
         predict_iteration_time(_plan([(0, 2, "none", [0])]), _profile(), cluster)
     with pytest.raises(PlanError, match="do not exist on cluster 1x4"):
         predict_iteration_time(_plan([(0, 3, "none", [7])]), _profile(), cluster)
     with pytest.raises(ProfileError, match="tensor-parallel degree 4"):
         predict_iteration_time(_plan([(0, 3, "tensor", [0, 1, 2, 3])]), _profile(), cluster)
-    with pytest.raises(PlanError, match="does not divide the micro-batch size 2"):
-        Layout((StageLayout(0, 3, DeviceGroup((0, 1, 2, 3), 4, 1)),), 2, 4)
     with pytest.raises(PlanError, match="does not split into micro-batches"):
-        Layout.uniform(boundaries=[0, 3], data_degree=3, tensor_degree=1, micro_batch_size=1, global_batch_size=8)
+        Plan.uniform(boundaries=[0, 3], data_degree=3, tensor_degree=1, micro_batch_size=1, global_batch_size=8)
 
 
 def test_formulas() -> None:
@@ -169,13 +164,13 @@ _layouts = st.sampled_from(
 )
 
 
-def _layout(choice: tuple[object, tuple[int, int, int] | None]) -> Layout:
+def _layout(choice: tuple[object, tuple[int, int, int] | None]) -> Plan:
     stages, degrees = choice
     if degrees is None:
-        return Layout.from_plan(_plan(stages))  # type: ignore[arg-type]
+        return _plan(stages)  # type: ignore[arg-type]
     pp, dp, tp = degrees
     bounds = {1: [0, 3], 2: [0, 1, 3], 3: [0, 1, 2, 3]}[pp]
-    return Layout.uniform(boundaries=bounds, data_degree=dp, tensor_degree=tp, micro_batch_size=2, global_batch_size=8)
+    return Plan.uniform(boundaries=bounds, data_degree=dp, tensor_degree=tp, micro_batch_size=2, global_batch_size=8)
 
 
 @settings(max_examples=60, deadline=None)
@@ -204,7 +199,7 @@ def test_faster_device_is_never_slower(choice, speeds: list[float], factor: floa
 def test_reproduces_amps_own_predictions_on_its_trials() -> None:
     """Our model on AMP's 52 homogeneous trials agrees with AMP's predicted seconds to 0.2% (the gap: we count
     13h bias/layernorm parameters per block and the position embedding, AMP 12h^2 and the word embedding)."""
-    from hybridplan.predict.importers import load_amp_gpt2
+    from hybridplan.profiling.importers import load_amp_gpt2
 
     profile = load_amp_gpt2(AMP / "known_cost", "G4")
     link = 50e9 / 8  # 50 Gbit/s intra- and inter-node (seed 002 section 4.3)
@@ -212,13 +207,13 @@ def test_reproduces_amps_own_predictions_on_its_trials() -> None:
     rows = list(csv.DictReader((AMP / "homogeneous_trials.csv").open()))
     assert len(rows) == 52
     for r in rows:
-        layout = Layout.uniform(
+        layout = Plan.uniform(
             boundaries=[int(b) for b in r["stage_boundaries"].split()], data_degree=int(r["dp"]),
             tensor_degree=int(r["tp"]), micro_batch_size=int(r["mbs"]), global_batch_size=int(r["gbs"]),
         )
         predicted = predict_iteration_time(layout, profile, cluster).total_s
         assert predicted == pytest.approx(float(r["amp_predicted_s"]), rel=2e-3), r
-    ours = np.array([predict_iteration_time(Layout.uniform(
+    ours = np.array([predict_iteration_time(Plan.uniform(
         boundaries=[int(b) for b in r["stage_boundaries"].split()], data_degree=int(r["dp"]), tensor_degree=int(r["tp"]),
         micro_batch_size=int(r["mbs"]), global_batch_size=int(r["gbs"])), profile, cluster).total_s
         for r in rows if r["failed"] == "False"])
@@ -241,16 +236,15 @@ def test_flush_is_1f1b_and_2bw_has_no_flush_by_hand() -> None:
     assert t.total_s == pytest.approx(72.0) and t.schedule == "2bw" and t.to_dict()["schedule"] == "2bw"
     assert "no flush" in t.table()
     assert predict_iteration_time(two, _profile(), cluster, overlap_p2p=False).total_s == pytest.approx(76.0)
-    # a Layout has no schedule: 1F1B unless told
-    layout = Layout.from_plan(two)
-    assert predict_iteration_time(layout, _profile(), cluster).total_s == pytest.approx(77.0)
-    assert predict_iteration_time(layout, _profile(), cluster, schedule="2bw").total_s == pytest.approx(72.0)
+    # the schedule can be overridden
+    assert predict_iteration_time(two, _profile(), cluster, schedule="1f1b").total_s == pytest.approx(77.0)
+    assert predict_iteration_time(flush, _profile(), cluster, schedule="2bw").total_s == pytest.approx(72.0)
     assert pipeline_seconds([18.0, 3.0], [2.0], 4, flush=False) == pytest.approx(72.0)
 
 
 def test_2bw_cost_model_agrees_with_the_2bw_planner() -> None:
-    """The planner's closed form (search/pipedream_2bw.py) and the cost model's "2bw" pipeline are one model."""
-    from hybridplan.search.pipedream_2bw import plan_pipedream_2bw
+    """The planner's closed form (search/time/pipedream_2bw.py) and the cost model's "2bw" pipeline are one model."""
+    from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
 
     cluster = _cluster(1, 2, 1e3, 1e3)
     candidates = plan_pipedream_2bw(_profile(), cluster, 8)

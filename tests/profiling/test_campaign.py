@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
 from hybridplan.predict.memory import MemoryPredictor

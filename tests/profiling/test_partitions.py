@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.profiling.partitions import Scenario, Span, default_neighbors, pack_run, required_spans
 

@@ -1,6 +1,6 @@
 """A device's quantities, replayed at its position in its plan's schedule, give its measured peak exactly.
 
-This is the claim the predictor stands on (profiling/quantities.py, predict/schedule_memory.py), checked
+This is the claim the predictor stands on (profiling/quantities.py, profiling/schedule_memory.py), checked
 on real gloo runs of plans with every stage kind, both schedules, and a model with convolutions.
 """
 
@@ -10,8 +10,8 @@ from dataclasses import asdict
 
 import pytest
 
-from hybridplan.cluster import Cluster
-from hybridplan.predict.schedule_memory import stage_peak
+from hybridplan.plan.cluster import Cluster
+from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.profiling.quantities import quantities_from_report
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch

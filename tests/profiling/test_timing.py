@@ -8,18 +8,17 @@ from types import SimpleNamespace
 
 import pytest
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.slice import ModelSlice
 from hybridplan.models.zoo import get_model
-from hybridplan.predict.time_profile import TimeProfile
+from hybridplan.profiling.time_profile import TimeProfile, time_profile_from_store
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.profiling.timing import (
     LayerTiming,
     TimingConfig,
     default_tensor_degrees,
     median_layer_times,
-    time_profile_from_store,
     timing_chunks,
 )
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.profiling.campaign import Campaign, CampaignConfig
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore

@@ -171,7 +171,7 @@ def test_memory_view_from_validation_keeps_values():
 
 
 def test_pareto_front_of_a_profile_with_the_plan_marked(tmp_path, capsys, profile_db):
-    from hybridplan.experiments.layer_costs import flop_time_profile, measure_layer_costs
+    from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs
     from hybridplan.models.zoo import get_model
 
     model = get_model("tests.cli.user_models:mlp")

@@ -13,13 +13,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.models.base import build_layers
 from hybridplan.models.zoo import get_model
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.executor import data_seed
 from hybridplan.runtime.launch import launch
-from hybridplan.runtime.weight_stash import layer_stash_bytes
+from hybridplan.profiling.stash_sizes import layer_stash_bytes
 from tests.runtime.test_correctness import assert_same_training, reference
 from tests.runtime.util import make_plan, single_device
 

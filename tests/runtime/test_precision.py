@@ -103,7 +103,7 @@ def test_precision_options_are_checked():
 
 # ---------------------------------------------------------------------------------------------- real runs
 def _run(plan, cluster: str, **kw):
-    from hybridplan.cluster import Cluster
+    from hybridplan.plan.cluster import Cluster
     from hybridplan.runtime.config import RunConfig
     from hybridplan.runtime.launch import launch
 

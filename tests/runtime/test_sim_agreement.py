@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
 from tests.runtime.util import make_plan

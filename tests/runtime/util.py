@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hybridplan.search.space import PlanSpace, enumerate_plans
+from hybridplan.search.memory.space import PlanSpace, enumerate_plans
 
 KIND_RANK = {"none": 0, "data": 1, "tensor": 2}
 

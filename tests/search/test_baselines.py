@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan import Plan
 from hybridplan.search import baselines

@@ -13,15 +13,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import UsageError
 
 if TYPE_CHECKING:
     from hybridplan.plan import Plan
     from hybridplan.predict.memory import MemoryPredictor
-    from hybridplan.predict.time_profile import TimeProfile
 
 
 # ---------------------------------------------------------------------- commands
@@ -125,7 +124,7 @@ def write_output(path: str | Path, text: str, option: str) -> None:
                      fix="move it where you want it, and check the output path next time")
 
 
-def add_model(p: argparse.ArgumentParser, *, required: bool = True, help: str | None = None) -> None:
+def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool = True, help: str | None = None) -> None:
     p.add_argument("--model", required=required, type=model_name,
                    help=help or "zoo name (see 'hybridplan models') or module:function")
 
@@ -160,59 +159,6 @@ def training_options(args: argparse.Namespace) -> dict:
         "loss_scale": args.loss_scale,
         "activation_checkpointing": args.activation_checkpointing,
     }
-
-
-def profile_meta(db: str | None) -> dict:
-    """The profile database's settings (empty without a database)."""
-    from hybridplan.profiling.store import ProfileStore
-
-    if not db:
-        return {}
-    with ProfileStore(db, create=False) as store:
-        return store.meta()
-
-
-def find_time_profile(path: str | None, db: str | None) -> TimeProfile | None:
-    """The layer-time profile: the JSON file ``path`` if given, else the layer times of database ``db``, else None."""
-    from hybridplan.predict.time_profile import TimeProfile
-    from hybridplan.profiling.store import ProfileStore
-
-    if path:
-        return TimeProfile.load(path)
-    if db:
-        with ProfileStore(db, create=False) as store:
-            if store.get_meta("time_layers") is not None:
-                from hybridplan.profiling.timing import time_profile_from_store
-
-                return time_profile_from_store(store, warn=lambda msg: print(msg, file=sys.stderr))
-    return None
-
-
-def load_time_profile(path: str | None, db: str | None) -> TimeProfile:
-    """:func:`find_time_profile`, required.
-
-    Raises:
-        UsageError: if neither ``path`` nor ``db`` gives layer times.
-    """
-    from hybridplan.errors import UsageError
-
-    profile = find_time_profile(path, db)
-    if profile is None:
-        raise UsageError(
-            "a time prediction needs layer times" + (f", and {db!r} holds none" if db else ""),
-            fix="give --time-profile FILE, or a --db measured with 'hybridplan profile --time'",
-        )
-    return profile
-
-
-def load_memory_predictor(db: str | None, **targets: Any) -> MemoryPredictor | None:
-    """The memory predictor of database ``db`` (None without one, or if it holds no memory campaign)."""
-    from hybridplan.predict.memory import MemoryPredictor
-
-    meta = profile_meta(db)
-    if "num_layers" not in meta or "batch_sizes" not in meta:
-        return None
-    return MemoryPredictor.from_db(db, **{k: v for k, v in targets.items() if v is not None})
 
 
 def note_scaling(predictor: MemoryPredictor) -> None:

@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from hybridplan.cli.common import add_command, check_output, model_name, write_output
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import UsageError
 from hybridplan.units import format_bytes
 
@@ -53,11 +53,10 @@ def handle(args: argparse.Namespace) -> int:
     for path in (db, plan_file, val_file):
         check_output(path, "--dir")
 
-    from hybridplan.predict.memory import MemoryPredictor
-    from hybridplan.predict.validation import validate_plan
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
     from hybridplan.profiling.store import ProfileStore
-    from hybridplan.search import PlanSpace, solve_exact
+    from hybridplan.workflows.plan_memory import plan_memory
+    from hybridplan.workflows.validate import validate_plan
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     started = time.perf_counter()
@@ -70,12 +69,10 @@ def handle(args: argparse.Namespace) -> int:
     say(f"    {summary.runs_executed} runs ({summary.runs_resumed} resumed) in {summary.seconds:.0f} s")
 
     say("2/3 searching every plan on the mesh for the lowest predicted peak memory")
-    predictor = MemoryPredictor.from_db(db)
-    result = solve_exact(predictor, PlanSpace.for_cluster(cluster, predictor.num_layers))
-    plan = result.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
-                          num_microbatches=predictor.num_microbatches)
+    answer = plan_memory(db, cluster)
+    plan = answer.plan
     write_output(plan_file, plan.to_json(), "--dir")
-    say(f"    best plan (predicted peak {format_bytes(result.peak)}), searched in {result.elapsed_s:.3f} s -> {plan_file}")
+    say(f"    best plan (predicted peak {format_bytes(answer.search.peak)}), searched in {answer.search.elapsed_s:.3f} s -> {plan_file}")
 
     say("3/3 running the plan on the CPU runtime and comparing with the prediction")
     report = validate_plan(db, plan, progress=say, model=args.model)

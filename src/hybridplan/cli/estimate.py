@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
-from hybridplan.cli.common import add_cluster, add_command, cluster_from, load_memory_predictor, load_time_profile, note_scaling
+from hybridplan.cli.common import add_cluster, add_command, cluster_from
 from hybridplan.errors import ProfileError
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import DEGREE_FITS
 from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.units import format_bytes
+from hybridplan.workflows.sources import Sources, Targets
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -43,13 +45,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 def handle(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     cluster = cluster_from(args)
-    profile = load_time_profile(args.time_profile, args.db)
-    plan.validate(num_layers=profile.num_layers, cluster=cluster)
-    time = predict_iteration_time(plan, profile, cluster, overlap_p2p=not args.blocking_p2p)
-    predictor = load_memory_predictor(args.db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
-                                      num_microbatches=plan.num_microbatches, degree_fit=args.degree_fit)
-    if predictor is not None:
-        note_scaling(predictor)
+    say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    with Sources.open(args.db, time_profile=args.time_profile, warn=say) as sources:
+        profile = sources.time_profile()
+        plan.validate(num_layers=profile.num_layers, cluster=cluster)
+        time = predict_iteration_time(plan, profile, cluster, overlap_p2p=not args.blocking_p2p)
+        targets = Targets(plan.global_batch_size, plan.num_microbatches, plan.schedule)
+        predictor = sources.memory_predictor(targets, degree_fit=args.degree_fit)
     memory: dict[str, Any] | None = None
     memory_error = None
     if predictor is not None:

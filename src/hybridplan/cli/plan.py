@@ -7,18 +7,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridplan.cli.common import add_cluster, add_command, add_model, check_output, cluster_from, note_scaling, output_plan, positive_int
-from hybridplan.cluster import Cluster
-from hybridplan.errors import PlanError, UsageError
+from hybridplan.cli.common import add_cluster, add_command, add_model, check_output, cluster_from, output_plan, positive_int
+from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES
-from hybridplan.predict.memory import DEGREE_FITS, MemoryPredictor, PlanPrediction
-from hybridplan.profiling.store import ProfileStore
-from hybridplan.search import MeshAttempt, PlanSpace, fewest_devices, solve_bayesian, solve_exact, solve_exhaustive
+from hybridplan.predict.memory import DEGREE_FITS
+from hybridplan.search import MeshAttempt
 from hybridplan.search.baselines import BASELINES
 from hybridplan.units import format_bytes
+from hybridplan.workflows.plan_memory import MODES
 
-MODES = {"exact": solve_exact, "exhaustive": solve_exhaustive, "bayesian": solve_bayesian}
-"""Solvers of the memory objective."""
 
 THROUGHPUT_MODES = ("amp", "2bw")
 """Planners of the throughput and Pareto objectives: AMP's search over (pp, dp, tp, mbs), or PipeDream-2BW's
@@ -97,92 +94,27 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _memory(args: argparse.Namespace) -> int:
-    cluster = cluster_from(args)
-    predictor = MemoryPredictor.from_db(
-        args.db, schedule=args.schedule, global_batch_size=args.global_batch_size,
-        num_microbatches=args.num_microbatches, degree_fit=args.degree_fit,
-    )
-    note_scaling(predictor)
-    with ProfileStore(args.db, create=False) as store:
-        model_name = store.get_meta("model")
-        merged = store.get_meta("merge_groups")
-    # With merged layers (profile --merge-layers) the search runs on them and maps the plan back.
-    model = predictor.on_units(merged) if merged else predictor
-    L = model.num_layers
-    print(f"searching plans of {L} {'merged ' if merged else ''}layers on {cluster.describe()} for the lowest predicted"
-          f" peak memory; {_held_fixed(predictor)}", file=sys.stderr)
+    from hybridplan.workflows.plan_memory import plan_memory
+
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    answer = plan_memory(args.db, cluster_from(args), schedule=args.schedule, global_batch_size=args.global_batch_size,
+                         num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
+                         pipeline_only=args.pipeline_only, fewest=args.fewest_devices, seed=args.seed,
+                         progress=say, say=say)
+    for attempt in answer.tried:
+        say(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}")
     if args.fewest_devices:
-        capacity = cluster.memory_of(0)
-        if capacity is None:
-            raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
-        found = fewest_devices(model, cluster, L, capacity=capacity, pipeline_only=args.pipeline_only)
-        for attempt in found.tried:
-            print(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}", file=sys.stderr)
-        result, cluster = found.result, found.cluster
-        print(f"smallest mesh that fits {format_bytes(capacity)} per device: {cluster.shape}", file=sys.stderr)
-    else:
-        space = PlanSpace.for_cluster(cluster, L, pipeline_only=args.pipeline_only)
-        mode = args.mode or "exact"
-        solver = MODES[mode]
-        result = solver(model, space, seed=args.seed) if mode == "bayesian" else solver(model, space)
-    plan = result.to_plan(
-        schedule=predictor.schedule, global_batch_size=predictor.global_batch_size, num_microbatches=predictor.num_microbatches
-    )
-    if merged:
-        plan = model.to_original(plan)
-    plan = type(plan).from_dict({**plan.to_dict(), "model": model_name, "cluster": cluster.shape,
-                                 "predicted_peak_bytes": int(round(result.peak))})
-    prediction = predictor.predict(plan)
-    _check_fits(prediction, cluster, predictor, exhaustive=args.mode in (None, "exact", "exhaustive"))
-    if output_plan(args, plan):
+        say(f"smallest mesh that fits {format_bytes(answer.cluster.memory_of(0))} per device: {answer.cluster.shape}")
+    if output_plan(args, answer.plan):
         return 0
-    print(f"{model_name} on {cluster.describe()}: {result.solver} search, {result.visited} visited in {result.elapsed_s:.3f} s")
-    print(plan.describe())
+    result, cluster = answer.search, answer.cluster
+    print(f"{answer.model} on {cluster.describe()}: {result.solver} search, {result.visited} visited in {result.elapsed_s:.3f} s")
+    print(answer.plan.describe())
     print(f"{'device':>6} {'stage':>5} {'predicted peak':>15} {'capacity':>12}")
-    for d in prediction.devices:
+    for d in answer.prediction.devices:
         print(f"{d.device:>6} {d.stage:>5} {format_bytes(d.peak_memory_bytes):>15} {format_bytes(cluster.memory_of(d.device)):>12}")
-    print(f"predicted plan peak: {format_bytes(prediction.peak_memory_bytes)}" + (f"; written to {args.out}" if args.out else ""))
+    print(f"predicted plan peak: {format_bytes(answer.prediction.peak_memory_bytes)}" + (f"; written to {args.out}" if args.out else ""))
     return 0
-
-
-def _held_fixed(predictor: MemoryPredictor) -> str:
-    """What the memory search does not vary, and how to vary it (issue: users took it for the lowest possible)."""
-    return (f"held fixed: schedule {predictor.schedule}, global batch {predictor.global_batch_size} in"
-            f" {predictor.num_microbatches} micro-batches of {predictor.microbatch_size} (other values: --schedule,"
-            " --num-microbatches; --objective pareto also varies the micro-batch count)")
-
-
-def _check_fits(prediction: PlanPrediction, cluster: Cluster, predictor: MemoryPredictor, *, exhaustive: bool) -> None:
-    """Refuse to present a plan as the answer if a device's predicted peak exceeds its capacity.
-
-    Raises:
-        PlanError: naming every device over its capacity, by how much, and what would lower the peak.
-    """
-    over = [(d, cluster.memory_of(d.device)) for d in prediction.devices
-            if cluster.memory_of(d.device) is not None and d.peak_memory_bytes > cluster.memory_of(d.device)]
-    if not over:
-        return
-    worst, capacity = max(over, key=lambda dc: dc[0].peak_memory_bytes - dc[1])
-    uniform = len({cluster.memory_of(i) for i in range(cluster.num_devices)}) == 1
-    claim = ("so no plan of this search fits" if exhaustive and uniform else
-             "(this search does not weigh per-device capacities: --objective throughput keeps only plans that fit)"
-             if not uniform else "(the bayesian search may miss lower plans: try --mode exact)")
-    raise PlanError(
-        f"the lowest-memory plan does not fit: device {worst.device} (stage {worst.stage}) needs"
-        f" {format_bytes(worst.peak_memory_bytes)}, {format_bytes(worst.peak_memory_bytes - capacity)} more than its"
-        f" {format_bytes(capacity)}" + (f", and {len(over) - 1} more device(s) exceed theirs" if len(over) > 1 else "")
-        + f"; {claim}",
-        fix=_remedies(predictor),
-    )
-
-
-def _remedies(predictor: MemoryPredictor) -> str:
-    B, m = predictor.global_batch_size, predictor.num_microbatches
-    more = next((c for c in range(m + 1, B + 1) if B % c == 0), None)
-    smaller = (f"smaller micro-batches (e.g. --num-microbatches {more}: {B // more} samples each instead of {B // m}), "
-               if more is not None else "")
-    return (smaller + "activation checkpointing (profile with --activation-checkpointing), more or larger devices, or"
-            " --objective pareto to see plans that trade time for memory")
 
 
 def _attempt_text(attempt: MeshAttempt) -> str:

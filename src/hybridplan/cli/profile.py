@@ -19,7 +19,7 @@ from hybridplan.cli.common import (
 )
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
 
@@ -161,7 +161,8 @@ def _time(args: argparse.Namespace) -> int:
     degrees = _ints(args.time_degrees, "--time-degrees") if args.time_degrees else None
     cluster = cluster_from(args)
 
-    from hybridplan.profiling.timing import LayerTiming, TimingConfig, time_profile_from_store
+    from hybridplan.profiling.time_profile import time_profile_from_store
+    from hybridplan.profiling.timing import LayerTiming, TimingConfig
 
     options = {k: v for k, v in training_options(args).items() if k != "backend"}
     cfg = TimingConfig(

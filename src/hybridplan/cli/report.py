@@ -95,10 +95,10 @@ def _prediction(args: argparse.Namespace, capacity: int | None) -> MemoryView:
 def _pareto(args: argparse.Namespace) -> View:
     import sys
 
-    from hybridplan.cli.common import load_time_profile
     from hybridplan.plan import Plan
     from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.report.pareto import memory_time_front
+    from hybridplan.workflows.sources import Sources
 
     cluster = cluster_from(args)
     marks = {}
@@ -109,7 +109,8 @@ def _pareto(args: argparse.Namespace) -> View:
         marks[Path(args.plan).stem] = plan
     else:
         predictor = MemoryPredictor.from_db(args.db)
-    profile = load_time_profile(args.time_profile, args.db)
+    with Sources.open(args.db, time_profile=args.time_profile, warn=lambda msg: print(msg, file=sys.stderr)) as sources:
+        profile = sources.time_profile()
     view, unpriced = memory_time_front(predictor, profile, cluster, title=f"{profile.model} on {cluster.shape}: memory/time",
                                        marks=marks)
     if unpriced:

@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--write-config",
         metavar="FILE",
-        help="only write the run configuration for 'torchrun -m hybridplan.runtime.worker --config FILE' and exit",
+        help="only write the run configuration for 'torchrun -m hybridplan.runtime.torchrun --config FILE' and exit",
     )
     p.set_defaults(handler=handle)
 
@@ -63,8 +63,8 @@ def handle(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
     plan.validate(cluster=cluster)
 
-    from hybridplan.runtime.config import RunConfig, config_to_json
-    from hybridplan.runtime.launch import launch, validate_config
+    from hybridplan.runtime.config import RunConfig, config_to_json, validate_config
+    from hybridplan.runtime.launch import launch
 
     cfg = RunConfig(
         model=args.model,
@@ -81,7 +81,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.write_config:
         write_output(args.write_config, config_to_json(cfg), "--write-config")
         print(f"wrote {args.write_config}; launch with: torchrun --nproc-per-node K --nnodes N ... "
-              f"-m hybridplan.runtime.worker --config {args.write_config} --out result.json")
+              f"-m hybridplan.runtime.torchrun --config {args.write_config} --out result.json")
         return 0
     print(f"running {cfg.model_name()} on {cfg.cluster.describe()}", file=sys.stderr)
     print(cfg.plan.describe(), file=sys.stderr)

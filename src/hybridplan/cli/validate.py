@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def handle(args: argparse.Namespace) -> int:
-    from hybridplan.predict.validation import validate_plan
+    from hybridplan.workflows.validate import validate_plan
 
     check_output(args.out, "--out")
     if args.device_memory and not args.cluster:

@@ -7,7 +7,7 @@ is timed in chunks of consecutive layers: :class:`ModelSlice` makes layers ``[st
 whole model, and why it does not matter for their times:
 
 - inputs: a slice that starts inside the model gets random inputs of the shape and dtype its first layer
-  receives there (runtime/stage.py ``boundary_specs``); a layer's time does not depend on the values
+  receives there (models/boundaries.py ``boundary_specs``); a layer's time does not depend on the values
   (data-dependent layers such as a GShard MoE's router may vary slightly);
 - the first layer's input requires a gradient when it is floating point, as a stage's received input
   does, so the first layer's backward computes its input gradient as it would inside the model;
@@ -26,6 +26,7 @@ from torch import nn
 
 from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel
+from hybridplan.models.boundaries import boundary_specs
 from hybridplan.models.tensor_parallel import TensorParallelPlan
 
 __all__ = ["ModelSlice"]
@@ -63,8 +64,6 @@ class ModelSlice(LayeredModel):
                 f"layers [{start}, {stop}) are not a non-empty range of {model.name}'s {model.num_layers} layers",
                 fix=f"use 0 <= start < stop <= {model.num_layers}",
             )
-        from hybridplan.runtime.stage import boundary_specs
-
         self.model = model
         self.start = start
         self.stop = stop

@@ -156,10 +156,17 @@ def is_sharded_parameter(param: torch.Tensor) -> bool:
     return hasattr(param, "placements") and hasattr(param, "to_local")
 
 
+def _weight_shape(module: nn.Module) -> tuple[int, ...]:
+    """The shape of ``module.weight`` (a Linear, Conv or Embedding)."""
+    weight = getattr(module, "weight")  # noqa: B009  (typed as Tensor | Module on nn.Module)
+    return tuple(int(n) for n in weight.shape)
+
+
 def full_parameter(param: torch.Tensor) -> torch.Tensor:
     """The full (gathered) value of a possibly sharded parameter, as a plain tensor."""
     if is_sharded_parameter(param):
-        return param.full_tensor().detach()
+        full: torch.Tensor = param.full_tensor()  # type: ignore[attr-defined]  # a DTensor (checked above)
+        return full.detach()
     return param.detach()
 
 
@@ -197,7 +204,7 @@ class ColumnParallel(TensorParallelRule):
             module.register_forward_pre_hook(lambda m, args: (copy_to_region(args[0], tp), *args[1:]))
 
     def problem(self, module: nn.Module, degree: int) -> str | None:
-        return _divisible(module.weight.shape[0], degree, f"output size of {type(module).__name__}")
+        return _divisible(_weight_shape(module)[0], degree, f"output size of {type(module).__name__}")
 
 
 @dataclass(frozen=True)
@@ -208,7 +215,7 @@ class RowParallel(TensorParallelRule):
         _shard_parameter(module, "weight", 1, tp)
         bias = getattr(module, "bias", None)
         if bias is not None:
-            module.bias = None
+            setattr(module, "bias", None)  # noqa: B010  (nn.Module's typed attributes refuse None to mypy)
             module.register_parameter("tp_bias", nn.Parameter(bias.detach().clone()))
 
         def finish(m: nn.Module, args: Any, out: torch.Tensor) -> torch.Tensor:
@@ -223,7 +230,7 @@ class RowParallel(TensorParallelRule):
         module.register_forward_hook(finish)
 
     def problem(self, module: nn.Module, degree: int) -> str | None:
-        return _divisible(module.weight.shape[1], degree, f"input size of {type(module).__name__}")
+        return _divisible(_weight_shape(module)[1], degree, f"input size of {type(module).__name__}")
 
 
 @dataclass(frozen=True)
@@ -289,7 +296,7 @@ class VocabParallelEmbedding(TensorParallelRule):
     """Shard an ``nn.Embedding`` by rows (tokens); each rank looks up its rows, zeros the others, ``g`` sums."""
 
     def apply(self, module: nn.Module, tp: TensorParallelGroup) -> None:
-        rows = module.weight.shape[0] // tp.size
+        rows = _weight_shape(module)[0] // tp.size
         lo, hi = tp.rank * rows, (tp.rank + 1) * rows
         _shard_parameter(module, "weight", 0, tp)
 
@@ -307,7 +314,7 @@ class VocabParallelEmbedding(TensorParallelRule):
         module.register_forward_hook(combine)
 
     def problem(self, module: nn.Module, degree: int) -> str | None:
-        return _divisible(module.weight.shape[0], degree, "vocabulary size")
+        return _divisible(_weight_shape(module)[0], degree, "vocabulary size")
 
 
 @dataclass(frozen=True)

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import partial
 
 from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.gpt import GPT, GPT_CONFIGS
 from hybridplan.models.names import check_model_name
 
-__all__ = ["get_model", "model_names", "register"]
+__all__ = ["get_model", "model_names", "register", "resolve_model"]
 
 _FACTORIES: dict[str, Callable[[], LayeredModel]] = {}
 
@@ -26,7 +27,7 @@ def register(name: str, factory: Callable[[], LayeredModel]) -> None:
 
 
 for _name, _cfg in GPT_CONFIGS.items():
-    register(_name, lambda n=_name, c=_cfg: GPT(n, c))
+    register(_name, partial(GPT, _name, _cfg))
 
 
 def _load_zoo() -> None:
@@ -58,6 +59,18 @@ def get_model(name: str) -> LayeredModel:
     if ":" in name:
         return _user_model(name)
     raise ModelError(f"unknown model {name!r}", fix="run 'hybridplan models' for the zoo")  # a zoo name not registered
+
+
+def resolve_model(model: str | LayeredModel) -> LayeredModel:
+    """A model object from a zoo name, ``module:function``, or an object (returned as it is).
+
+    A run configuration names its model either way (runtime/config.py ``RunConfig.model``): a name
+    travels to other processes and into files, an object serves tests and library users.
+
+    Raises:
+        ModelError: as :func:`get_model`, for a name.
+    """
+    return get_model(model) if isinstance(model, str) else model
 
 
 def _user_model(spec: str) -> LayeredModel:

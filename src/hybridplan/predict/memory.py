@@ -7,7 +7,7 @@ For a stage ``[a, b)`` run as ``kind`` x ``degree`` at some position of a plan:
 2. scaled to the plan's batch by the straight line through the two profiled sizes (seed 000 III-B2):
    per micro-batch quantities against the micro-batch size, the data share against the global batch;
 3. replayed through the stage's actions under the plan's schedule at its position
-   (predict/schedule_memory.py): this is what makes 1F1B predictions as accurate as GPipe's;
+   (profiling/schedule_memory.py): this is what makes 1F1B predictions as accurate as GPipe's;
 4. for a data/tensor degree that was not profiled (above 4), the stage peak is fitted through the two
    profiled degrees with seed 000's logarithmic function ``P(d) = P(2) + (P(4) - P(2)) log2(d / 2)``,
    or ``P(d) = alpha + beta / d`` (``degree_fit="inverse"``, the analytical form seed 000 motivates
@@ -27,17 +27,20 @@ import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
-from hybridplan.predict.schedule_memory import peak_terms
+from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
+from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
-from hybridplan.runtime.schedule import in_flight_count
+
+if TYPE_CHECKING:
+    from hybridplan.profiling.database import ProfileDB
 
 __all__ = ["MemoryPredictor", "DevicePrediction", "PlanPrediction", "DEGREE_FITS", "EXTRAPOLATION_LIMIT"]
 
@@ -184,18 +187,33 @@ class MemoryPredictor:
         degree_fit: str = "log",
         method: str = "quantities",
     ) -> MemoryPredictor:
-        """A predictor from a profile database; unset targets default to the campaign's."""
-        from hybridplan.profiling.statistics import load_statistics
-        from hybridplan.profiling.store import ProfileStore
+        """A predictor from a profile database file; unset targets default to the campaign's."""
+        from hybridplan.profiling.database import ProfileDB
 
-        with ProfileStore(path, create=False) as store:
-            meta = store.meta()
-            stats = load_statistics(store)
-            stash = store.weight_stash()
-        if "num_layers" not in meta:
-            raise ProfileError(f"{str(path)!r} holds no finished profiling campaign", fix="run 'hybridplan profile' first")
+        with ProfileDB(path) as db:
+            return cls.from_profile(db, schedule=schedule, global_batch_size=global_batch_size,
+                                    num_microbatches=num_microbatches, degree_fit=degree_fit, method=method)
+
+    @classmethod
+    def from_profile(
+        cls,
+        db: ProfileDB,
+        *,
+        schedule: str | None = None,
+        global_batch_size: int | None = None,
+        num_microbatches: int | None = None,
+        degree_fit: str = "log",
+        method: str = "quantities",
+    ) -> MemoryPredictor:
+        """A predictor from an open profile database; unset targets default to the campaign's.
+
+        Raises:
+            ProfileError: if the database holds no memory campaign.
+        """
+        db.require_memory()
+        meta = db.meta
         return cls(
-            stats,
+            db.statistics,
             num_layers=meta["num_layers"],
             schedule=schedule or meta["schedule"],
             global_batch_size=global_batch_size or meta["global_batch_size"],
@@ -203,7 +221,7 @@ class MemoryPredictor:
             degree_fit=degree_fit,
             method=method,
             profile_schedule=meta["schedule"],
-            stash=stash,
+            stash=db.weight_stash,
         )
 
     @property
@@ -258,8 +276,9 @@ class MemoryPredictor:
         sizes = self.stats.get(self._scenario(kind, degree))
         if not sizes or len(sizes) < 2:
             return None
-        vectors = [_span_in_units(s, start, stop) for s in sizes]
-        if any(v is None for v in vectors):
+        found = [_span_in_units(s, start, stop) for s in sizes]
+        vectors = [v for v in found if v is not None]
+        if len(vectors) < len(found):
             return None
         return self._stash.apply(self._scaled(vectors, sizes), start, stop, kind, degree)
 

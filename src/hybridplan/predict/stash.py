@@ -1,7 +1,7 @@
 """PipeDream-2BW's weight stash in memory predictions made from a profile of another schedule.
 
-[Note: predicting PipeDream-2BW] "flush" and "2bw" run 1F1B's actions (runtime/schedule.py), so their
-schedule replay is 1F1B's (predict/schedule_memory.py). 2BW also keeps a second weight version for the
+[Note: predicting PipeDream-2BW] "flush" and "2bw" run 1F1B's actions (plan/schedule.py), so their
+schedule replay is 1F1B's (profiling/schedule_memory.py). 2BW also keeps a second weight version for the
 whole run (runtime/weight_stash.py), live at every action: it belongs to the ``static`` quantity. A
 profile taken under "2bw" has it in its ``static`` already, and predicts 2BW plans as it predicts 1F1B
 ones. A profile taken under another schedule predicts a 2BW plan with the stage's stash bytes ADDED to
@@ -12,7 +12,7 @@ and dtype: a trainable parameter that gets no gradient in the first backward (on
 not use) is stashed all the same, and the ``gradient`` quantity is a difference of two memory levels that
 also moves with what the first backward frees. They are counted
 instead, per layer and per stage kind and degree, by building the layers exactly as the runtime does, on
-fake tensors (:func:`~hybridplan.runtime.weight_stash.layer_stash_bytes`: tensor-parallel shards, the
+fake tensors (:func:`~hybridplan.profiling.stash_sizes.layer_stash_bytes`: tensor-parallel shards, the
 compute dtype of mixed precision, CUDA block rounding); the profiling campaign stores them in the
 database's ``weight_stash`` table. A stash is one tensor per parameter storage, so a stage's stash is the
 sum of its layers'. Replicated stages ("none", "data" at any degree) stash whole parameters; a tensor

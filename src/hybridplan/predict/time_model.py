@@ -32,7 +32,7 @@
   path (eq. 5); they differ in memory. "2bw" (PipeDream-2BW, seed 003: two weight versions, "the same 1F1B
   scheduling" and no flush) keeps the pipeline in steady state across iterations, so an iteration costs
   ``gas`` steady-state periods and the fill is paid once per training run, not per iteration:
-  ``T_pp = gas max(max_i t_i, max_i e_i / 2)`` (search/pipedream_2bw.py's closed form, [Note: the 2BW
+  ``T_pp = gas max(max_i t_i, max_i e_i / 2)`` (search/time/pipedream_2bw.py's closed form, [Note: the 2BW
   closed-form time]). The gradient all-reduce is added as for the others (not overlapped: pessimistic).
 - Data-parallel sync (eq. 4): ``T = T_pp + max over stages and tensor ranks`` of the ring all-reduce of the
   stage's gradient bytes / ``t`` over the data group of that tensor rank. Layers that share parameters
@@ -46,10 +46,8 @@ from typing import Any
 
 import numpy as np
 
-from hybridplan.cluster import Cluster
-from hybridplan.plan import Plan
-from hybridplan.predict.layout import DeviceGroup, Layout, StageLayout
-from hybridplan.predict.time_profile import TimeProfile
+from hybridplan.plan import Cluster, Plan, StagePlan, spec
+from hybridplan.profiling.time_profile import TimeProfile
 
 __all__ = [
     "LayerCosts",
@@ -154,7 +152,7 @@ class TimeBreakdown:
                 f"{i:>4}{mark} {f'[{s.start},{s.stop})':>9} {s.kind:>11} {len(s.devices):>8} {s.forward_s * 1e3:>9.2f}"
                 f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
             )
-        flush = " (no flush: 2bw)" if self.schedule == "2bw" else ""
+        flush = "" if spec(self.schedule).flushes else f" (no flush: {self.schedule})"
         rows.append(
             f"{self.num_microbatches} micro-batches of {self.microbatch_size}: pipeline{flush} {self.pipeline_s * 1e3:.1f} ms"
             f" + sync {self.sync_s * 1e3:.1f} ms = {self.total_s * 1e3:.1f} ms per iteration (* = bottleneck stage)"
@@ -184,8 +182,8 @@ def _device_times(profile: TimeProfile, cluster: Cluster, device: int, tensor_de
     return fwd / spec.speed, bwd / spec.speed
 
 
-def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: DeviceGroup, microbatch_size: int) -> LayerCosts:
-    """Per-layer seconds of one micro-batch for a stage on ``group`` (the note, first two bullets).
+def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: StagePlan, microbatch_size: int) -> LayerCosts:
+    """Per-layer seconds of one micro-batch for a stage on ``group``'s devices (the note, first two bullets).
 
     Raises:
         ProfileError: if the profile lacks the stage's tensor degree for the devices' type.
@@ -201,13 +199,13 @@ def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: DeviceGroup
     if t == 1 or profile.tensor_comm_in_times:
         comm = np.zeros_like(fwd)
     else:
-        bandwidth = min(slowest_link(cluster, group.replica(r)) for r in range(group.data_degree))
+        bandwidth = min(slowest_link(cluster, group.tensor_group(r)) for r in range(group.data_degree))
         counts = np.array([sum(layer.tensor_parallel_allreduces) for layer in profile.layers], dtype=float)
         comm = counts * allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes()
     return LayerCosts(fwd, bwd, comm)
 
 
-def _exchange_pairs(sender: DeviceGroup, receiver: DeviceGroup) -> list[tuple[int, int]]:
+def _exchange_pairs(sender: StagePlan, receiver: StagePlan) -> list[tuple[int, int]]:
     if (sender.data_degree, sender.tensor_degree) == (receiver.data_degree, receiver.tensor_degree):
         return list(zip(sender.devices, receiver.devices))
     d1, d2 = sender.data_degree, receiver.data_degree
@@ -215,12 +213,12 @@ def _exchange_pairs(sender: DeviceGroup, receiver: DeviceGroup) -> list[tuple[in
     for r1 in range(d1):
         for r2 in range(d2):
             if r1 * d2 < (r2 + 1) * d1 and r2 * d1 < (r1 + 1) * d2:  # sample ranges overlap
-                pairs += [(a, b) for a in sender.replica(r1) for b in receiver.replica(r2)]
+                pairs += [(a, b) for a in sender.tensor_group(r1) for b in receiver.tensor_group(r2)]
     return pairs
 
 
 def p2p_seconds(
-    profile: TimeProfile, cluster: Cluster, sender: DeviceGroup, receiver: DeviceGroup, microbatch_size: int
+    profile: TimeProfile, cluster: Cluster, sender: StagePlan, receiver: StagePlan, microbatch_size: int
 ) -> np.ndarray:
     """``e`` for a boundary after each layer between two consecutive stages, per micro-batch (the note)."""
     bandwidth = min(
@@ -230,7 +228,7 @@ def p2p_seconds(
     return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth
 
 
-def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StageLayout) -> float:
+def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
     """The stage's data-parallel gradient all-reduce, slowest tensor rank (the note, last bullet)."""
     d, t = stage.data_degree, stage.tensor_degree
     if d == 1:
@@ -244,7 +242,7 @@ def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StageLayout) -> 
             seen.add(layer.shared_parameters)
         nbytes += layer.parameter_bytes
     return max(
-        allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.group.data_group(k))) for k in range(t)
+        allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.data_group(k))) for k in range(t)
     )
 
 
@@ -263,7 +261,7 @@ def pipeline_seconds(
 
 
 def predict_iteration_time(
-    plan: Plan | Layout,
+    plan: Plan,
     profile: TimeProfile,
     cluster: Cluster,
     *,
@@ -273,43 +271,42 @@ def predict_iteration_time(
     """Predicted seconds per training iteration of ``plan`` (the note at the top of the module).
 
     Args:
-        plan: a Plan (CAPTURE's mixed stages) or a Layout (also AMP's ``dp x tp`` stages).
+        plan: the plan (CAPTURE's mixed stages, AMP's ``dp x tp`` stages, or any mix).
         profile: the model's layer times and sizes.
         cluster: device types, speeds and bandwidths.
         overlap_p2p: AMP's section 6.1 overlap (default); False models blocking sends.
-        schedule: the pipeline schedule (default: the Plan's, "1f1b" for a Layout); "2bw" has no flush.
+        schedule: the pipeline schedule (default: the plan's); "2bw" has no flush.
 
     Raises:
         PlanError: if the plan does not cover the profile's layers or names devices the cluster lacks.
         ProfileError: if the profile lacks a tensor degree the plan uses.
 
     Example:
-        >>> from hybridplan.predict.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
         >>> p = TimeProfile(model="toy", layers=(LayerInfo(name="l", activation_bytes_per_sample=0.0,
         ...     parameter_bytes=0.0),), timings=(TimingTable(device_type="cpu", tensor_degree=1,
         ...     micro_batch_size=1, forward_s=(1.0,), backward_s=(2.0,)),))
-        >>> layout = Layout.uniform(boundaries=[0, 1], data_degree=1, tensor_degree=1, micro_batch_size=1,
+        >>> plan = Plan.uniform(boundaries=[0, 1], data_degree=1, tensor_degree=1, micro_batch_size=1,
         ...     global_batch_size=4)
-        >>> predict_iteration_time(layout, p, Cluster.uniform(1, 1)).total_s   # (4 - 1) * 3 + 3
+        >>> predict_iteration_time(plan, p, Cluster.uniform(1, 1)).total_s   # (4 - 1) * 3 + 3
         12.0
     """
     if schedule is None:
-        schedule = plan.schedule if isinstance(plan, Plan) else "1f1b"
-    flush = schedule != "2bw"
-    layout = Layout.from_plan(plan) if isinstance(plan, Plan) else plan
-    layout.check_fits(profile.num_layers, cluster)
-    m = layout.microbatch_size
-    costs = [stage_layer_costs(profile, cluster, s.group, m) for s in layout.stages]
+        schedule = plan.schedule
+    flush = spec(schedule).flushes
+    plan.check_fits(profile.num_layers, cluster)
+    m = plan.microbatch_size
+    costs = [stage_layer_costs(profile, cluster, s, m) for s in plan.stages]
     e = [
-        float(p2p_seconds(profile, cluster, a.group, b.group, m)[a.stop - 1])
-        for a, b in zip(layout.stages, layout.stages[1:])
+        float(p2p_seconds(profile, cluster, a, b, m)[a.stop - 1])
+        for a, b in zip(plan.stages, plan.stages[1:])
     ]
     stages = []
-    for i, (s, c) in enumerate(zip(layout.stages, costs)):
+    for i, (s, c) in enumerate(zip(plan.stages, costs)):
         sl = slice(s.start, s.stop)
         stages.append(
             StageTime(
-                start=s.start, stop=s.stop, kind=s.group.kind, devices=s.devices,
+                start=s.start, stop=s.stop, kind=s.kind, devices=s.devices,
                 forward_s=float(c.forward[sl].sum()), backward_s=float(c.backward[sl].sum()),
                 tensor_comm_s=float(c.tensor_comm[sl].sum()), p2p_s=e[i] if i < len(e) else 0.0,
                 sync_s=sync_seconds(profile, cluster, s),
@@ -317,17 +314,17 @@ def predict_iteration_time(
         )
     compute = np.array([s.compute_s for s in stages])
     if overlap_p2p:
-        pipeline = pipeline_seconds(compute, e, layout.num_microbatches, flush=flush)
+        pipeline = pipeline_seconds(compute, e, plan.num_microbatches, flush=flush)
     else:
         out = np.array(e + [0.0]) / 2 + np.array([0.0] + e) / 2
         blocking = compute + out
         if flush:
-            pipeline = float((layout.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
+            pipeline = float((plan.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
         else:
-            pipeline = float(layout.num_microbatches * blocking.max())
+            pipeline = float(plan.num_microbatches * blocking.max())
     return TimeBreakdown(
         stages=tuple(stages),
-        num_microbatches=layout.num_microbatches,
+        num_microbatches=plan.num_microbatches,
         microbatch_size=m,
         pipeline_s=pipeline,
         sync_s=max(s.sync_s for s in stages),

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan
@@ -35,7 +35,7 @@ from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, defaul
 from hybridplan.profiling.execution import failed_stage, measurements_of, run_plan, simulate_stages
 from hybridplan.profiling.statistics import anchor_of, statistics_of
 from hybridplan.profiling.store import ProfileStore
-from hybridplan.runtime.stage import boundary_specs
+from hybridplan.models.boundaries import boundary_specs
 
 __all__ = ["CampaignConfig", "Campaign", "CampaignSummary", "default_scenarios"]
 
@@ -120,7 +120,7 @@ class Campaign:
         progress: Callable[[str], None] | None = None,
         execute: Callable[[Plan, Cluster], Any] | None = None,
     ) -> None:
-        from hybridplan.runtime.worker import resolve_model
+        from hybridplan.models.zoo import resolve_model
 
         self.cfg = cfg
         self.store = store
@@ -253,7 +253,7 @@ class Campaign:
     def _record_weight_stash(self) -> None:
         """Per-layer bytes of a PipeDream-2BW weight stash in each scenario (computed on fake tensors, once),
         with which the predictor turns a profile of one schedule into predictions for the other."""
-        from hybridplan.runtime.weight_stash import layer_stash_bytes
+        from hybridplan.profiling.stash_sizes import layer_stash_bytes
 
         have = self.store.weight_stash()
         options = self.cfg.run_options

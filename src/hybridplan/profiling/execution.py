@@ -8,7 +8,7 @@ forward keeps the same bytes, the first backward allocates the gradients, later 
 forward kept), so a run with two micro-batches has them all; only the data share grows with the
 micro-batch count, linearly (it is the device's rows of the batch). Simulated profiling therefore runs
 each measured stage with two micro-batches of the target size, scales its data share to the real
-count, and replays the stage's peak at its position in the run (predict/schedule_memory.py, exact on
+count, and replays the stage's peak at its position in the run (profiling/schedule_memory.py, exact on
 the runtime: tests/profiling/test_replay.py) for CAPTURE's peak statistic. A GPT-3 2.6B campaign with
 64 micro-batches simulates 32 times fewer actions this way.
 """
@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, is_dataclass
 from typing import Any
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
-from hybridplan.predict.schedule_memory import stage_peak
+from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.profiling.quantities import quantities_from_report, quantities_from_timeline
 
 __all__ = ["RunOutcome", "run_plan", "simulate_stages", "measurements_of", "failed_stage"]
@@ -45,7 +45,7 @@ class RunOutcome:
 
 
 def failed_stage(reason: str | None) -> int | None:
-    """The stage a run's failure reason names ("device 3 (stage 1): ..."; runtime/launch.py)."""
+    """The stage a run's failure reason names ("device 3 (stage 1): ..."; runtime/processes.py)."""
     match = _FAILED_DEVICE.match(reason or "")
     return int(match.group(2)) if match else None
 
@@ -53,7 +53,7 @@ def failed_stage(reason: str | None) -> int | None:
 def run_plan(plan: Plan, cluster: Cluster, execute: Callable[[Plan, Cluster], Any]) -> RunOutcome:
     """Run the whole plan (every device) with ``execute`` (the launcher) and collect every device."""
     result = execute(plan, cluster)
-    devices = [asdict(d) if is_dataclass(d) else dict(d) for d in result.devices]
+    devices = [asdict(d) if is_dataclass(d) and not isinstance(d, type) else dict(d) for d in result.devices]
     return RunOutcome(result.status, result.reason, devices if result.status == "ok" else [])
 
 
@@ -85,12 +85,12 @@ def simulate_stages(
             report = simulate_stage(cfg, index, iterations=iterations, specs=list(specs))
         except DeviceOutOfMemory as e:
             return RunOutcome("oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}")
-        static, data = report["static"][-1], round(report["data"][-1] * scale)
-        q = quantities_from_timeline(static, data, report["timeline"])
+        static, data = report.static[-1], round(report.data[-1] * scale)
+        q = quantities_from_timeline(static, data, report.timeline)
         peak = stage_peak(q, plan.schedule, plan.num_stages - 1 - index, plan.num_microbatches)
         devices.append({
             "device": stage.devices[0], "stage": index, "peak_memory_bytes": int(round(peak)),
-            "static_memory_bytes": static, "data_bytes": data, "timeline": report["timeline"],
+            "static_memory_bytes": static, "data_bytes": data, "timeline": report.timeline,
         })
     return RunOutcome("ok", None, devices)
 

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from hybridplan.errors import PlanError, ProfileError
-from hybridplan.predict.schedule_memory import stage_peak
+from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.profiling.quantities import QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 

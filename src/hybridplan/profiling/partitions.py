@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from hybridplan.errors import ProfileError
-from hybridplan.plan import Plan, StagePlan
+from hybridplan.plan import Parallelism, Plan, StagePlan, as_schedule
 
 __all__ = ["Scenario", "Span", "ProfilingRun", "required_spans", "pack_run", "default_neighbors"]
 
@@ -33,7 +33,7 @@ __all__ = ["Scenario", "Span", "ProfilingRun", "required_spans", "pack_run", "de
 class Scenario:
     """A training scenario whose stages are profiled: pipeline-only, or data/tensor-parallel at a degree."""
 
-    kind: str
+    kind: Parallelism
     """"none", "data" or "tensor"."""
     degree: int
 
@@ -82,7 +82,7 @@ class ProfilingRun:
 
     def plan(self, *, schedule: str, global_batch_size: int, num_microbatches: int) -> Plan:
         """The run as a plan for a ``1 x devices`` cluster."""
-        return Plan(schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches, stages=self.stages)
+        return Plan(schedule=as_schedule(schedule), global_batch_size=global_batch_size, num_microbatches=num_microbatches, stages=self.stages)
 
 
 def default_neighbors(num_layers: int, groups: int) -> int:
@@ -197,7 +197,7 @@ def pack_run(
     stages, next_device = [], 0
     for span, measured in pieces:
         degree = scenario.degree if measured else 1
-        kind = scenario.kind if measured and degree > 1 else "none"
+        kind: Parallelism = scenario.kind if measured and degree > 1 else "none"
         stages.append(StagePlan(span.start, span.stop, kind, degree, tuple(range(next_device, next_device + degree))))
         next_device += degree
     return ProfilingRun(scenario, tuple(stages), tuple(chosen))

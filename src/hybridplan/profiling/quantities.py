@@ -18,7 +18,7 @@ per-action timeline), and reduces it to quantities that are the same wherever th
 ``step_transient``             peak above the level during gradient sync and the optimizer step
 =============================  ================================================================
 
-The predictor replays any schedule's action list on these (predict/schedule_memory.py), so one
+The predictor replays any schedule's action list on these (profiling/schedule_memory.py), so one
 profile predicts a stage at any position, under GPipe or 1F1B, for any number of micro-batches.
 Measured on gpt-tiny (tests/profiling): every forward keeps the same bytes and every later backward
 frees them, so the replay is exact for a stage whose quantities are exact.

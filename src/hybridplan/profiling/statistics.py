@@ -184,9 +184,9 @@ def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStati
     for name in meta.get("scenarios", []):
         scenario = Scenario.parse(name)
         anchor = anchor_of(meta.get("neighbors", {}).get(name, 1))
-        merged = bounds is not None and scenario.degree > 1
+        merged = bounds if bounds is not None and scenario.degree > 1 else None
         for batch in meta["batch_sizes"]:
-            stats = statistics_of(store, scenario, batch, len(bounds) - 1 if merged else L, anchor, bounds if merged else None)
+            stats = statistics_of(store, scenario, batch, L if merged is None else len(merged) - 1, anchor, merged)
             if stats is not None:
                 out.setdefault((scenario.kind, scenario.degree), []).append(stats)
     return out

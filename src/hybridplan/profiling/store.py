@@ -208,7 +208,9 @@ class ProfileStore:
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (key, scenario, batch_size, json.dumps(plan), status, reason, wall_seconds, time.time()),
             )
-            run_id = int(cur.lastrowid)
+            run_id = cur.lastrowid
+            if run_id is None:  # pragma: no cover - sqlite sets it for every INSERT
+                raise ProfileError(f"{str(self.path)!r}: the run was not stored")
             cols = ["run_id", "device", "stage", "start", "stop", "kind", "degree", "batch_size", "microbatch_size", "peak",
                     *QUANTITIES, "timeline"]
             for m in measurements:
@@ -229,7 +231,8 @@ class ProfileStore:
             f"SELECT run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak, {', '.join(QUANTITIES)}"
             f" FROM measurements {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY run_id, device"
         )
-        return [Measurement(*r[:10], np.array(r[10:], dtype=float)) for r in self._db.execute(sql, args)]
+        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[10:], dtype=float))
+                for r in self._db.execute(sql, args)]
 
     # ------------------------------------------------------------------ statistics
     def replace_statistics(self, scenario: str, batch_size: int, rows: Sequence[tuple[int, str, str, float]]) -> None:

@@ -20,7 +20,7 @@ plan puts them in a tensor stage (``Plan.validate``), so the value never counts.
 
 Every run's times go to the profile database (table ``layer_times``, profiling/store.py) when it finishes,
 and a run whose layers are all there is skipped: an interrupted profile resumes. :func:`time_profile_from_store`
-turns the table into a :class:`~hybridplan.predict.time_profile.TimeProfile` (its JSON is the documented
+turns the table into a :class:`~hybridplan.profiling.time_profile.TimeProfile` (its JSON is the documented
 format), keyed by the cluster's device type.
 
 CPU timings are noisy (no pinning, other processes, gloo's TCP collectives) and say little about GPU times:
@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,11 +38,11 @@ from typing import Any
 
 import torch
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan, StagePlan
-from hybridplan.predict.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.time_profile import LayerInfo
 from hybridplan.profiling.store import ProfileStore
 
 __all__ = [
@@ -57,7 +56,6 @@ __all__ = [
     "timing_chunks",
     "median_layer_times",
     "layer_infos",
-    "time_profile_from_store",
 ]
 
 DEFAULT_TENSOR_DEGREES: tuple[int, ...] = (1, 2, 4)
@@ -162,7 +160,7 @@ def layer_infos(model: LayeredModel, precision: str = "fp32") -> tuple[LayerInfo
     (trainable parameters in the compute dtype: gradients are reduced in it, runtime/precision.py), from the
     meta device."""
     from hybridplan.runtime.precision import compute_dtype
-    from hybridplan.runtime.stage import boundary_specs
+    from hybridplan.models.boundaries import boundary_specs
 
     dtype = compute_dtype(precision)
     size = torch.empty((), dtype=dtype).element_size()
@@ -199,7 +197,7 @@ class LayerTiming:
         progress: Callable[[str], None] | None = None,
         execute: Callable[[Any], Any] | None = None,
     ) -> None:
-        from hybridplan.runtime.worker import resolve_model
+        from hybridplan.models.zoo import resolve_model
 
         if cfg.run_options.get("backend", "real") != "real":
             raise ProfileError(
@@ -302,49 +300,3 @@ class LayerTiming:
         from hybridplan.runtime.launch import launch
 
         return launch(cfg)
-
-
-def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] | None = None) -> TimeProfile:
-    """The database's layer times as a :class:`TimeProfile` (module docstring; [Note: layers that cannot be split]).
-
-    A (device type, degree, micro-batch size) with a layer missing (a failed or unfinished run) is left out,
-    and ``warn`` is told.
-
-    Raises:
-        ProfileError: if the database holds no complete timing table.
-    """
-    meta = store.meta()
-    say = warn or (lambda msg: print(msg, file=sys.stderr))
-    if "time_layers" not in meta:
-        raise ProfileError(f"{str(store.path)!r} holds no layer times", fix="measure them with 'hybridplan profile --time'")
-    layers = tuple(LayerInfo(name=d["name"], activation_bytes_per_sample=d["activation_bytes_per_sample"],
-                             parameter_bytes=d["parameter_bytes"],
-                             tensor_parallel_allreduces=tuple(d["tensor_parallel_allreduces"]),
-                             shared_parameters=d.get("shared_parameters")) for d in meta["time_layers"])
-    unsplittable = {int(t): set(ls) for t, ls in (meta.get("time_unsplittable") or {}).items()}
-    times = store.layer_times()
-    tables = []
-    for (dtype, t, b), rows in sorted(times.items()):
-        fwd, bwd = [], []
-        for l in range(len(layers)):
-            row = rows.get(l)
-            if row is None and l in unsplittable.get(t, ()):
-                row = times.get((dtype, 1, b), {}).get(l)
-            if row is None:
-                break
-            fwd.append(row[0])
-            bwd.append(row[1])
-        if len(fwd) < len(layers):
-            say(f"layer times of {dtype!r} at tensor degree {t}, micro-batch {b} are incomplete (layer {len(fwd)}"
-                " missing): left out; run 'hybridplan profile --time' again to finish them")
-            continue
-        tables.append(TimingTable(device_type=dtype, tensor_degree=t, micro_batch_size=b, forward_s=tuple(fwd),
-                                  backward_s=tuple(bwd)))
-    if not tables:
-        raise ProfileError(f"{str(store.path)!r} holds no complete layer-time table",
-                           fix="run 'hybridplan profile --time' until it finishes")
-    identity = meta.get("time_identity", {})
-    source = (f"hybridplan profile --time: runtime hooks, median of micro-batches per layer, slowest tensor rank;"
-              f" {identity.get('device', 'cpu')} devices, {identity.get('precision', 'fp32')}")
-    return TimeProfile(model=str(identity.get("model", meta.get("model", "model"))), layers=layers,
-                       timings=tuple(tables), tensor_comm_in_times=True, source=source)

@@ -34,28 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from hybridplan.errors import UsageError
+from hybridplan.workflows.validate import DeviceMemory
 
 __all__ = [
-    "DeviceMemory", "MemoryView", "ParetoPoint", "ParetoView", "PlanPeaks", "ComparisonGroup", "ComparisonView", "ErrorView",
+    "MemoryView", "ParetoPoint", "ParetoView", "PlanPeaks", "ComparisonGroup", "ComparisonView", "ErrorView",
     "SweepView", "ScalingPoint", "ScalingView", "View", "load_view", "pareto_document", "relative_errors",
 ]
-
-
-@dataclass(frozen=True)
-class DeviceMemory:
-    """One device: predicted and measured peak bytes (either may be unknown)."""
-
-    device: int
-    stage: int
-    predicted: int | None = None
-    measured: int | None = None
-
-    @property
-    def error(self) -> float | None:
-        """(predicted - measured) / measured, positive when the prediction was too high."""
-        if self.predicted is None or not self.measured:
-            return None
-        return (self.predicted - self.measured) / self.measured
 
 
 @dataclass(frozen=True)
@@ -281,7 +265,7 @@ def _point(data: Mapping[str, Any], frontier: bool = True) -> ParetoPoint:
 
 
 def _pareto(data: Any, title: str) -> ParetoView:
-    from hybridplan.search.throughput import pareto_frontier
+    from hybridplan.search.time.throughput import pareto_frontier
 
     if isinstance(data, Mapping) and data.get("format") == "hybridplan.pareto":
         return ParetoView(str(data.get("title", title)), tuple(_point(p) for p in data["points"]),

@@ -1,6 +1,6 @@
 """The memory/time front of a model: every strategy of the throughput search, priced by both models.
 
-The throughput search (:func:`~hybridplan.search.throughput.search_throughput`) enumerates AMP's uniform
+The throughput search (:func:`~hybridplan.search.time.throughput.search_throughput`) enumerates AMP's uniform
 strategies and predicts their iteration time; the memory predictor prices the same plans in peak bytes.
 The plans no other plan beats on both are the Pareto front the report draws, with the user's own plans
 (e.g. the memory-optimal one) marked on it. A strategy the memory profile cannot predict (a parallel
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from hybridplan.cluster import Cluster
+from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import HybridPlanError
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.time_model import predict_iteration_time
-from hybridplan.predict.time_profile import TimeProfile
+from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.report.data import ParetoPoint, ParetoView
-from hybridplan.search.throughput import pareto_frontier, search_throughput
+from hybridplan.search.time.throughput import pareto_frontier, search_throughput
 
 __all__ = ["memory_time_front", "plan_point", "plan_label"]
 

@@ -8,6 +8,8 @@ never changes the backend of the caller's own pyplot session.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import math
 import textwrap
 from pathlib import Path
@@ -70,7 +72,7 @@ def _capacity(ax: Axes, capacity: int | None, highest: float, u: _Unit) -> None:
         ax.plot([], [], " ", label=f"{label} (off scale)")
 
 
-def _highest(values: list[float | None], u: _Unit) -> float:
+def _highest(values: Sequence[float | None], u: _Unit) -> float:
     return max((u(v) for v in values if v is not None), default=0.0)
 
 
@@ -221,8 +223,8 @@ def plot_scaling(view: ScalingView, path: str | Path) -> Path:
     ax = fig.add_subplot()
     values = [p.peak_memory_bytes for _, ps in view.series for p in ps]
     u = _Unit(values + [view.capacity_bytes])
-    for k, (name, points) in enumerate(view.series):
-        points = sorted(points, key=lambda p: p.parameters)
+    for k, (name, series) in enumerate(view.series):
+        points = sorted(series, key=lambda p: p.parameters)
         color = _OURS if k == 0 else _MEASURED
         ok = [p for p in points if p.fits and p.peak_memory_bytes is not None]
         ax.plot([p.parameters / 1e9 for p in ok], [u(p.peak_memory_bytes) for p in ok], marker="o", color=color, label=name)

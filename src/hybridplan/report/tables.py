@@ -114,11 +114,12 @@ def scaling_table(view: ScalingView) -> str:
             lines.append(f"{name:<18} {p.width:>9} {p.parameters:>15,} {format_bytes(p.peak_memory_bytes):>11}"
                          f" {'yes' if p.fits else 'no':>5}")
     largest = {name: view.largest(name) for name, _ in view.series}
-    for name, p in largest.items():
-        lines.append(f"largest for {name}: " + ("none fits" if p is None else f"{view.width_name} {p.width}, {p.parameters:,} parameters"))
+    for name, top in largest.items():
+        lines.append(f"largest for {name}: " + ("none fits" if top is None else f"{view.width_name} {top.width}, {top.parameters:,} parameters"))
     names = [n for n, _ in view.series]
-    if len(names) >= 2 and largest[names[0]] and largest[names[-1]]:
-        lines.append(f"{names[0]} / {names[-1]}: {largest[names[0]].parameters / largest[names[-1]].parameters:.2f}x parameters")
+    first, last = (largest[names[0]], largest[names[-1]]) if len(names) >= 2 else (None, None)
+    if first is not None and last is not None:
+        lines.append(f"{names[0]} / {names[-1]}: {first.parameters / last.parameters:.2f}x parameters")
     return "\n".join(lines)
 
 

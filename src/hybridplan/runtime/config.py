@@ -1,20 +1,59 @@
-"""What one run of a plan needs: the model, the plan, the cluster and the training settings."""
+"""What one run of a plan needs: the model, the plan, the cluster and the training settings.
+
+:class:`RunConfig` checks every setting that does not need the model when it is made (an unknown
+backend, device type or precision is a :class:`~hybridplan.errors.UsageError` naming the value and the
+choices), so a bad configuration never reaches a backend; :func:`validate_config` adds the checks that
+need the model (the plan against its layers and the cluster). Its JSON form (:func:`config_to_json`) is
+what ``hybridplan run --write-config`` writes for torchrun (runtime/torchrun.py).
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
-from hybridplan.cluster import Cluster
+from hybridplan.errors import UsageError
 from hybridplan.models.base import LayeredModel
+from hybridplan.models.zoo import resolve_model
 from hybridplan.plan import Plan
+from hybridplan.plan.cluster import Cluster
+from hybridplan.runtime.precision import Precision, check_precision
 
-__all__ = ["RunConfig", "config_to_json", "config_from_json"]
+__all__ = [
+    "RunConfig",
+    "validate_config",
+    "config_to_json",
+    "config_from_json",
+    "Backend",
+    "BACKENDS",
+    "DeviceType",
+    "DEVICE_TYPES",
+]
+
+Backend = Literal["real", "sim"]
+"""How a run executes: one process per device ("real", runtime/processes.py), or simulated devices on
+fake tensors in this process ("sim", runtime/sim.py)."""
+
+BACKENDS: tuple[Backend, ...] = get_args(Backend)
+"""The runtime backends, as ``RunConfig.backend`` accepts them."""
+
+DeviceType = Literal["cpu", "cuda"]
+"""What a rank trains on: the CPU (gloo process groups) or one GPU per rank (NCCL)."""
+
+DEVICE_TYPES: tuple[DeviceType, ...] = get_args(DeviceType)
+"""The device types, as ``RunConfig.device_type`` accepts them."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
-    """A training run of ``plan`` (sent to every rank; must pickle)."""
+    """A training run of ``plan`` (sent to every rank; must pickle).
+
+    Raises:
+        UsageError: on construction, for a setting outside its choices (backend, device type, precision),
+            a loss scale that does not fit the precision, fewer than one iteration, or layer timing on
+            simulated devices.
+    """
 
     model: str | LayeredModel
     """Zoo name, ``module:function``, or a model object."""
@@ -30,7 +69,7 @@ class RunConfig:
     """AdamW learning rate."""
     weight_decay: float = 0.01
     """AdamW weight decay (torch's default)."""
-    device_type: str = "cpu"
+    device_type: DeviceType = "cpu"
     """"cpu" (gloo) or "cuda" (NCCL, one GPU per rank)."""
     track_memory: bool = True
     """Count peak tensor memory (CPU tracker) — costs ~1.2x iteration time."""
@@ -40,7 +79,7 @@ class RunConfig:
     """If set, every stage writes its layers' full weights and last gradients there (for checks)."""
     record_timeline: bool = True
     """Record per-action memory levels of the last measured iteration."""
-    precision: str = "fp32"
+    precision: Precision = "fp32"
     """"fp32", or mixed precision "bf16" / "fp16": parameters, activations and gradients in the low
     precision, an fp32 master copy of every parameter and fp32 AdamW states (runtime/precision.py)."""
     loss_scale: float | None = None
@@ -49,12 +88,26 @@ class RunConfig:
     activation_checkpointing: bool = False
     """Recompute every layer's activations in the backward pass (torch.utils.checkpoint, non-reentrant):
     a micro-batch in flight keeps only its layers' inputs."""
-    backend: str = "real"
+    backend: Backend = "real"
     """"real": one process per device trains for real; "sim": every device's work runs on fake tensors
     in this process and its memory is counted exactly (runtime/sim.py); no losses, no timings."""
     layer_timing: bool = False
     """Record every layer's forward and backward seconds per micro-batch (runtime/layer_timer.py; used by
     ``hybridplan profile --time``). Real backend only: fake tensors take no time."""
+
+    def __post_init__(self) -> None:
+        # The closed sets are checked here, not only by mypy: configurations also come from JSON files
+        # and command lines, and a typo must fail before any process starts, naming the choices.
+        _check_choice("backend", self.backend, BACKENDS)
+        _check_choice("device type", self.device_type, DEVICE_TYPES)
+        check_precision(self.precision, self.loss_scale)
+        if self.iterations < 1:
+            raise UsageError(f"--iterations must be at least 1, got {self.iterations}")
+        if self.layer_timing and self.backend != "real":
+            raise UsageError(
+                f"layer timing needs real devices, but the backend is {self.backend!r}: fake tensors take no time",
+                fix="time layers with backend 'real'",
+            )
 
     def model_name(self) -> str:
         """A printable name of the model."""
@@ -76,10 +129,26 @@ class RunConfig:
         }
 
 
+def _check_choice(what: str, value: object, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UsageError(f"{what} {value!r} is not supported", fix=f"use one of {list(choices)}")
+
+
+def validate_config(cfg: RunConfig) -> None:
+    """Check the plan against the model and cluster before starting any process.
+
+    The settings were checked when ``cfg`` was made; what is left needs the model, which may be costly
+    to import or build (a user model), so it is checked once per run, not per configuration.
+
+    Raises:
+        HybridPlanError: (PlanError, ModelError, ClusterError) naming the problem and the fix.
+    """
+    model = resolve_model(cfg.model)
+    cfg.plan.validate(model=model, cluster=cfg.cluster)
+
+
 def config_to_json(cfg: RunConfig) -> str:
     """The JSON form of a run configuration (the model must be named, not an object)."""
-    import json
-
     if not isinstance(cfg.model, str):
         raise ValueError("only a named model (zoo name or module:function) can be written to a config file")
     data = {
@@ -105,9 +174,11 @@ def config_to_json(cfg: RunConfig) -> str:
 
 
 def config_from_json(text: str) -> RunConfig:
-    """Parse :func:`config_to_json` output."""
-    import json
+    """Parse :func:`config_to_json` output.
 
+    Raises:
+        UsageError: for a setting outside its choices (see :class:`RunConfig`).
+    """
     data = json.loads(text)
     data["plan"] = Plan.from_dict(data["plan"])
     data["cluster"] = Cluster.from_dict(data["cluster"])

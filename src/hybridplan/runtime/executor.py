@@ -2,7 +2,7 @@
 
 Per iteration, every rank: waits at a barrier, resets its peak, frees last iteration's gradients
 (``zero_grad(set_to_none=True)``), takes its rows of the synthetic global batch, then runs its
-stage's actions (:mod:`hybridplan.runtime.schedule`):
+stage's actions (:mod:`hybridplan.plan.schedule`):
 
 - ``F j``: receive the rows of micro-batch j it holds (from the previous stage's ranks, as routed by
   :mod:`hybridplan.runtime.routing`) into a fresh buffer, run the stage, and send the output's rows on;
@@ -44,10 +44,11 @@ from torch.autograd.graph import get_gradient_edge
 
 from hybridplan import collectives
 from hybridplan.models.base import LayeredModel
+from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.plan import Plan
 from hybridplan.runtime.release import is_fake, release_output
 from hybridplan.runtime.routing import Transfer, layout_of, route
-from hybridplan.runtime.schedule import Action, max_in_flight, stage_actions
+from hybridplan.plan.schedule import Action, max_in_flight, stage_actions
 from hybridplan.runtime.weight_stash import WeightStash
 
 __all__ = ["StageExecutor", "IterationRecord", "data_seed"]
@@ -72,14 +73,6 @@ class IterationRecord:
     """This rank's weighted share of the loss (0 off the last stage); None under fake tensors."""
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class BoundarySpec:
-    """Shape of one sample (without the batch dim) and dtype of a tensor crossing a stage boundary."""
-
-    sample_shape: tuple[int, ...]
-    dtype: torch.dtype
 
 
 class StageExecutor:
@@ -195,7 +188,8 @@ class StageExecutor:
             for t in transfers
         ]
         for w in works:
-            w.wait()
+            if w is not None:  # None only for a rank outside the group, and the default group holds every rank
+                w.wait()
         return buf
 
     def _send(self, tensor: torch.Tensor, transfers: list[Transfer], microbatch: int, backward: bool) -> list[Any]:
@@ -229,8 +223,10 @@ class StageExecutor:
     ) -> float | None:
         n = self.rows[1] - self.rows[0]
         if self.first:
+            assert local_in is not None  # _local_batch gives the first stage its inputs
             x = local_in[j * n : (j + 1) * n]
         else:
+            assert self.input_spec is not None  # every stage but the first is given what it receives
             x = self._receive(self.fwd_recv, self.input_spec, j, backward=False)
             if x.is_floating_point():
                 x.requires_grad_()
@@ -238,6 +234,7 @@ class StageExecutor:
         if self.last:
             weight = n / self.plan.microbatch_size / self.plan.num_microbatches
             # .float() is a no-op in fp32; in mixed precision the loss is computed in fp32.
+            assert local_tgt is not None  # _local_batch gives the last stage its targets
             loss = self.model.loss(y.float(), local_tgt[j * n : (j + 1) * n]) * (weight * self.loss_scale)
             stash[j] = (x, get_gradient_edge(loss), None)
             return None if is_fake(loss) else float(loss.detach()) / self.loss_scale
@@ -255,6 +252,7 @@ class StageExecutor:
             if edge is not None:
                 torch.autograd.backward([edge], grad_tensors=[torch.ones((), device=self.device)])
         else:
+            assert self.output_spec is not None  # every stage but the last is given what it sends
             grad = self._receive(self.bwd_recv, self.output_spec, j, backward=True)
             # [Note: waiting for forward sends] The next stage has back-propagated micro-batch j, so it
             # received our output long ago: this wait returns at once. Dropping the send buffer BEFORE

@@ -1,6 +1,6 @@
 """Per-layer forward and backward seconds of a stage, from hooks (``RunConfig.layer_timing``).
 
-The time model needs every layer's forward and backward time (predict/time_profile.py); the runtime
+The time model needs every layer's forward and backward time (profiling/time_profile.py); the runtime
 measures them while it trains, with the stage's real schedule, communication and precision:
 
 - forward: a pre-hook and a post-hook on every layer time its call;

@@ -1,7 +1,7 @@
 """Tie a locally launched rank to its launcher, so that no rank outlives it, whatever killed it.
 
 [Note: ranks are the forkserver's children]
-The launcher (runtime/launch.py) starts its ranks through multiprocessing's forkserver, so a rank's
+The launcher (runtime/processes.py) starts its ranks through multiprocessing's forkserver, so a rank's
 parent is the forkserver, not the launcher: ``PR_SET_PDEATHSIG`` alone ties a rank to the forkserver.
 And the forkserver ends only when the read end of its "alive" pipe reaches end of file, while every
 process it forks receives a copy of the write end (CPython's multiprocessing/forkserver.py,
@@ -34,10 +34,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-__all__: list[str] = []
+from hybridplan.runtime.result import EXIT_LAUNCHER_GONE
 
-EXIT_LAUNCHER_GONE = 4
-"""Exit code of a rank ended because its launcher died (no one reads it: the launcher is gone)."""
+__all__: list[str] = []
 
 _POLL_S = 0.5
 """Seconds between checks of the launcher's pid where no pidfd can be opened: an orphan lingers at most this long."""

@@ -37,7 +37,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-__all__ = ["DeviceOutOfMemory", "StorageTracker", "CudaMemoryMeter", "NullMeter", "CATEGORIES"]
+__all__ = ["DeviceOutOfMemory", "StorageTracker", "CudaMemoryMeter", "NullMeter", "CATEGORIES", "storage_tensors"]
 
 CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "backward", "step", "other", "weight_stash")
 """Where bytes are attributed: by the phase they were allocated in, except gradients (re-tagged when
@@ -57,14 +57,14 @@ class DeviceOutOfMemory(RuntimeError):
         self.phase = phase
 
 
-def _storage_tensors(t: Any) -> Iterator[torch.Tensor]:
+def storage_tensors(t: Any) -> Iterator[torch.Tensor]:
     """The plain tensors that own storage behind ``t`` (a DTensor, parameter or not, yields its local shard)."""
     if not isinstance(t, torch.Tensor):
         return
     if type(t) not in (torch.Tensor, torch.nn.Parameter) and hasattr(t, "__tensor_flatten__"):
         names, _ = t.__tensor_flatten__()
         for name in names:
-            yield from _storage_tensors(getattr(t, name, None))
+            yield from storage_tensors(getattr(t, name, None))
         return
     yield t
 
@@ -107,7 +107,7 @@ class StorageTracker(TorchDispatchMode):
 
     def track(self, t: Any, category: str | None = None) -> None:
         """Count ``t``'s storage (once) under ``category`` (default: the current phase)."""
-        for plain in _storage_tensors(t):
+        for plain in storage_tensors(t):
             if plain.device.type == "meta":
                 continue
             storage = plain.untyped_storage()
@@ -151,7 +151,7 @@ class StorageTracker(TorchDispatchMode):
 
     def retag(self, t: Any, category: str) -> None:
         """Move ``t``'s bytes to ``category`` (e.g. a freshly accumulated gradient to "gradients")."""
-        for plain in _storage_tensors(t):
+        for plain in storage_tensors(t):
             key = plain.untyped_storage()._cdata
             entry = self._live.get(key)
             if entry is not None and entry[1] != category:
@@ -161,7 +161,7 @@ class StorageTracker(TorchDispatchMode):
 
     def forget(self, t: Any) -> None:
         """Stop counting ``t``'s storage now (it is only kept alive for an in-flight send)."""
-        for plain in _storage_tensors(t):
+        for plain in storage_tensors(t):
             self._release(plain.untyped_storage()._cdata)
 
     def host_resident(self, t: Any) -> None:
@@ -175,7 +175,7 @@ class StorageTracker(TorchDispatchMode):
 
     def counts(self, t: Any) -> bool:
         """Whether ``t``'s storage is currently counted."""
-        return all(p.untyped_storage()._cdata in self._live for p in _storage_tensors(t))
+        return all(p.untyped_storage()._cdata in self._live for p in storage_tensors(t))
 
     def reset_peak(self) -> None:
         """Start a new peak window at the current level."""

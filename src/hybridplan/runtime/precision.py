@@ -27,8 +27,9 @@ with the same placements (the step runs DTensor's pointwise rules, on the local 
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from torch import nn
@@ -39,6 +40,7 @@ from hybridplan.models.tensor_parallel import is_sharded_parameter
 
 __all__ = [
     "cast_module",
+    "Precision",
     "PRECISIONS",
     "DEFAULT_FP16_LOSS_SCALE",
     "compute_dtype",
@@ -48,7 +50,10 @@ __all__ = [
     "build_optimizer",
 ]
 
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16")
+Precision = Literal["fp32", "bf16", "fp16"]
+"""A training precision: fp32, or mixed precision with bf16 or fp16 compute (module docstring)."""
+
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 """Training precisions ``RunConfig.precision`` accepts."""
 
 DEFAULT_FP16_LOSS_SCALE = 128.0
@@ -103,14 +108,14 @@ class NoParameters(torch.optim.Optimizer):
     """
 
     def __init__(self) -> None:  # deliberately not calling Optimizer.__init__, which rejects no parameters
-        self.state: dict[Any, Any] = {}
+        self.state: defaultdict[torch.Tensor, Any] = defaultdict(dict)  # as Optimizer.__init__ makes it
         self.param_groups: list[dict[str, Any]] = []
         self.defaults: dict[str, Any] = {}
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         return None
 
-    def step(self, closure: Any = None) -> None:
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]  # no closure: the runtime passes none
         return None
 
 

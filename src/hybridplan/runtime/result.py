@@ -1,6 +1,15 @@
-"""The outcome of a run: status, losses, iteration time, and per-device peak memory.
+"""The outcome of a run: what each rank reports, and the run's result (status, losses, iteration time,
+per-device peak memory); how the launcher combines the first into the second.
 
-JSON form (other tools rely on these keys; more are added)::
+A rank ends with one report: a :class:`RankReport` if it trained every iteration, else a
+:class:`RankFailure`; and with an exit code (:data:`EXIT_OK`, :data:`EXIT_FAILED`, :data:`EXIT_OOM`, or
+:data:`EXIT_LAUNCHER_GONE` when it ended itself because its launcher died). Reports travel as JSON: in a
+file per rank to the local launcher (runtime/processes.py), through ``all_gather_object`` to rank 0 under
+torchrun (runtime/torchrun.py); the simulator (runtime/sim.py) makes them in process. :func:`aggregate`
+turns one finished report per rank into the :class:`RunResult`; :func:`failed_result` is the result of a
+run that failed.
+
+JSON form of a result (other tools rely on these keys; more are added)::
 
     {"status": "ok" | "oom" | "failed", "reason": str | null, "iteration_seconds": float | null,
      "losses": [float, ...],
@@ -12,16 +21,153 @@ A simulated run (``backend="sim"``) has the same form with ``iteration_seconds``
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 
 from hybridplan.errors import HybridPlanError
 from hybridplan.units import format_bytes
 
-__all__ = ["DeviceResult", "RunResult", "STATUSES"]
+if TYPE_CHECKING:
+    from hybridplan.runtime.config import RunConfig
+
+__all__ = [
+    "DeviceResult",
+    "RunResult",
+    "STATUSES",
+    "RankReport",
+    "RankFailure",
+    "FailureStatus",
+    "report_from_dict",
+    "aggregate",
+    "failed_result",
+    "EXIT_OK",
+    "EXIT_FAILED",
+    "EXIT_OOM",
+    "EXIT_LAUNCHER_GONE",
+]
 
 STATUSES = ("ok", "oom", "failed")
+
+EXIT_OK = 0
+"""Exit code of a rank that trained every iteration and wrote its :class:`RankReport`."""
+EXIT_FAILED = 1
+"""Exit code of a rank that failed (any exception but running out of memory) and wrote its :class:`RankFailure`."""
+EXIT_OOM = 3
+"""Exit code of a rank that ran out of device memory; also read from a rank that died without a report."""
+EXIT_LAUNCHER_GONE = 4
+"""Exit code of a rank ended because its launcher died (runtime/lifeline.py; no one reads it: the launcher is gone)."""
+
+FailureStatus = Literal["oom", "failed"]
+"""How a rank failed: out of device memory, or anything else."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankReport:
+    """What one rank measured over a run it finished (runtime/rank.py ``run_rank``).
+
+    Per-iteration lists run warm-up first. The memory lists are empty when memory is not tracked.
+    """
+
+    status: ClassVar[str] = "ok"
+    rank: int
+    """The device index."""
+    stage: int
+    """Index of the rank's stage in the plan."""
+    rank_in_stage: int
+    """Position of the rank among its stage's devices."""
+    node: int
+    """The node (machine) the device is on."""
+    in_flight: int
+    """Most micro-batches alive at once on this rank under the schedule."""
+    iteration_peaks: list[int]
+    """Peak tensor bytes of every iteration."""
+    static: list[int]
+    """Live bytes at the start of every iteration (parameters, optimizer state, buffers)."""
+    data: list[int]
+    """Bytes of the rank's share of the batch in every iteration."""
+    breakdowns: list[dict[str, int]]
+    """Bytes per category at every iteration's peak (runtime/memory.py CATEGORIES)."""
+    seconds: list[float]
+    """Wall time of every iteration (a simulated rank: the simulation's own time)."""
+    losses: list[float]
+    """The rank's weighted share of every iteration's loss (0 off the last stage); empty when simulated."""
+    timeline: list[dict[str, Any]]
+    """Per action of the last iteration: ``{"action", "before", "peak", "after"}`` bytes."""
+    overhead_bytes: int | None
+    """GPU memory outside tensors (runtime/gpu_memory.py): measured or estimated for CUDA, else None."""
+    layer_seconds: list[dict[str, list[list[float]]]]
+    """With ``RunConfig.layer_timing``: per iteration, per-layer seconds of every micro-batch; else empty."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``{"status": "ok", "rank": ..., ...}`` (one key per field)."""
+        return {"status": self.status, **{f.name: getattr(self, f.name) for f in fields(self)}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankReport:
+        """Parse :meth:`to_dict` output.
+
+        Raises:
+            ValueError: if ``data`` is not a finished rank's report.
+        """
+        if data.get("status") != cls.status:
+            raise ValueError(f"not a finished rank's report: status {data.get('status')!r}")
+        try:
+            return cls(**{k: v for k, v in data.items() if k != "status"})
+        except TypeError as e:
+            raise ValueError(f"not a finished rank's report: {e}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class RankFailure:
+    """The report of a rank that failed: its exception, for the launcher to find the run's root cause."""
+
+    status: FailureStatus
+    """"oom" if the rank ran out of device memory, else "failed"."""
+    rank: int
+    """The device index."""
+    reason: str
+    """``"device <rank>: <exception type>: <message>"``; the launcher adds the stage."""
+    time: float
+    """When it failed (``time.time()``): the earliest failure is the likeliest cause."""
+    traceback: str
+    """The end of the formatted traceback (for debugging; not part of the result)."""
+
+    def __post_init__(self) -> None:
+        if self.status not in get_args(FailureStatus):
+            raise ValueError(f"status {self.status!r} of a failed rank is not one of {list(get_args(FailureStatus))}")
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code the rank ends with: :data:`EXIT_OOM` or :data:`EXIT_FAILED`."""
+        return EXIT_OOM if self.status == "oom" else EXIT_FAILED
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: ``{"status", "rank", "reason", "time", "traceback"}``."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RankFailure:
+        """Parse :meth:`to_dict` output.
+
+        Raises:
+            ValueError: if ``data`` is not a failed rank's report.
+        """
+        try:
+            return cls(**data)
+        except TypeError as e:
+            raise ValueError(f"not a failed rank's report: {e}") from None
+
+
+def report_from_dict(data: dict[str, Any]) -> RankReport | RankFailure:
+    """A rank's report from its JSON form, finished or failed by its ``"status"``.
+
+    Raises:
+        ValueError: if ``data`` is neither.
+    """
+    return RankReport.from_dict(data) if data.get("status") == RankReport.status else RankFailure.from_dict(data)
 
 
 @dataclass
@@ -144,3 +290,73 @@ class RunResult:
                     + (f" {format_bytes(d.overhead_bytes):>12}" if overhead else "")
                 )
         return "\n".join(lines)
+
+
+def failed_result(cfg: RunConfig, status: str, reason: str, wall: float | None) -> RunResult:
+    """The result of a run that failed with ``status`` ("oom" or "failed") for ``reason``: no devices, no losses."""
+    return RunResult(
+        status=status,
+        reason=reason,
+        iteration_seconds=None,
+        losses=[],
+        devices=[],
+        config=cfg.describe(),
+        plan=cfg.plan.to_dict(),
+        wall_seconds=wall,
+    )
+
+
+def aggregate(cfg: RunConfig, reports: Sequence[RankReport], *, wall_seconds: float | None) -> RunResult:
+    """Combine the reports of every rank (in rank order) into the run result.
+
+    The loss of an iteration is the sum of the last stage's shares (one rank's if it is tensor-parallel:
+    every rank there computes the full loss). The iteration time is the mean over measured iterations
+    (all but the warm-up) of the slowest rank's; a device's peak is its highest measured iteration's.
+    A simulated run's reports carry no losses and no meaningful times: its result has ``losses == []``
+    and ``iteration_seconds`` None.
+    """
+    plan = cfg.plan
+    last = plan.stages[-1]
+    owners = list(last.devices) if last.parallelism == "data" else [last.devices[0]]
+    losses: list[float] = []
+    if all(len(reports[r].losses) == cfg.iterations for r in owners):
+        losses = [sum(reports[r].losses[it] for r in owners) for it in range(cfg.iterations)]
+    measured = range(1, cfg.iterations) if cfg.iterations > 1 else range(cfg.iterations)
+    iteration_seconds = None
+    if cfg.backend != "sim":
+        iteration_seconds = statistics.fmean(max(rep.seconds[it] for rep in reports) for it in measured)
+    devices = []
+    for rep in reports:
+        peaks = rep.iteration_peaks
+        peak = best = None
+        if peaks:
+            best = max(measured, key=lambda it: peaks[it])
+            peak = peaks[best]
+        devices.append(
+            DeviceResult(
+                device=rep.rank,
+                stage=rep.stage,
+                peak_memory_bytes=peak,
+                node=rep.node,
+                rank_in_stage=rep.rank_in_stage,
+                static_memory_bytes=rep.static[-1] if rep.static else None,
+                data_bytes=rep.data[-1] if rep.data else None,
+                peak_breakdown={k: v for k, v in rep.breakdowns[best].items() if v} if best is not None else {},
+                iteration_peaks=peaks,
+                in_flight=rep.in_flight,
+                iteration_seconds=rep.seconds,
+                timeline=rep.timeline,
+                overhead_bytes=rep.overhead_bytes,
+                layer_seconds=rep.layer_seconds,
+            )
+        )
+    return RunResult(
+        status="ok",
+        reason=None,
+        iteration_seconds=iteration_seconds,
+        losses=losses,
+        devices=devices,
+        config=cfg.describe(),
+        plan=plan.to_dict(),
+        wall_seconds=wall_seconds,
+    )

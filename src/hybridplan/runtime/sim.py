@@ -1,6 +1,6 @@
 """Simulated devices: run a plan's per-device work on fake tensors in this process and count its memory.
 
-Each simulated device runs exactly what a real rank runs (runtime/worker.py ``run_rank``: the same stage
+Each simulated device runs exactly what a real rank runs (runtime/rank.py ``run_rank``: the same stage
 building, tensor-parallel sharding, optimizer, :class:`~hybridplan.runtime.executor.StageExecutor` and
 :class:`~hybridplan.runtime.memory.StorageTracker`), with two substitutions:
 
@@ -31,7 +31,7 @@ Example::
 
     from hybridplan.runtime.sim import simulate, simulate_stage
     result = simulate(RunConfig(model="gpt3-1.3b", plan=plan, cluster=cluster, backend="sim"))
-    report = simulate_stage(cfg, stage_index=0)       # one device of stage 0, as run_rank reports it
+    report = simulate_stage(cfg, stage_index=0)       # one device of stage 0: a RankReport, as run_rank's
 """
 
 from __future__ import annotations
@@ -40,18 +40,18 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from hybridplan.errors import UsageError
-from hybridplan.runtime.config import RunConfig
-from hybridplan.runtime.executor import BoundarySpec
+from hybridplan.models.boundaries import BoundarySpec, boundary_specs
+from hybridplan.models.zoo import resolve_model
+from hybridplan.runtime.config import RunConfig, validate_config
 from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
-from hybridplan.runtime.result import RunResult
-from hybridplan.runtime.stage import boundary_specs
-from hybridplan.runtime.worker import resolve_model, run_rank
+from hybridplan.runtime.memory import DeviceOutOfMemory
+from hybridplan.runtime.rank import run_rank
+from hybridplan.runtime.result import RankReport, RunResult, aggregate, failed_result
 
 __all__ = ["simulate", "simulate_stage", "fake_process_group"]
 
@@ -84,23 +84,22 @@ def simulate_stage(
     iterations: int = 2,
     specs: list[BoundarySpec] | None = None,
     rank: int | None = None,
-) -> dict[str, Any]:
-    """Simulate one device of stage ``stage_index`` of ``cfg.plan``; return its per-rank report.
+) -> RankReport:
+    """Simulate one device of stage ``stage_index`` of ``cfg.plan``; return its report.
 
-    The report has the keys of a real rank's report (runtime/worker.py ``run_rank``): "rank", "stage",
-    "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data", "breakdowns", "seconds"
-    (the simulation's wall time per iteration, not a device time), "losses" (empty), "timeline",
-    "overhead_bytes" (GPU estimate for ``device_type="cuda"``, else None), "layer_seconds" (empty: layer
-    timing needs real devices). The first iteration is the
-    warm-up (the optimizer state appears in its step), so ``iterations`` must be at least 2 for a
-    steady-state peak. The plan is not validated here (a profiling campaign calls this many times):
-    use :func:`~hybridplan.runtime.launch.validate_config` first for plans from users.
+    The report is a real rank's (runtime/rank.py ``run_rank``), except: ``seconds`` are the simulation's
+    wall time per iteration, not a device time; ``losses`` are empty; ``overhead_bytes`` is the GPU
+    estimate for ``device_type="cuda"``, else None; ``layer_seconds`` are empty (layer timing needs real
+    devices). The first iteration is the warm-up (the optimizer state appears in its step), so
+    ``iterations`` must be at least 2 for a steady-state peak. The plan is not validated here (a
+    profiling campaign calls this many times): use :func:`~hybridplan.runtime.config.validate_config`
+    first for plans from users.
 
     Args:
         cfg: the run (its ``backend`` is not consulted; ``cfg.iterations`` is replaced by ``iterations``).
         stage_index: which stage.
         iterations: iterations to simulate.
-        specs: the model's boundary specs (:func:`~hybridplan.runtime.stage.boundary_specs`), if known.
+        specs: the model's boundary specs (:func:`~hybridplan.models.boundaries.boundary_specs`), if known.
         rank: which device of the stage (default: its first; all do the same work in memory terms).
 
     Raises:
@@ -142,15 +141,12 @@ def simulate(
     Returns:
         The result, in the real runtime's form, with ``iteration_seconds`` None and no losses.
     """
-    from hybridplan.runtime.launch import _failed, aggregate, validate_config
-    from hybridplan.runtime.memory import DeviceOutOfMemory
-
     validate_config(cfg)
     say = on_event or (lambda _msg: None)
     plan = cfg.plan
     specs = boundary_specs(resolve_model(cfg.model))
     started = time.perf_counter()
-    reports: list[dict[str, Any] | None] = [None] * plan.num_devices
+    reports: dict[int, RankReport] = {}
     for index, stage in enumerate(plan.stages):
         ranks = stage.devices[:1] if distinct_only else stage.devices
         for rank in ranks:
@@ -159,26 +155,29 @@ def simulate(
                 report = simulate_stage(cfg, index, iterations=cfg.iterations, specs=specs, rank=rank)
             except DeviceOutOfMemory as e:
                 reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
-                return _failed(cfg, "oom", reason, time.perf_counter() - started)
+                return failed_result(cfg, "oom", reason, time.perf_counter() - started)
             except UsageError:
                 raise
             except Exception as e:  # a failing device fails the run, as in the real runtime
                 reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
-                return _failed(cfg, "failed", reason, time.perf_counter() - started)
+                return failed_result(cfg, "failed", reason, time.perf_counter() - started)
             say(f"simulated device {rank} (stage {index}) in {time.perf_counter() - t0:.1f} s")
             reports[rank] = _as_rank(cfg, report, rank)
         for rank in stage.devices:
-            if reports[rank] is None:
+            if rank not in reports:
                 reports[rank] = _as_rank(cfg, reports[stage.devices[0]], rank)
-    return aggregate(cfg, reports, wall_seconds=time.perf_counter() - started)
+    ordered = [reports[rank] for rank in range(plan.num_devices)]
+    return aggregate(cfg, ordered, wall_seconds=time.perf_counter() - started)
 
 
-def _as_rank(cfg: RunConfig, report: dict[str, Any], rank: int) -> dict[str, Any]:
+def _as_rank(cfg: RunConfig, report: RankReport, rank: int) -> RankReport:
     """``report`` of a device of the same stage, as ``rank``'s (see [Note: simulating one device per stage])."""
     plan = cfg.plan
     stage = plan.stages[plan.stage_of_device(rank)]
-    out = dict(report, rank=rank, rank_in_stage=stage.devices.index(rank), node=cfg.cluster.node_of(rank))
+    overhead = report.overhead_bytes
     if cfg.device_type == "cuda" and cfg.track_memory:
-        out["overhead_bytes"] = estimate_overhead_bytes(plan, rank)
-    return out
+        overhead = estimate_overhead_bytes(plan, rank)
+    return replace(
+        report, rank=rank, rank_in_stage=stage.devices.index(rank), node=cfg.cluster.node_of(rank), overhead_bytes=overhead
+    )
 

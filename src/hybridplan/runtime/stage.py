@@ -1,5 +1,8 @@
 """Building one stage: its layers with deterministic weights, split for tensor parallelism if asked,
-and the shapes of the tensors that cross its boundaries."""
+optionally checkpointed; and gathering a stage's full weights back (for checks).
+
+The shapes of the tensors that cross a stage's boundaries are the model's (models/boundaries.py).
+"""
 
 from __future__ import annotations
 
@@ -7,13 +10,11 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel, build_layers
 from hybridplan.models.tensor_parallel import TensorParallelGroup, full_parameter
 from hybridplan.plan import StagePlan
-from hybridplan.runtime.executor import BoundarySpec
 
-__all__ = ["build_stage_module", "boundary_specs", "unsplit_state", "CheckpointedSequential"]
+__all__ = ["build_stage_module", "unsplit_state", "CheckpointedSequential"]
 
 
 class CheckpointedSequential(nn.Sequential):
@@ -62,35 +63,6 @@ def build_stage_module(
                 raise ValueError(f"layer {index} of {model.name} has no tensor-parallel split")
             tp_plan.apply(layer, tp)
     return CheckpointedSequential(*layers) if checkpointing else nn.Sequential(*layers)
-
-
-def boundary_specs(model: LayeredModel, stop: int | None = None) -> list[BoundarySpec]:
-    """``specs[i]`` describes one sample of the input of layer ``i`` (``specs[num_layers]``: the output).
-
-    Computed by running the layers on the meta device: no memory, no compute.
-    """
-    stop = model.num_layers if stop is None else stop
-    inputs, _ = model.make_batch(model.sample_granularity, torch.Generator().manual_seed(0))
-    x = inputs.to("meta")
-    specs = [BoundarySpec(tuple(x.shape[1:]), x.dtype)]
-    with torch.device("meta"):
-        for i in range(stop):
-            try:
-                x = model.build_layer(i)(x)
-            except Exception as e:  # a user model's layer: report which one and why
-                raise ModelError(
-                    f"layer {i} ({model.layer_name(i)}) of {model.name} failed on a meta-device batch of shape"
-                    f" {tuple(x.shape)}: {type(e).__name__}: {e}",
-                    fix="every layer must take one batch-first tensor, return one, and run on the meta device",
-                ) from e
-            if not isinstance(x, torch.Tensor) or x.dim() == 0:
-                raise ModelError(
-                    f"layer {i} ({model.layer_name(i)}) of {model.name} returned {type(x).__name__}"
-                    f"{'' if not isinstance(x, torch.Tensor) else ' with no batch dimension'}",
-                    fix="every layer must return one tensor whose first dimension is the batch",
-                )
-            specs.append(BoundarySpec(tuple(x.shape[1:]), x.dtype))
-    return specs  # per-sample shapes: the batch dimension is dropped
 
 
 def _unsplit_name(name: str) -> str:

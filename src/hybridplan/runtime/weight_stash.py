@@ -20,9 +20,9 @@ so iteration 0 trains exactly as 1F1B does, and later ones differ.
 Memory: one more copy of the trainable parameters in the compute dtype, allocated when the executor is
 built and filed under "weight_stash"; the swaps and the copy allocate nothing, so everything else in the
 iteration is 1F1B's to the byte. With mixed precision the optimizer's fp32 masters hold ``W(t)`` and are
-not stashed: the stale version is only computed with, in the low precision. :func:`layer_stash_bytes`
-gives these bytes per layer without running anything (the memory predictor adds them to profiles taken
-under another schedule; predict/memory.py).
+not stashed: the stale version is only computed with, in the low precision.
+:func:`~hybridplan.profiling.stash_sizes.layer_stash_bytes` gives these bytes per layer without running
+anything (the memory predictor adds them to profiles taken under another schedule; predict/memory.py).
 
 The runtime still ends every iteration at a barrier (it measures per iteration), so its iteration TIME is
 PipeDream-Flush's; the flush-free pipeline of the paper is what the cost model predicts
@@ -35,12 +35,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from hybridplan.models.base import LayeredModel
-from hybridplan.runtime.memory import _storage_tensors
+from hybridplan.runtime.memory import storage_tensors
 
-__all__ = ["WeightStash", "layer_stash_bytes"]
+__all__ = ["WeightStash"]
 
 
 class WeightStash:
@@ -64,7 +62,7 @@ class WeightStash:
     """
 
     def __init__(self, params: Sequence[torch.Tensor], meter: Any) -> None:
-        self._live = [t for p in params for t in _storage_tensors(p)]
+        self._live = [t for p in params for t in storage_tensors(p)]
         with meter.in_phase("weight_stash"), torch.no_grad():
             self._stale = [t.detach().clone() for t in self._live]
         self._swapped = False
@@ -93,55 +91,3 @@ class WeightStash:
     def nbytes(self) -> int:
         """Bytes of the stash (exact bytes of its tensors)."""
         return sum(t.numel() * t.element_size() for t in self._stale)
-
-
-def layer_stash_bytes(
-    model: LayeredModel, kind: str, degree: int, *, precision: str = "fp32", device_type: str = "cpu"
-) -> list[int | None]:
-    """Per-device bytes a 2BW weight stash holds for each layer of ``model`` in a ``kind`` x ``degree`` stage.
-
-    Builds every layer as the runtime does (``build_stage_module``: tensor-parallel shards on a fake process
-    group, mixed-precision cast) on fake tensors, so it costs no device memory and no compute. Stash tensors
-    are one per parameter storage, so a stage's stash is the sum of its layers'. For ``device_type="cuda"``
-    each tensor counts the CUDA caching allocator's block (runtime/gpu_memory.py), as the runtime's GPU
-    meters see it. ``None`` for a layer that cannot be tensor-parallel at ``degree``.
-
-    Raises:
-        UsageError: if this process already has a process group (the fake one cannot be set up).
-    """
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from hybridplan.models.tensor_parallel import TensorParallelGroup
-    from hybridplan.plan import StagePlan
-    from hybridplan.runtime.gpu_memory import cuda_block_bytes
-    from hybridplan.runtime.precision import cast_module, compute_dtype
-    from hybridplan.runtime.sim import fake_process_group
-    from hybridplan.runtime.stage import build_stage_module
-
-    tensor = kind == "tensor" and degree > 1
-    label = kind if degree > 1 else "none"
-    dtype = compute_dtype(precision)
-    out: list[int | None] = []
-    with fake_process_group(0, degree), FakeTensorMode():
-        tp = None
-        if tensor:
-            with unset_fake_temporarily():
-                mesh = DeviceMesh.from_group(dist.group.WORLD, "cpu")
-            tp = TensorParallelGroup(dist.group.WORLD, mesh, 0, degree)
-        for layer in range(model.num_layers):
-            if tensor and model.tensor_parallel_problem(layer, degree) is not None:
-                out.append(None)
-                continue
-            stage = StagePlan(layer, layer + 1, label, degree, tuple(range(degree)))
-            module = build_stage_module(model, stage, seed=0, device=torch.device("cpu"), tp=tp)
-            if dtype != torch.float32:
-                cast_module(module, dtype)
-            total = 0
-            for p in module.parameters():
-                if p.requires_grad:
-                    for t in _storage_tensors(p):
-                        n = t.numel() * t.element_size()
-                        total += cuda_block_bytes(n) if device_type == "cuda" else n
-            out.append(total)
-    return out

@@ -1,22 +1,32 @@
-"""Search the plan space for the plan with the lowest per-device peak memory (CAPTURE, mCAP).
+"""Search the plan space: the memory objective (``memory/``), the time objective (``time/``), and what both share.
 
-A tour, in the order data flows:
+- :mod:`~hybridplan.search.memory`: the plan with the lowest per-device peak memory (CAPTURE, mCAP): the space,
+  the objective, the exact, exhaustive and Bayesian solvers, the fewest devices that fit;
+- :mod:`~hybridplan.search.time`: the fastest plans that fit in memory (AMP's search, PipeDream-2BW's planner);
+- shared: :mod:`~hybridplan.search.progress` (progress lines of long searches) and
+  :mod:`~hybridplan.search.baselines` (the baseline partitioners both objectives are compared with).
 
-- :mod:`~hybridplan.search.space`: the plans (stage configs, packing onto the mesh, placement, enumeration);
-- :mod:`~hybridplan.search.objective`: the stage-memory model the predictor provides, the score of a plan
-  (leximax with a canonical tie-break) and the :class:`SearchResult` every solver returns;
-- the solvers: :func:`solve_exhaustive` (CAPTURE / mCAP-BF, the reference), :func:`solve_exact` (dynamic
-  programming, same answer, fast), :func:`solve_bayesian` (mCAP-BO);
-- :func:`fewest_devices`: the smallest mesh on which the model fits;
-- :mod:`~hybridplan.search.synthetic`: stand-in memory models for tests and benchmarks.
+The memory objective's names are re-exported here (``from hybridplan.search import PlanSpace, solve_exact``).
 """
 
-from hybridplan.search.bayesian import solve_bayesian
-from hybridplan.search.exact import solve_exact
-from hybridplan.search.exhaustive import solve_exhaustive
-from hybridplan.search.fewest import FewestResult, MeshAttempt, fewest_devices
-from hybridplan.search.objective import PlacedStage, SearchResult, StageMemoryModel, StageTable
-from hybridplan.search.space import PlanSpace, StageChoice, StageConfig, count_plans, enumerate_plans
+from hybridplan.search.memory import (
+    FewestResult,
+    MeshAttempt,
+    PlacedStage,
+    PlanSpace,
+    SearchResult,
+    StageChoice,
+    StageConfig,
+    StageMemoryModel,
+    StageTable,
+    count_plans,
+    enumerate_plans,
+    fewest_devices,
+    solve_bayesian,
+    solve_exact,
+    solve_exhaustive,
+)
+from hybridplan.search.progress import Progress, ProgressCallback
 
 __all__ = [
     "PlanSpace",
@@ -34,4 +44,6 @@ __all__ = [
     "fewest_devices",
     "FewestResult",
     "MeshAttempt",
+    "Progress",
+    "ProgressCallback",
 ]

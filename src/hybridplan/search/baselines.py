@@ -2,7 +2,7 @@
 
 Each cuts a chain of ``L`` layers into pipeline stages and returns the stage boundaries
 ``(0, b_1, ..., L)`` (stage ``j`` holds layers ``[b_j, b_{j+1})``, as in
-:class:`~hybridplan.search.stage_cuts.Assignment`). None looks at memory, which is the point of comparing.
+:class:`~hybridplan.search.time.stage_cuts.Assignment`). None looks at memory, which is the point of comparing.
 Our own implementations of the upstream algorithms, reproducing their results, tie-breaks included:
 
 - :func:`equal_layers`: equal layer counts. Megatron-LM gives every pipeline rank ``num_layers // pp``
@@ -42,15 +42,16 @@ This greedy spread is not the optimum of max - min, nor of the max. Weights are 
 
 from __future__ import annotations
 
+from typing import Literal
+
 import math
 import numbers
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from itertools import accumulate
 
-from hybridplan.cluster import Cluster
 from hybridplan.errors import PlanError, UsageError
-from hybridplan.plan import Plan, StagePlan
+from hybridplan.plan import Cluster, Parallelism, Plan, StagePlan, as_schedule
 
 __all__ = ["BASELINES", "equal_layers", "balance_by_time", "balance_by_size", "balance_by_parameters",
            "balance_by_type", "baseline_plan"]
@@ -259,7 +260,7 @@ def baseline_plan(
     num_microbatches: int,
     layer_costs: Iterable[float] | None = None,
     stage_degrees: int | None = None,
-    parallelism: str = "data",
+    parallelism: Literal["data", "tensor"] = "data",
 ) -> Plan:
     """The plan a baseline partitioner gives on ``cluster``, valid by :meth:`Plan.validate`.
 
@@ -322,9 +323,9 @@ def baseline_plan(
                 fix="give one cost per layer",
             )
         bounds = _PARTITIONERS[name](costs, stages)
-    kind = parallelism if degree > 1 else "none"
+    kind: Parallelism = parallelism if degree > 1 else "none"
     plan = Plan(
-        schedule=schedule,
+        schedule=as_schedule(schedule),
         global_batch_size=global_batch_size,
         num_microbatches=num_microbatches,
         stages=tuple(

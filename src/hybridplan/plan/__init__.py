@@ -1,0 +1,27 @@
+"""What every stage of the data flow shares: the cluster, the plan, and the pipeline schedules.
+
+- :mod:`~hybridplan.plan.cluster`: N nodes x k devices, their memory, speed and links;
+- :mod:`~hybridplan.plan.plan`: ONE plan type (stages of ``data_degree x tensor_degree`` devices), its JSON
+  form and its rules;
+- :mod:`~hybridplan.plan.schedule`: the typed schedule registry and the action IR (``F3``, ``B0``).
+
+Nothing here imports torch: plans are read, checked, predicted and searched without it.
+"""
+
+from hybridplan.plan.cluster import Cluster, DeviceSpec
+from hybridplan.plan.plan import PARALLELISMS, Parallelism, Plan, StagePlan
+from hybridplan.plan.schedule import SCHEDULES, Schedule, ScheduleSpec, as_schedule, spec
+
+__all__ = [
+    "Cluster",
+    "DeviceSpec",
+    "PARALLELISMS",
+    "Parallelism",
+    "Plan",
+    "StagePlan",
+    "SCHEDULES",
+    "Schedule",
+    "ScheduleSpec",
+    "as_schedule",
+    "spec",
+]

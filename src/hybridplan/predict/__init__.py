@@ -1,0 +1,12 @@
+"""Prediction from measured profiles: per-device peak memory and iteration time of any plan.
+
+- :mod:`~hybridplan.predict.memory`: the memory predictor (CAPTURE's statistics, replayed through the plan's
+  schedule at each stage's position; batch scaling; degree fits);
+- :mod:`~hybridplan.predict.stash`: the PipeDream-2BW weight stash, added to or removed from a profile taken
+  under the other schedule family;
+- :mod:`~hybridplan.predict.time_model`: AMP's cost model of the iteration time.
+
+predict/ only reads profiles (profiling/) and plans (plan/): it runs nothing.
+"""
+
+__all__: list[str] = []

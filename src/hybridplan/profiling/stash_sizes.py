@@ -1,0 +1,89 @@
+"""Per-layer bytes of a PipeDream-2BW weight stash, counted on fake tensors without running anything.
+
+A 2BW stage keeps an older copy of its trainable parameters (runtime/weight_stash.py, [Note: 2BW weight
+versions]): one plain tensor per parameter storage, in the compute dtype. The memory predictor adds those
+bytes to profiles taken under another schedule ([Note: predicting PipeDream-2BW] in predict/stash.py),
+so the profiling campaign records them per layer, per stage kind and degree (profiling/campaign.py). They
+are counted by building every layer exactly as the runtime does (runtime/stage.py, tensor-parallel shards
+on a fake process group, the mixed-precision cast) on fake tensors: no device memory, no compute.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import torch
+import torch.distributed as dist
+
+from hybridplan.models.base import LayeredModel
+from hybridplan.plan import Parallelism, StagePlan
+
+__all__ = ["layer_stash_bytes"]
+
+
+def layer_stash_bytes(
+    model: LayeredModel, kind: str, degree: int, *, precision: str = "fp32", device_type: str = "cpu"
+) -> list[int | None]:
+    """Per-device bytes a 2BW weight stash holds for each layer of ``model`` in a ``kind`` x ``degree`` stage.
+
+    Stash tensors are one per parameter storage, so a stage's stash is the sum of its layers'. For
+    ``device_type="cuda"`` each tensor counts the CUDA caching allocator's block (runtime/gpu_memory.py),
+    as the runtime's GPU meters see it.
+
+    Args:
+        model: the layered model.
+        kind: the stage's parallelism ("none", "data" or "tensor"); only "tensor" at a degree above 1 shards.
+        degree: the stage's device count.
+        precision: the run's precision (the stash is in its compute dtype).
+        device_type: "cpu" (exact bytes) or "cuda" (allocator blocks).
+
+    Returns:
+        One entry per layer: its bytes, or ``None`` for a layer that cannot be tensor-parallel at ``degree``.
+
+    Raises:
+        UsageError: if this process already has a process group (the fake one cannot be set up).
+
+    Example:
+        >>> from hybridplan.models.zoo import get_model
+        >>> sizes = layer_stash_bytes(get_model("gpt-tiny"), "tensor", 2)
+        >>> len(sizes), sizes[1] < layer_stash_bytes(get_model("gpt-tiny"), "none", 1)[1]
+        (10, True)
+    """
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from hybridplan.models.tensor_parallel import TensorParallelGroup
+    from hybridplan.runtime.gpu_memory import cuda_block_bytes
+    from hybridplan.runtime.memory import storage_tensors
+    from hybridplan.runtime.precision import cast_module, compute_dtype
+    from hybridplan.runtime.sim import fake_process_group
+    from hybridplan.runtime.stage import build_stage_module
+
+    tensor = kind == "tensor" and degree > 1
+    label: Parallelism = cast(Parallelism, kind) if degree > 1 else "none"  # StagePlan rejects an unknown kind
+    dtype = compute_dtype(precision)
+    out: list[int | None] = []
+    with fake_process_group(0, degree), FakeTensorMode():
+        tp = None
+        if tensor:
+            world = dist.group.WORLD
+            assert world is not None  # fake_process_group made the default group
+            with unset_fake_temporarily():
+                mesh = DeviceMesh.from_group(world, "cpu")
+            tp = TensorParallelGroup(world, mesh, 0, degree)
+        for layer in range(model.num_layers):
+            if tensor and model.tensor_parallel_problem(layer, degree) is not None:
+                out.append(None)
+                continue
+            stage = StagePlan(layer, layer + 1, label, degree, tuple(range(degree)))
+            module = build_stage_module(model, stage, seed=0, device=torch.device("cpu"), tp=tp)
+            if dtype != torch.float32:
+                cast_module(module, dtype)
+            total = 0
+            for p in module.parameters():
+                if p.requires_grad:
+                    for t in storage_tensors(p):
+                        n = t.numel() * t.element_size()
+                        total += cuda_block_bytes(n) if device_type == "cuda" else n
+            out.append(total)
+    return out

@@ -1,0 +1,181 @@
+"""What one rank does, however it was started: build its stage, train it, report what it measured.
+
+Three starters run :func:`run_rank` in a default process group they set up: a local process spawned by
+the launcher (runtime/worker.py), a process started by torchrun (runtime/torchrun.py), and a simulated
+device in the launcher's own process (runtime/sim.py, fake process group and fake tensors). What a rank
+returns is a :class:`~hybridplan.runtime.result.RankReport`; what it ends with when it fails is a
+:class:`~hybridplan.runtime.result.RankFailure` (:func:`rank_failure`).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from hybridplan.models.boundaries import BoundarySpec, boundary_specs
+from hybridplan.models.tensor_parallel import TensorParallelGroup
+from hybridplan.models.zoo import resolve_model
+from hybridplan.runtime.config import DeviceType, RunConfig
+from hybridplan.runtime.executor import IterationRecord, StageExecutor
+from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_bytes
+from hybridplan.runtime.layer_timer import LayerTimer
+from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
+from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
+from hybridplan.runtime.result import RankFailure, RankReport
+from hybridplan.runtime.stage import build_stage_module, unsplit_state
+
+__all__ = ["run_rank", "make_meter", "rank_failure", "process_group_backend"]
+
+Meter = CudaMemoryMeter | StorageTracker | NullMeter
+"""A rank's memory meter (runtime/memory.py)."""
+
+
+def process_group_backend(device_type: DeviceType) -> str:
+    """The torch.distributed backend of real ranks on ``device_type``: NCCL on GPUs, gloo on CPUs."""
+    return "nccl" if device_type == "cuda" else "gloo"
+
+
+def make_meter(cfg: RunConfig, device: torch.device, capacity: int | None, *, simulated: bool) -> Meter:
+    """The memory meter of a rank: the CUDA allocator's counters on a real GPU, else the exact storage
+    tracker, in GPU terms (allocation rounding) when a simulated rank stands for a CUDA device."""
+    if not cfg.track_memory:
+        return NullMeter()
+    if device.type == "cuda":
+        return CudaMemoryMeter(device, capacity)
+    gpu_terms = simulated and cfg.device_type == "cuda"
+    return StorageTracker(capacity, rounding=cuda_block_bytes if gpu_terms else None)
+
+
+def run_rank(
+    rank: int,
+    cfg: RunConfig,
+    *,
+    device: torch.device,
+    specs: list[BoundarySpec] | None = None,
+    simulated: bool = False,
+) -> RankReport:
+    """Train ``cfg`` as ``rank`` in an initialised default process group; return this rank's report.
+
+    ``specs`` are the model's boundary shapes (:func:`~hybridplan.models.boundaries.boundary_specs`); the
+    local launcher computes them once for all ranks, since the first meta-device forward of a process
+    costs about a second.
+
+    ``simulated``: the process group is the fake one and a ``FakeTensorMode`` is active (runtime/sim.py).
+    The same code runs; only what needs real data or a separate process differs: losses are not
+    reported, weights are not saved, the cyclic garbage collector's frozen set is released after the run
+    (the simulator runs many ranks in one process), and a rank standing for a CUDA device is measured in
+    GPU terms with an estimated overhead (runtime/gpu_memory.py).
+    """
+    model = resolve_model(cfg.model)
+    plan = cfg.plan
+    # Every rank creates every stage's group, in the same order (new_group is collective).
+    groups = [dist.new_group(list(s.devices)) if s.degree > 1 else None for s in plan.stages]
+    stage_index = plan.stage_of_device(rank)
+    stage = plan.stages[stage_index]
+    index_in_stage = stage.devices.index(rank)
+    group = groups[stage_index]
+    tp = dp_group = None
+    if group is not None and stage.parallelism == "tensor":
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
+        from torch.distributed.device_mesh import DeviceMesh
+
+        with unset_fake_temporarily():  # the mesh reads its rank table; a no-op outside a simulation
+            mesh = DeviceMesh.from_group(group, device.type)
+        tp = TensorParallelGroup(group, mesh, index_in_stage, stage.degree)
+    elif group is not None:
+        dp_group = group
+
+    meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated)
+    specs = specs if specs is not None else boundary_specs(model, stop=stage.stop)
+    with meter:
+        with meter.in_phase("parameters"):
+            module = build_stage_module(
+                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=cfg.activation_checkpointing
+            )
+            optimizer = build_optimizer(
+                module,
+                precision=cfg.precision,
+                learning_rate=cfg.learning_rate,
+                weight_decay=cfg.weight_decay,
+                loss_scale=cfg.loss_scale,
+                device_type=cfg.device_type,
+            )
+        executor = StageExecutor(
+            model=model,
+            plan=plan,
+            rank=rank,
+            module=module,
+            optimizer=optimizer,
+            meter=meter,
+            device=device,
+            dp_group=dp_group,
+            input_spec=specs[stage.start] if stage_index > 0 else None,
+            output_spec=specs[stage.stop] if stage_index < plan.num_stages - 1 else None,
+            seed=cfg.seed,
+            record_timeline=cfg.record_timeline,
+            dtype=compute_dtype(cfg.precision),
+            loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
+            checkpointed=cfg.activation_checkpointing,
+        )
+        timer = LayerTimer(module, device) if cfg.layer_timing else None
+        # Objects alive now live for the whole run: freezing them keeps the per-iteration full
+        # collection (runtime/executor.py) from rescanning every module and tensor (0.15 s each).
+        gc.collect()
+        freeze = not simulated or gc.get_freeze_count() == 0  # never release someone else's frozen set
+        if freeze:
+            gc.freeze()
+        records: list[IterationRecord] = []
+        layer_seconds: list[dict[str, list[list[float]]]] = []
+        try:
+            for it in range(cfg.iterations):
+                records.append(executor.run_iteration(it))
+                if timer is not None:
+                    layer_seconds.append(timer.take())
+        finally:
+            if simulated and freeze:
+                gc.unfreeze()
+    if cfg.save_weights_dir is not None and not simulated:
+        weights, grads = unsplit_state(module, stage.start)
+        if index_in_stage == 0:
+            torch.save({"weights": weights, "grads": grads}, Path(cfg.save_weights_dir) / f"stage{stage_index}.pt")
+    dist.barrier()
+    tracked = cfg.track_memory
+    overhead = meter.overhead_bytes() if tracked else None
+    if simulated and tracked and cfg.device_type == "cuda":
+        overhead = estimate_overhead_bytes(plan, rank)
+    return RankReport(
+        rank=rank,
+        stage=stage_index,
+        rank_in_stage=index_in_stage,
+        node=cfg.cluster.node_of(rank),
+        in_flight=executor.in_flight,
+        iteration_peaks=[r.peak for r in records] if tracked else [],
+        static=[r.static for r in records] if tracked else [],
+        data=[r.data for r in records] if tracked else [],
+        breakdowns=[r.peak_breakdown for r in records] if tracked else [],
+        seconds=[r.seconds for r in records],
+        # a real rank's loss is never None (only a fake tensor's is: runtime/executor.py)
+        losses=[] if simulated else [r.loss for r in records if r.loss is not None],
+        timeline=records[-1].timeline if tracked else [],
+        overhead_bytes=overhead,
+        layer_seconds=layer_seconds,
+    )
+
+
+def rank_failure(rank: int, exc: BaseException) -> RankFailure:
+    """The report of ``rank`` failing with ``exc``: "oom" for running out of device memory (the CPU
+    tracker's :class:`~hybridplan.runtime.memory.DeviceOutOfMemory` or torch's CUDA OutOfMemoryError),
+    else "failed"."""
+    oom = isinstance(exc, DeviceOutOfMemory) or type(exc).__name__ == "OutOfMemoryError"
+    return RankFailure(
+        status="oom" if oom else "failed",
+        rank=rank,
+        reason=f"device {rank}: {type(exc).__name__}: {exc}".strip(),
+        time=time.time(),
+        traceback="".join(traceback.format_exception(exc))[-4000:],
+    )

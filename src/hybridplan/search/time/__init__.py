@@ -1,0 +1,13 @@
+"""The time objective: the fastest plans that fit in memory (AMP, PipeDream-2BW).
+
+- :mod:`~hybridplan.search.time.throughput`: AMP's search over (pp, dp, tp, mbs), and the Pareto frontier;
+- :mod:`~hybridplan.search.time.stage_cuts`: AMP's dynamic program that cuts the layers into stages;
+- :mod:`~hybridplan.search.time.rank_placement`: Megatron's rank placement, and simulated annealing of it;
+- :mod:`~hybridplan.search.time.pipedream_2bw`: PipeDream-2BW's planner over (w, d, b, r);
+- :mod:`~hybridplan.search.time.feasibility`: which plans the model can run and fit in memory (the filter every
+  time search applies; imports torch to check the model's layer rules).
+
+Nothing is imported here: the modules are imported where used (feasibility needs torch; the rest do not).
+"""
+
+__all__: list[str] = []

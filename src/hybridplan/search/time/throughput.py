@@ -1,0 +1,333 @@
+"""AMP's throughput search (seed 002 section 3.6, algorithm 1): the fastest plans by predicted iteration time.
+
+For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
+dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
+cut the layers into ``pp`` stages with AMP's dynamic program (:mod:`hybridplan.search.time.stage_cuts`), and
+predict the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by
+simulated annealing over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is
+the candidates by predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
+
+[Note: uniform strategies as Plans] A strategy is the plan of :meth:`~hybridplan.plan.plan.Plan.uniform`:
+AMP's ``dp`` replicas of ``mbs`` samples become a plan whose micro-batch is ``dp * mbs`` samples, split ``dp``
+ways by every stage. A plan stage may be "data+tensor", and the cost model times such stages, but neither the
+runtime nor the memory profile handles them yet, so the search keeps to strategies with ``dp == 1`` or
+``tp == 1`` (``enumerate_degrees(plan_expressible=True)``): every stage is then "data" x dp, "tensor" x tp,
+or "none". A stage holds ``dp * tp`` devices
+and may span nodes, which CAPTURE's plan space forbids; ``node_local_stages=True`` keeps only plans whose
+stages each sit in one node (those pass ``Plan.validate(cluster=...)``).
+
+The search depends on no memory model: ``memory_ok(plan) -> bool`` filters and ``peak_memory(plan) -> bytes``
+feeds the Pareto objective; both come from the caller (the memory predictor).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Literal
+
+import numpy as np
+
+from hybridplan.errors import UsageError
+from hybridplan.plan import SCHEDULES, Cluster, Plan, StagePlan, as_schedule, spec
+from hybridplan.predict.time_model import TimeBreakdown, p2p_seconds, predict_iteration_time, stage_layer_costs
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.search.progress import Progress, ProgressCallback
+from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
+from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
+
+__all__ = [
+    "ThroughputCandidate",
+    "ThroughputSearchResult",
+    "divisors",
+    "enumerate_degrees",
+    "supported_tensor_degrees",
+    "assign_layers",
+    "pareto_frontier",
+    "search_throughput",
+]
+
+MemoryOk = Callable[[Plan], bool]
+PeakMemory = Callable[[Plan], float]
+
+
+@dataclass(frozen=True)
+class ThroughputCandidate:
+    """One evaluated strategy."""
+
+    plan: Plan
+    predicted: TimeBreakdown
+    pipeline_degree: int
+    data_degree: int
+    tensor_degree: int
+    micro_batch_size: int
+    """AMP's mbs: samples per micro-batch of ONE data replica (the Plan's micro-batch is ``dp`` times this)."""
+    peak_memory_bytes: float | None = None
+
+    @property
+    def iteration_s(self) -> float:
+        """Predicted seconds per iteration."""
+        return self.predicted.total_s
+
+
+@dataclass(frozen=True)
+class ThroughputSearchResult:
+    """Candidates, best first (by time; or the Pareto frontier by increasing memory), and search statistics."""
+
+    candidates: tuple[ThroughputCandidate, ...]
+    objective: str
+    evaluated: int
+    """Strategies whose time was predicted (annealing moves included)."""
+    rejected_by_memory: int
+    seconds: float
+    """Wall-clock planning time."""
+
+    @property
+    def best(self) -> ThroughputCandidate:
+        """The fastest candidate.
+
+        Raises:
+            UsageError: if every strategy was rejected.
+        """
+        if not self.candidates and self.evaluated == 0:
+            raise UsageError(
+                "no strategy to evaluate: no (pp, dp, tp, micro-batch size) fits the devices, the layers and the"
+                " global batch (pp at most the layers, dp dividing the global batch)",
+                fix="use fewer devices (e.g. a smaller --cluster), or a global batch divisible by more data degrees",
+            )
+        if not self.candidates:
+            raise UsageError(
+                f"no feasible plan: {self.rejected_by_memory} of {self.evaluated} strategies were rejected by the memory check",
+                fix="use more devices, a smaller global batch, or a model that fits",
+            )
+        return min(self.candidates, key=lambda c: c.iteration_s)
+
+    def table(self, top: int = 10) -> str:
+        """Terminal table of the first ``top`` candidates."""
+        lines = [f"{'#':>3} {'pp':>3} {'dp':>3} {'tp':>3} {'mbs':>4} {'time s':>8} {'memory':>10}  boundaries"]
+        for i, c in enumerate(self.candidates[:top]):
+            mem = "-" if c.peak_memory_bytes is None else f"{c.peak_memory_bytes / 2**30:.2f} GiB"
+            lines.append(
+                f"{i + 1:>3} {c.pipeline_degree:>3} {c.data_degree:>3} {c.tensor_degree:>3} {c.micro_batch_size:>4}"
+                f" {c.iteration_s:>8.3f} {mem:>10}  {list(c.plan.boundaries)}"
+            )
+        lines.append(
+            f"{self.evaluated} strategies evaluated, {self.rejected_by_memory} rejected by memory, {self.seconds:.3f} s"
+        )
+        return "\n".join(lines)
+
+
+def divisors(n: int) -> list[int]:
+    """Positive divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_degrees(
+    num_devices: int, num_layers: int, tensor_degrees: Sequence[int], *, plan_expressible: bool = True
+) -> list[tuple[int, int, int]]:
+    """Every ``(pp, dp, tp)`` with ``pp * dp * tp == num_devices``, ``pp <= num_layers``, ``tp`` in
+    ``tensor_degrees`` and, when ``plan_expressible``, not both ``dp > 1`` and ``tp > 1`` (module note)."""
+    out = []
+    for tp in sorted(set(tensor_degrees)):
+        if num_devices % tp:
+            continue
+        for pp in divisors(num_devices // tp):
+            dp = num_devices // (tp * pp)
+            if pp <= num_layers and not (plan_expressible and dp > 1 and tp > 1):
+                out.append((pp, dp, tp))
+    return out
+
+
+def supported_tensor_degrees(profile: TimeProfile, cluster: Cluster) -> tuple[int, ...]:
+    """Tensor degrees the profile has for every device type of the cluster (unprofiled types use the
+    reference type's)."""
+    types = {d.type if d.type in profile.device_types else profile.reference_device_type for d in cluster.devices}
+    common = set.intersection(*(set(profile.tensor_degrees(t)) for t in types))
+    return tuple(sorted(common))
+
+
+def assign_layers(
+    profile: TimeProfile,
+    cluster: Cluster,
+    devices: Sequence[int],
+    *,
+    pipeline_degree: int,
+    data_degree: int,
+    tensor_degree: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    cache: dict[bytes, Assignment] | None = None,
+    schedule: str = "1f1b",
+) -> Plan:
+    """The plan of a strategy whose stages are cut by AMP's dynamic program (the time model's pipeline term
+    on these devices); for "2bw", which never flushes, by the min-max partition of the steady-state period.
+
+    ``cache`` memoises the dynamic program on its inputs: annealing mostly visits placements whose stage and
+    boundary costs equal ones already solved (identical devices and links).
+    """
+    pp, dp, tp = pipeline_degree, data_degree, tensor_degree
+    size = dp * tp
+    # the stages' device groups; their layers are what the dynamic program decides (costing reads only devices)
+    groups = [StagePlan.of(0, 0, devices[j * size : (j + 1) * size], data_degree=dp, tensor_degree=tp) for j in range(pp)]
+    m = dp * micro_batch_size
+    stage_costs = [stage_layer_costs(profile, cluster, g, m).total for g in groups]
+    cut_costs = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(groups, groups[1:])]
+    gas = global_batch_size // m
+    flush = spec(schedule).flushes
+    key = np.concatenate([[gas, flush], *stage_costs, *cut_costs]).tobytes() if cache is not None else b""
+    assignment = cache.get(key) if cache is not None else None
+    if assignment is None:
+        # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
+        floors = [c / 2 for c in cut_costs]
+        if flush:
+            assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
+        else:
+            assignment = min_max_assignment(stage_costs, floors, cut_costs)
+        if cache is not None:
+            cache[key] = assignment
+    b = assignment.boundaries
+    stages = tuple(replace(groups[j], start=b[j], stop=b[j + 1]) for j in range(pp))
+    return Plan(as_schedule(schedule), global_batch_size, global_batch_size // m, stages)
+
+
+def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
+    """Indices of the points no other point beats in both coordinates (both minimised), by increasing first
+    coordinate. Of identical points the first is kept.
+
+    Example:
+        >>> pareto_frontier([(1, 5), (2, 3), (2, 4), (3, 3), (4, 1)])
+        [0, 1, 4]
+    """
+    order = sorted(range(len(points)), key=lambda i: (points[i][0], points[i][1], i))
+    frontier, best = [], float("inf")
+    for i in order:
+        if points[i][1] < best:
+            frontier.append(i)
+            best = points[i][1]
+    return frontier
+
+
+def _node_local(cluster: Cluster, devices: Sequence[int], stage_size: int) -> bool:
+    return all(
+        len({cluster.node_of(d) for d in devices[s : s + stage_size]}) == 1 for s in range(0, len(devices), stage_size)
+    )
+
+
+def search_throughput(
+    profile: TimeProfile,
+    cluster: Cluster,
+    global_batch_size: int,
+    *,
+    objective: Literal["time", "pareto"] = "time",
+    memory_ok: MemoryOk | None = None,
+    peak_memory: PeakMemory | None = None,
+    placement: Literal["megatron", "anneal"] = "megatron",
+    anneal_iterations: int = 200,
+    anneal_top: int = 3,
+    seed: int = 0,
+    node_local_stages: bool = False,
+    schedule: str = "1f1b",
+    progress: ProgressCallback | None = None,
+) -> ThroughputSearchResult:
+    """AMP's search over ``(pp, dp, tp, mbs)`` (module docstring).
+
+    Args:
+        profile: the model's layer times.
+        cluster: the devices to fill, all of them.
+        global_batch_size: samples per iteration.
+        objective: "time" (fastest first) or "pareto" (frontier of peak memory and time; needs ``peak_memory``).
+        memory_ok: keeps a plan when it returns True (default: every plan fits).
+        peak_memory: predicted peak bytes of a plan, for the Pareto objective.
+        placement: "megatron" (AMP's default) or "anneal" (also anneal the best ``anneal_top`` strategies'
+            device orderings, ``anneal_iterations`` moves each, from ``seed``).
+        node_local_stages: keep only plans whose every stage sits in one node.
+        schedule: the Plan schedule to write and time ("1f1b", "gpipe", "flush", or "2bw", which has no flush;
+            AMP's runs use DeepSpeed's 1F1B).
+        progress: receives a line now and then on a long search, e.g. ``"throughput search: strategy 3/12
+            (pp 4, dp 2, tp 1), 40 evaluated, 3.0 s"`` (:mod:`~hybridplan.search.progress`); ``None``: silent.
+
+    Raises:
+        UsageError: for a bad objective, placement or batch size.
+
+    Example:
+        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> p = TimeProfile(model="toy", layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1e3,
+        ...     parameter_bytes=1e6) for i in range(4)), timings=(TimingTable(device_type="cpu", tensor_degree=1,
+        ...     micro_batch_size=1, forward_s=(1e-3,) * 4, backward_s=(2e-3,) * 4),))
+        >>> result = search_throughput(p, Cluster.uniform(1, 2), 8)
+        >>> (result.best.pipeline_degree, result.best.data_degree) in {(1, 2), (2, 1)}
+        True
+    """
+    start = time.perf_counter()
+    if objective not in ("time", "pareto"):
+        raise UsageError(f"unknown objective {objective!r}", fix="use 'time' or 'pareto'")
+    if objective == "pareto" and peak_memory is None:
+        raise UsageError("the Pareto objective needs a peak_memory callback", fix="pass peak_memory=lambda plan: bytes")
+    if placement not in ("megatron", "anneal"):
+        raise UsageError(f"unknown placement {placement!r}", fix="use 'megatron' or 'anneal'")
+    if isinstance(global_batch_size, bool) or not isinstance(global_batch_size, int) or global_batch_size < 1:
+        raise UsageError(f"global batch size must be a positive integer, got {global_batch_size!r}")
+    if schedule not in SCHEDULES:
+        raise UsageError(f"unknown schedule {schedule!r}", fix=f"use one of {list(SCHEDULES)}")
+    report = Progress.of(progress)
+    evaluated = rejected = 0
+    cache: dict[bytes, Assignment] = {}
+
+    def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> ThroughputCandidate | None:
+        nonlocal evaluated, rejected
+        plan = assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
+                             micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule)
+        evaluated += 1
+        if memory_ok is not None and not memory_ok(plan):
+            rejected += 1
+            return None
+        predicted = predict_iteration_time(plan, profile, cluster)
+        return ThroughputCandidate(plan, predicted, pp, dp, tp, mbs)
+
+    found: list[ThroughputCandidate] = []
+    strategies = enumerate_degrees(cluster.num_devices, profile.num_layers, supported_tensor_degrees(profile, cluster))
+    for i, (pp, dp, tp) in enumerate(strategies, 1):
+        if global_batch_size % dp:
+            continue
+        devices = megatron_placement(cluster, pp, dp, tp)
+        if node_local_stages and not _node_local(cluster, devices, dp * tp):
+            continue
+        for mbs in divisors(global_batch_size // dp):
+            if schedule == "2bw" and global_batch_size // (dp * mbs) < pp:
+                continue  # 2BW's two weight versions cover the in-flight micro-batches only if m >= pp (pipedream_2bw.py)
+            if report.due():
+                report.update(f"throughput search: strategy {i}/{len(strategies)} (pp {pp}, dp {dp}, tp {tp},"
+                              f" micro-batch size {mbs}), {evaluated} evaluated")
+            candidate = evaluate(devices, pp, dp, tp, mbs)
+            if candidate is not None:
+                found.append(candidate)
+    found.sort(key=lambda c: c.iteration_s)
+
+    if placement == "anneal":
+        annealed = found[:anneal_top]
+        for rank, c in enumerate(annealed):
+            degrees = (c.pipeline_degree, c.data_degree, c.tensor_degree, c.micro_batch_size)
+            size = c.data_degree * c.tensor_degree
+
+            def cost(devices: tuple[int, ...], degrees: tuple[int, int, int, int] = degrees,
+                     rank: int = rank) -> float:
+                if report.due():
+                    report.update(f"throughput search: annealing the placement of candidate {rank + 1}"
+                                  f"/{len(annealed)}, {evaluated} evaluated")
+                candidate = evaluate(devices, *degrees)
+                return float("inf") if candidate is None else candidate.iteration_s
+
+            allowed = (lambda d, size=size: _node_local(cluster, d, size)) if node_local_stages else None
+            start_devices = tuple(d for s in c.plan.stages for d in s.devices)  # rank order
+            devices, _ = anneal_placement(cost, start_devices, iterations=anneal_iterations, seed=seed + rank, allowed=allowed)
+            better = evaluate(devices, *degrees)
+            if better is not None and better.iteration_s < c.iteration_s:
+                found.append(better)
+        found.sort(key=lambda c: c.iteration_s)
+
+    if objective == "pareto" and peak_memory is not None:
+        found = [replace(c, peak_memory_bytes=float(peak_memory(c.plan))) for c in found]
+        keep = pareto_frontier([(c.peak_memory_bytes or 0.0, c.iteration_s) for c in found])
+        found = [found[i] for i in keep]
+    return ThroughputSearchResult(tuple(found), objective, evaluated, rejected, time.perf_counter() - start)

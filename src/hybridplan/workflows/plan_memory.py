@@ -1,0 +1,168 @@
+"""The memory-minimising plan from a profile database: CAPTURE's question, answered end to end.
+
+Load the predictor at the requested targets, search the mesh (exactly, exhaustively or by Bayesian
+optimisation; or the fewest devices that fit), map a plan found on merged layers back to the model's layers,
+annotate it, and refuse it if a device's predicted peak exceeds its capacity: a plan that does not fit is
+never presented as the answer. The command line (``hybridplan plan``), the demo and the benchmarks all call
+:func:`plan_memory`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from hybridplan.errors import PlanError, UsageError
+from hybridplan.plan import Cluster, Plan
+from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
+from hybridplan.profiling.store import ProfileStore
+from hybridplan.search import (
+    MeshAttempt,
+    PlanSpace,
+    SearchResult,
+    StageMemoryModel,
+    fewest_devices,
+    solve_bayesian,
+    solve_exact,
+    solve_exhaustive,
+)
+from hybridplan.search.progress import ProgressCallback
+from hybridplan.units import format_bytes
+
+__all__ = ["MemoryMode", "MODES", "MemoryPlan", "plan_memory", "held_fixed"]
+
+MemoryMode = Literal["exact", "exhaustive", "bayesian"]
+MODES: tuple[MemoryMode, ...] = ("exact", "exhaustive", "bayesian")
+"""Solvers of the memory objective: exact (dynamic programming, the same optimum as exhaustive), exhaustive
+(CAPTURE / mCAP-BF, the reference), bayesian (mCAP-BO)."""
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """The answer: the plan (annotated with model, cluster and predicted peak), its per-device prediction, the
+    search that found it, and the mesh it is for (smaller than asked with ``fewest_devices``)."""
+
+    plan: Plan
+    prediction: PlanPrediction
+    search: SearchResult
+    cluster: Cluster
+    model: str | None
+    """The profiled model's name, as the database records it (a label: nothing is imported)."""
+    tried: tuple[MeshAttempt, ...] = ()
+    """With ``fewest_devices``: every mesh shape tried, the answer's last."""
+
+
+def held_fixed(predictor: MemoryPredictor) -> str:
+    """What the memory search does not vary, and how to vary it (users took its answer for the lowest possible)."""
+    return (f"held fixed: schedule {predictor.schedule}, global batch {predictor.global_batch_size} in"
+            f" {predictor.num_microbatches} micro-batches of {predictor.microbatch_size} (other values: --schedule,"
+            " --num-microbatches; --objective pareto also varies the micro-batch count)")
+
+
+def plan_memory(
+    db: str | Path,
+    cluster: Cluster,
+    *,
+    schedule: str | None = None,
+    global_batch_size: int | None = None,
+    num_microbatches: int | None = None,
+    degree_fit: str = "log",
+    mode: MemoryMode = "exact",
+    pipeline_only: bool = False,
+    fewest: bool = False,
+    seed: int = 0,
+    progress: ProgressCallback | None = None,
+    say: Callable[[str], None] | None = None,
+) -> MemoryPlan:
+    """The plan of the lowest predicted per-device peak memory on ``cluster`` (module docstring).
+
+    Args:
+        db: the profile database.
+        cluster: the mesh; its device capacities, if any, must hold the answer.
+        schedule, global_batch_size, num_microbatches: the targets (default: the profile's).
+        degree_fit: how degrees above the profiled ones are predicted.
+        mode: the solver.
+        pipeline_only: mCAP's space (degree-1 stages only).
+        fewest: the smallest sub-mesh of ``cluster`` on which the model fits (needs a capacity).
+        seed: the Bayesian search's seed.
+        progress: long searches report here (rate-limited, search/progress.py).
+        say: one-line notes: the targets held fixed, a far extrapolation of the batch, the meshes tried.
+
+    Raises:
+        ProfileError: for a database that holds no campaign.
+        PlanError: if no plan exists, or the best one does not fit a device (naming the device and by how much).
+        UsageError: for ``fewest`` without a capacity.
+    """
+    note = say or (lambda _msg: None)
+    predictor = MemoryPredictor.from_db(db, schedule=schedule, global_batch_size=global_batch_size,
+                                        num_microbatches=num_microbatches, degree_fit=degree_fit)
+    scaling = predictor.scaling_note()
+    if scaling is not None:
+        note(scaling)
+    with ProfileStore(db, create=False) as store:
+        model_name = store.get_meta("model")
+        merged = store.get_meta("merge_groups")
+    # With merged layers (profile --merge-layers) the search runs on them and maps the plan back.
+    view = predictor.on_units(merged) if merged else None
+    model: StageMemoryModel = view if view is not None else predictor
+    L = view.num_layers if view is not None else predictor.num_layers
+    note(f"searching plans of {L} {'merged ' if merged else ''}layers on {cluster.describe()} for the lowest predicted"
+         f" peak memory; {held_fixed(predictor)}")
+    tried: tuple[MeshAttempt, ...] = ()
+    if fewest:
+        capacity = cluster.memory_of(0)
+        if capacity is None:
+            raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
+        found = fewest_devices(model, cluster, L, capacity=capacity, pipeline_only=pipeline_only, progress=progress)
+        result, cluster, tried = found.result, found.cluster, found.tried
+    else:
+        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only)
+        if mode == "bayesian":
+            result = solve_bayesian(model, space, seed=seed, progress=progress)
+        elif mode == "exhaustive":
+            result = solve_exhaustive(model, space, progress=progress)
+        else:
+            result = solve_exact(model, space, progress=progress)
+    plan = result.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
+                          num_microbatches=predictor.num_microbatches)
+    if view is not None:
+        plan = view.to_original(plan)
+    plan = plan.with_extra(model=model_name, cluster=cluster.shape, predicted_peak_bytes=int(round(result.peak)))
+    prediction = predictor.predict(plan)
+    _check_fits(prediction, cluster, predictor, optimal=fewest or mode != "bayesian")
+    return MemoryPlan(plan, prediction, result, cluster, model_name, tried)
+
+
+def _check_fits(prediction: PlanPrediction, cluster: Cluster, predictor: MemoryPredictor, *, optimal: bool) -> None:
+    """Refuse to present a plan as the answer if a device's predicted peak exceeds its capacity.
+
+    Raises:
+        PlanError: naming the device most over its capacity, by how much, and what would lower the peak.
+    """
+    over = [(d, cap) for d in prediction.devices
+            if (cap := cluster.memory_of(d.device)) is not None and d.peak_memory_bytes > cap]
+    if not over:
+        return
+    worst, capacity = max(over, key=lambda dc: dc[0].peak_memory_bytes - dc[1])
+    uniform = len({cluster.memory_of(i) for i in range(cluster.num_devices)}) == 1
+    claim = ("so no plan of this search fits" if optimal and uniform else
+             "(this search does not weigh per-device capacities: --objective throughput keeps only plans that fit)"
+             if not uniform else "(the bayesian search may miss lower plans: try --mode exact)")
+    raise PlanError(
+        f"the lowest-memory plan does not fit: device {worst.device} (stage {worst.stage}) needs"
+        f" {format_bytes(worst.peak_memory_bytes)}, {format_bytes(worst.peak_memory_bytes - capacity)} more than its"
+        f" {format_bytes(capacity)}" + (f", and {len(over) - 1} more device(s) exceed theirs" if len(over) > 1 else "")
+        + f"; {claim}",
+        fix=_remedies(predictor),
+    )
+
+
+def _remedies(predictor: MemoryPredictor) -> str:
+    B, m = predictor.global_batch_size, predictor.num_microbatches
+    more = next((c for c in range(m + 1, B + 1) if B % c == 0), None)
+    smaller = (f"smaller micro-batches (e.g. --num-microbatches {more}: {B // more} samples each instead of {B // m}), "
+               if more is not None else "")
+    return (smaller + "activation checkpointing (profile with --activation-checkpointing), more or larger devices, or"
+            " --objective pareto to see plans that trade time for memory")

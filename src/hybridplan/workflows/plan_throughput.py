@@ -1,0 +1,199 @@
+"""The fastest plans that fit in memory, and the frontier of memory against time.
+
+Throughput: AMP's search over (pp, dp, tp, mbs) (search/time/throughput.py) or, with ``mode="2bw"``,
+PipeDream-2BW's planner over (w, d, b, r) (search/time/pipedream_2bw.py), both keeping only plans the model can run
+whose every device's predicted peak fits its memory (search/time/feasibility.py; predictions from the memory
+statistics of the profile database). Pareto: the frontier of predicted peak memory against predicted
+iteration time over those plans, and, with memory statistics, the memory-minimal plan of the CAPTURE search
+(its lowest-memory end). The command line (``hybridplan plan --objective throughput|pareto``) and the
+benchmarks call :func:`plan_throughput`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Literal
+
+from hybridplan.errors import HybridPlanError, UsageError
+from hybridplan.plan import Cluster, Plan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.time_model import TimeBreakdown, predict_iteration_time
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.search.progress import ProgressCallback
+from hybridplan.search.time.throughput import pareto_frontier
+from hybridplan.workflows.sources import Sources
+
+if TYPE_CHECKING:
+    from hybridplan.models.base import LayeredModel
+    from hybridplan.search.time.feasibility import Feasibility
+
+__all__ = ["Candidate", "ThroughputPlans", "plan_throughput", "fits_at_target"]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One plan of the answer: what it is, its predicted time and peak."""
+
+    label: str
+    plan: Plan
+    """Annotated with the model, the cluster, the predicted seconds and peak."""
+    time: TimeBreakdown
+    peak: float | None
+    seconds: float
+    """Predicted seconds per iteration (the breakdown's total, or the 2BW planner's, which counts recomputation)."""
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.plan.global_batch_size / self.seconds if self.seconds > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class ThroughputPlans:
+    """The candidates (fastest first; for "pareto" the frontier by increasing memory) and how they were found."""
+
+    objective: Literal["throughput", "pareto"]
+    candidates: tuple[Candidate, ...]
+    feasible: int
+    """Plans that fit (the Pareto frontier is drawn from these)."""
+    what: str
+    """The planner, e.g. "AMP search (megatron placement, schedule 1f1b)"."""
+    evaluated: int
+    seconds: float
+    feasibility: Feasibility
+    profile: TimeProfile
+    cluster: Cluster
+    global_batch_size: int
+
+    @property
+    def best(self) -> Candidate:
+        return self.candidates[0]
+
+
+def plan_throughput(
+    sources: Sources,
+    cluster: Cluster,
+    *,
+    objective: Literal["throughput", "pareto"] = "throughput",
+    mode: Literal["amp", "2bw"] = "amp",
+    global_batch_size: int | None = None,
+    num_microbatches: int | None = None,
+    schedule: str | None = None,
+    placement: Literal["megatron", "anneal"] = "megatron",
+    seed: int = 0,
+    degree_fit: str = "log",
+    progress: ProgressCallback | None = None,
+) -> ThroughputPlans:
+    """The fastest feasible plans, or their memory/time frontier (module docstring).
+
+    Raises:
+        UsageError: for contradictory options, a missing time profile, or when no plan is feasible.
+        ProfileError: for a profile that names user code without ``--model`` (models/profiled.py).
+    """
+    from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
+    from hybridplan.search.time.throughput import search_throughput
+
+    profile = sources.time_profile()
+    targets = sources.targets(global_batch_size=global_batch_size, num_microbatches=num_microbatches, schedule=schedule)
+    if mode == "2bw":
+        if schedule not in (None, "2bw"):
+            raise UsageError(f"--mode 2bw plans PipeDream-2BW, whose schedule is '2bw', not {schedule!r}", fix="drop --schedule")
+        targets = replace(targets, schedule="2bw")
+    fit = _feasibility(sources, cluster, targets, degree_fit)
+    if objective == "pareto" and fit.predictor is None:
+        raise UsageError("the Pareto objective needs memory predictions", fix="give --db with memory statistics ('hybridplan profile')")
+    gbs = targets.global_batch_size
+    rows: list[Candidate] = []
+    started = time.perf_counter()
+    if mode == "2bw":
+        found = plan_pipedream_2bw(profile, cluster, gbs, memory_ok=fit, progress=progress)
+        for c in found:
+            label = f"2bw w={c.replicas} d={c.stages} b={c.micro_batch_size} r={int(c.recompute)} m={c.num_microbatches}"
+            rows.append(Candidate(label, c.plan, predict_iteration_time(c.plan, profile, cluster), None, c.iteration_s))
+        what, evaluated = "PipeDream-2BW planner", len(found) + fit.rejected
+    else:
+        result = search_throughput(profile, cluster, gbs, memory_ok=fit, placement=placement, seed=seed,
+                                   node_local_stages=True, schedule=targets.schedule, progress=progress)
+        for t in result.candidates:
+            label = f"pp={t.pipeline_degree} dp={t.data_degree} tp={t.tensor_degree} mbs={t.micro_batch_size}"
+            rows.append(Candidate(label, t.plan, t.predicted, None, t.iteration_s))
+        what, evaluated = f"AMP search ({placement} placement, schedule {targets.schedule})", result.evaluated
+    seconds = time.perf_counter() - started
+    if fit.predictor is not None:
+        rows = [replace(r, peak=fit.peak_memory(r.plan)) for r in rows]
+    if objective == "pareto" and fit.predictor is not None:
+        rows += _memory_optimal(sources, fit.predictor, cluster, profile, fit)
+    sources.warn(f"{profile.model} on {cluster.describe()}, global batch {gbs}: {what}, {evaluated} plans evaluated"
+                 f" in {seconds:.3f} s; {fit.summary()}")
+    for kind, reason in fit.reasons.items():
+        sources.warn(f"  e.g. {kind.replace('_', ' ')}: {reason}")
+    if not rows:
+        raise UsageError(f"no feasible plan: {fit.summary()}",
+                         fix="use more devices, a smaller global batch, or larger --device-memory")
+    rows = [replace(r, plan=_annotated(r, cluster, profile)) for r in rows]
+    if objective == "pareto":
+        chosen = [rows[i] for i in pareto_frontier([(float(r.peak or 0.0), r.seconds) for r in rows])]
+    else:
+        chosen = sorted(rows, key=lambda r: r.seconds)
+    return ThroughputPlans(objective, tuple(chosen), len(rows), what, evaluated, seconds, fit, profile, cluster, gbs)
+
+
+def _feasibility(sources: Sources, cluster: Cluster, targets: Any, degree_fit: str) -> Feasibility:
+    from hybridplan.search.time.feasibility import Feasibility
+
+    # The search varies the micro-batch count; the predictor re-targets itself per plan (MemoryPredictor.predict).
+    predictor = sources.memory_predictor(targets, degree_fit=degree_fit)
+    if predictor is None:
+        sources.warn("note: no memory statistics (--db): plans are not checked against device memory")
+    recompute = bool(sources.meta.get("identity", {}).get("run_options", {}).get("activation_checkpointing", False))
+    return Feasibility(cluster, predictor, sources.optional_model(), recompute_profiled=recompute)
+
+
+def _memory_optimal(sources: Sources, predictor: MemoryPredictor, cluster: Cluster, profile: TimeProfile,
+                    fit: Feasibility) -> list[Candidate]:
+    """The CAPTURE search's memory-minimal plan, as a Pareto candidate (where the time profile can time it)."""
+    from hybridplan.search import PlanSpace, StageMemoryModel, solve_exact
+
+    merged = sources.db.merge_groups if sources.db is not None else None
+    view = predictor.on_units(merged) if merged else None
+    model: StageMemoryModel = view if view is not None else predictor
+    try:
+        L = view.num_layers if view is not None else predictor.num_layers
+        result = solve_exact(model, PlanSpace.for_cluster(cluster, L))
+        plan = result.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
+                              num_microbatches=predictor.num_microbatches)
+        plan = view.to_original(plan) if view is not None else plan
+        if not fit(plan):
+            return []
+        timed = predict_iteration_time(plan, profile, cluster)
+        return [Candidate("memory-minimal (CAPTURE)", plan, timed, fit.peak_memory(plan), timed.total_s)]
+    except HybridPlanError as e:
+        sources.warn(f"note: the memory-minimal plan is left out: {e.message}")
+        return []
+
+
+def _annotated(row: Candidate, cluster: Cluster, profile: TimeProfile) -> Plan:
+    extra: dict[str, Any] = {"model": profile.model, "cluster": cluster.shape, "predicted_iteration_s": row.seconds}
+    if row.peak is not None:
+        extra["predicted_peak_bytes"] = int(round(row.peak))
+    return row.plan.with_extra(**extra)
+
+
+def fits_at_target(predictor: MemoryPredictor, model: LayeredModel, cluster: Cluster,
+                   capacity: int) -> Callable[[Plan], bool]:
+    """The ``memory_ok`` of a throughput search that keeps the target's micro-batch count (as Alpa's benchmark
+    fixes it; the FLOP time model, linear in samples, would always pick the smallest micro-batches) and only
+    plans the model can run whose predicted peak fits ``capacity``."""
+
+    def fits(plan: Plan) -> bool:
+        if plan.num_microbatches != predictor.num_microbatches:
+            return False
+        try:
+            plan.validate(model=model, cluster=cluster)
+            return predictor.predict(plan).peak_memory_bytes <= capacity
+        except HybridPlanError:
+            return False
+
+    return fits

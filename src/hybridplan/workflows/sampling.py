@@ -1,0 +1,138 @@
+"""Plans drawn uniformly at random from a plan space, for measuring prediction error over many plans.
+
+CAPTURE (seed 001, IV-B) scores its predictor on 500 plans "randomly sampled from the set of possible plans
+that the recommender generates", leaving out plans predicted to run out of memory and pruned options. A
+4x4 mesh and 18 layers hold far too many plans to enumerate, so :func:`sample_plans` draws from the
+space without listing it: it counts, for every point of the search (layers left to cover, mesh packing
+state, stages already placed), how many complete plans continue from there (the recurrence of
+:func:`~hybridplan.search.memory.space.count_plans`, restricted by ``keep``), then walks from the last stage to the
+first choosing each stage with probability proportional to the plans it leads to. Every plan that ``keep``
+admits is then equally likely.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from functools import lru_cache
+
+from hybridplan.errors import PlanError, UsageError
+from hybridplan.search.memory.space import PlanSpace, StageChoice
+
+__all__ = ["count_kept_plans", "sample_plans"]
+
+Keep = Callable[[StageChoice, int], bool]
+"""``keep(choice, stages_after)``: whether a stage may appear with ``stages_after`` stages behind it."""
+
+
+class _Counter:
+    """Plans completing a partial plan, memoised on (layers left, packing state, stages placed)."""
+
+    def __init__(self, space: PlanSpace, keep: Keep | None) -> None:
+        self.space = space
+        self.keep = keep
+        pk = space.packing
+        self.cols = [pk.column(c.degree) for c in space.configs]
+        self.count = lru_cache(maxsize=None)(self._count)
+
+    def options(self, stop: int, state: int, placed: int) -> list[tuple[StageChoice, int]]:
+        """The stages that may end at ``stop`` next, with the packing state each leads to."""
+        pk = self.space.packing
+        out: list[tuple[StageChoice, int]] = []
+        if placed + 1 > self.space.max_num_stages:
+            return out
+        for start in range(stop - 1, -1, -1):
+            for ci, col in enumerate(self.cols):
+                nxt = int(pk.next[state, col])
+                if nxt < 0:
+                    continue
+                choice = StageChoice(start, stop, ci)
+                if self.keep is None or self.keep(choice, placed):
+                    out.append((choice, nxt))
+        return out
+
+    def _count(self, stop: int, state: int, placed: int) -> int:
+        if stop == 0:
+            return int(bool(self.space.packing.accepting[state]))
+        return sum(self.count(c.start, nxt, placed + 1) for c, nxt in self.options(stop, state, placed))
+
+
+def count_kept_plans(space: PlanSpace, keep: Keep | None = None) -> int:
+    """How many plans of ``space`` have every stage admitted by ``keep`` (all plans without it).
+
+    Example:
+        >>> count_kept_plans(PlanSpace(30, 1, 4, pipeline_only=True))   # mCAP's VGG11: C(29, 3)
+        3654
+    """
+    return _Counter(space, keep).count(space.num_layers, space.packing.start, 0)
+
+
+def sample_plans(space: PlanSpace, count: int, *, seed: int = 0, keep: Keep | None = None) -> list[tuple[StageChoice, ...]]:
+    """``count`` distinct plans drawn uniformly from the plans ``keep`` admits (all of them, in random
+    order, if there are no more than ``count``).
+
+    Args:
+        space: the plan space.
+        count: how many plans.
+        seed: of the random draws (same seed, same plans).
+        keep: ``keep(choice, stages_after)``, e.g. "predicted to fit in device memory".
+
+    Raises:
+        UsageError: for a negative count.
+        PlanError: if ``keep`` admits no plan at all.
+
+    Example:
+        >>> plans = sample_plans(PlanSpace(6, 1, 4), 5, seed=1)
+        >>> len(plans), len(set(plans)), all(p[0].start == 0 and p[-1].stop == 6 for p in plans)
+        (5, 5, True)
+    """
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise UsageError(f"count must be a non-negative integer, got {count!r}")
+    counter = _Counter(space, keep)
+    root = (space.num_layers, space.packing.start, 0)
+    total = counter.count(*root)
+    if total == 0:
+        raise PlanError(f"no plan of {space.num_layers} layers on a {space.num_nodes}x{space.devices_per_node} mesh"
+                        " has every stage admitted", fix="relax the filter (e.g. a larger device memory)")
+    rng = random.Random(seed)
+    if total <= count:
+        return _all_in_random_order(counter, root, rng)
+    seen: set[tuple[StageChoice, ...]] = set()
+    out: list[tuple[StageChoice, ...]] = []
+    while len(out) < count:
+        plan = _draw(counter, root, rng)
+        if plan not in seen:
+            seen.add(plan)
+            out.append(plan)
+    return out
+
+
+def _draw(counter: _Counter, root: tuple[int, int, int], rng: random.Random) -> tuple[StageChoice, ...]:
+    stop, state, placed = root
+    suffix: list[StageChoice] = []
+    while stop > 0:
+        options = [(c, nxt, counter.count(c.start, nxt, placed + 1)) for c, nxt in counter.options(stop, state, placed)]
+        pick = rng.randrange(sum(w for _, _, w in options))
+        for choice, nxt, weight in options:
+            if pick < weight:
+                break
+            pick -= weight
+        suffix.append(choice)
+        stop, state, placed = choice.start, nxt, placed + 1
+    return tuple(reversed(suffix))
+
+
+def _all_in_random_order(counter: _Counter, root: tuple[int, int, int], rng: random.Random) -> list[tuple[StageChoice, ...]]:
+    out: list[tuple[StageChoice, ...]] = []
+
+    def walk(stop: int, state: int, placed: int, suffix: list[StageChoice]) -> None:
+        if stop == 0:
+            out.append(tuple(reversed(suffix)))
+            return
+        for choice, nxt in counter.options(stop, state, placed):
+            if counter.count(choice.start, nxt, placed + 1):
+                walk(choice.start, nxt, placed + 1, suffix + [choice])
+
+    walk(*root, [])
+    rng.shuffle(out)
+    return out

@@ -1,0 +1,92 @@
+"""Simulated measurements of many plans for the price of their distinct stages.
+
+[Note: what a simulated stage's memory depends on] A device's memory in a run is fixed by what it executes:
+its stage's layers ``[start, stop)`` (which also say whether it holds the input batch, ``start == 0``, or
+computes the loss, ``stop == L``), its parallelism and degree (its shard of parameters and rows), and its
+list of actions, which the schedule derives from the number of stages after it (GPipe: none of it; 1F1B:
+``min(stages after, micro-batches)`` warm-up forwards). What its neighbours are does not enter: a receive
+allocates one buffer of the device's own rows however many peers fill it, a send allocates nothing (views of
+the detached output), and collectives stay inside the stage (runtime/sim.py, [Note: simulating one device
+per stage], which argues the same for the devices of one stage). So one simulated device per distinct
+``(start, stop, kind, degree, warm-up)`` measures every plan made of such stages; over 500 random plans of
+an 18-layer model that is a few hundred stage simulations instead of thousands.
+
+This is an argument about the runtime, so :class:`StageCache` is checked against whole-plan simulations
+(``simulate``) by the benchmark that uses it (benchmarks/prediction_error: byte-identical peaks on every
+device of the plans it checks) and by tests/workflows/test_stage_cache.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hybridplan.plan.cluster import Cluster
+from hybridplan.plan import Plan
+from hybridplan.workflows.validate import DeviceMemory
+
+__all__ = ["StageCache", "stage_key"]
+
+
+def stage_key(plan: Plan, index: int) -> str:
+    """What the memory of stage ``index`` of ``plan`` depends on ([Note: what a simulated stage's memory
+    depends on]): ``"start,stop,kind,degree,warmup"``."""
+    s = plan.stages[index]
+    after = plan.num_stages - index - 1
+    warmup = 0 if plan.schedule == "gpipe" else min(after, plan.num_microbatches)
+    return f"{s.start},{s.stop},{s.kind},{s.degree},{warmup}"
+
+
+class StageCache:
+    """Peak memory of simulated stages, each simulated once, kept in a JSON file between runs.
+
+    Args:
+        path: the JSON file (created; reloaded when it exists).
+        model: zoo name or ``module:function``.
+        cluster: the mesh the plans run on (its device memory should be unlimited to measure any peak).
+        run_options: :class:`~hybridplan.runtime.config.RunConfig` fields (precision, device type, seed, ...).
+        progress: called with one line per simulated stage.
+    """
+
+    def __init__(self, path: str | Path, *, model: str, cluster: Cluster, run_options: dict[str, Any] | None = None,
+                 progress: Callable[[str], None] | None = None) -> None:
+        self.path = Path(path)
+        self.model = model
+        self.cluster = cluster
+        self.run_options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
+        self.progress = progress
+        self.peaks: dict[str, int] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.simulated = 0
+        self._specs: Any = None
+
+    def measure(self, plan: Plan) -> list[DeviceMemory]:
+        """Every device's measured peak (GPipe/1F1B plans), simulating the stages not seen before."""
+        from hybridplan.models.boundaries import boundary_specs
+        from hybridplan.models.zoo import resolve_model
+        from hybridplan.runtime.config import RunConfig, validate_config
+        from hybridplan.runtime.sim import simulate_stage
+
+        cfg = RunConfig(model=self.model, plan=plan, cluster=self.cluster, iterations=2, backend="sim", **self.run_options)
+        out: list[DeviceMemory] = []
+        for i, stage in enumerate(plan.stages):
+            key = stage_key(plan, i)
+            if key not in self.peaks:
+                validate_config(cfg)
+                if self._specs is None:
+                    self._specs = boundary_specs(resolve_model(self.model))
+                report = simulate_stage(cfg, i, iterations=2, specs=self._specs)
+                self.peaks[key] = max(report.iteration_peaks[1:])  # the measured iteration, as launch reports it
+                self.simulated += 1
+                self._save()
+                if self.progress is not None:
+                    self.progress(f"simulated stage {key}: {self.peaks[key]} bytes")
+            out += [DeviceMemory(d, i, None, self.peaks[key]) for d in stage.devices]
+        return sorted(out, key=lambda d: d.device)
+
+    def _save(self) -> None:
+        tmp = self.path.with_suffix(self.path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.peaks, indent=0) + "\n")
+        os.replace(tmp, self.path)

@@ -1,0 +1,148 @@
+"""TimeProfile: JSON round trip, validation messages, and the micro-batch lookup rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridplan.errors import ProfileError
+from hybridplan.profiling.time_profile import FORMAT, LayerInfo, TimeProfile, TimingTable
+
+
+def _profile() -> TimeProfile:
+    return TimeProfile(
+        model="toy",
+        source="hand-written",
+        layers=(
+            LayerInfo(name="embed", activation_bytes_per_sample=8.0, parameter_bytes=100.0, shared_parameters="emb"),
+            LayerInfo(name="block", activation_bytes_per_sample=8.0, parameter_bytes=50.0, tensor_parallel_allreduces=(2, 2)),
+            LayerInfo(name="head", activation_bytes_per_sample=4.0, parameter_bytes=100.0, shared_parameters="emb"),
+        ),
+        timings=(
+            TimingTable(device_type="A", tensor_degree=1, micro_batch_size=2, forward_s=(1.0, 2.0, 3.0), backward_s=(2.0, 4.0, 6.0)),
+            TimingTable(device_type="A", tensor_degree=1, micro_batch_size=4, forward_s=(3.0, 4.0, 5.0), backward_s=(6.0, 8.0, 10.0)),
+            TimingTable(device_type="A", tensor_degree=2, micro_batch_size=2, forward_s=(0.5, 1.0, 1.5), backward_s=(1.0, 2.0, 3.0)),
+            TimingTable(device_type="B", tensor_degree=1, micro_batch_size=2, forward_s=(2.0, 2.0, 2.0), backward_s=(4.0, 4.0, 4.0)),
+        ),
+    )
+
+
+def test_json_round_trip(tmp_path: Path) -> None:
+    p = _profile()
+    p.save(tmp_path / "t.json")
+    q = TimeProfile.load(tmp_path / "t.json")
+    assert q == p
+    assert json.loads((tmp_path / "t.json").read_text())["format"] == FORMAT
+
+
+def test_optional_keys_default() -> None:
+    d = _profile().to_dict()
+    for layer in d["layers"]:
+        del layer["tensor_parallel_allreduces"], layer["shared_parameters"]
+    del d["source"], d["tensor_comm_in_times"]
+    q = TimeProfile.from_dict(d)
+    assert q.layers[1].tensor_parallel_allreduces == (0, 0) and q.layers[0].shared_parameters is None
+    assert q.tensor_comm_in_times is False and q.source == ""
+
+
+def test_queries() -> None:
+    p = _profile()
+    assert p.num_layers == 3
+    assert p.device_types == ("A", "B") and p.reference_device_type == "A"
+    assert p.tensor_degrees("A") == (1, 2) and p.tensor_degrees("B") == (1,)
+    np.testing.assert_array_equal(p.activation_bytes(), [8.0, 8.0, 4.0])
+
+
+def test_micro_batch_lookup_exact_interpolated_and_scaled() -> None:
+    p = _profile()
+    fwd, bwd = p.layer_times("A", 1, 2)
+    np.testing.assert_allclose(fwd, [1.0, 2.0, 3.0])
+    fwd, bwd = p.layer_times("A", 1, 3)  # halfway between sizes 2 and 4
+    np.testing.assert_allclose(fwd, [2.0, 3.0, 4.0])
+    np.testing.assert_allclose(bwd, [4.0, 6.0, 8.0])
+    fwd, _ = p.layer_times("A", 1, 1)  # below the range: proportional to the size-2 table
+    np.testing.assert_allclose(fwd, [0.5, 1.0, 1.5])
+    fwd, _ = p.layer_times("A", 1, 8)  # above: proportional to the size-4 table
+    np.testing.assert_allclose(fwd, [6.0, 8.0, 10.0])
+    fwd, _ = p.layer_times("A", 2, 1)  # single table: proportional
+    np.testing.assert_allclose(fwd, [0.25, 0.5, 0.75])
+
+
+@pytest.mark.parametrize(
+    "device, degree, match",
+    [("C", 1, "no timings for device type 'C'"), ("B", 2, "no timings at tensor-parallel degree 2")],
+)
+def test_lookup_errors(device: str, degree: int, match: str) -> None:
+    with pytest.raises(ProfileError, match=match) as info:
+        _profile().layer_times(device, degree, 2)
+    assert info.value.fix
+
+
+def _mutate(edit: Any) -> dict[str, Any]:
+    d = _profile().to_dict()
+    edit(d)
+    return d
+
+
+@pytest.mark.parametrize(
+    "edit, match",
+    [
+        (lambda d: d.update(format="something"), "'format' is 'something'"),
+        (lambda d: d.update(version=7), "version 7 is not supported"),
+        (lambda d: d.pop("layers"), r"missing key\(s\) \['layers'\]"),
+        (lambda d: d.update(colour="red"), r"unknown key\(s\) \['colour'\]"),
+        (lambda d: d["layers"][1].update(parameter_bytes=-5), r"layers\[1\] \('block'\) parameter_bytes must be a finite number >= 0, got -5"),
+        (lambda d: d["layers"][0].update(activation_bytes_per_sample="big"), "must be a number, got 'big'"),
+        (lambda d: d["layers"][0].update(tensor_parallel_allreduces=[2]), r"\[forward, backward\]"),
+        (lambda d: d["timings"][0]["forward_s"].pop(), "forward_s has 2 entries but the profile has 3 layers"),
+        (lambda d: d["timings"][0]["backward_s"].__setitem__(1, float("nan")), r"backward_s\[1\] must be a finite number"),
+        (lambda d: d["timings"].append(dict(d["timings"][0])), "appears twice"),
+        (lambda d: d["timings"][0].update(tensor_degree=0), "tensor_degree must be an integer >= 1"),
+        (lambda d: d["timings"][0].update(micro_batch_size=1.5), "'micro_batch_size' must be an integer, got 1.5"),
+        (lambda d: d["timings"][0].update(device_type=""), "device_type must be a non-empty string"),
+        (lambda d: d.update(timings=[]), "'timings' must be a non-empty list"),
+        (lambda d: d.update(tensor_comm_in_times="yes"), "must be true or false"),
+    ],
+)
+def test_malformed_profiles_name_the_value(edit: Any, match: str) -> None:
+    with pytest.raises(ProfileError, match=match):
+        TimeProfile.from_dict(_mutate(edit))
+
+
+def test_malformed_files(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="does not exist"):
+        TimeProfile.load(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text('{"format": ')
+    with pytest.raises(ProfileError, match="not valid JSON.*line 1"):
+        TimeProfile.load(tmp_path / "bad.json")
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ProfileError, match="must be a JSON object"):
+        TimeProfile.load(tmp_path / "list.json")
+
+
+_times = st.lists(st.floats(0, 10, allow_nan=False), min_size=3, max_size=3)
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    acts=st.lists(st.floats(0, 1e9, allow_nan=False), min_size=3, max_size=3),
+    fwd=_times,
+    bwd=_times,
+    mbs=st.integers(1, 64),
+    tp=st.integers(1, 8),
+    comm=st.booleans(),
+)
+def test_round_trip_property(acts: list[float], fwd: list[float], bwd: list[float], mbs: int, tp: int, comm: bool) -> None:
+    p = TimeProfile(
+        model="prop",
+        tensor_comm_in_times=comm,
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=a, parameter_bytes=a / 2) for i, a in enumerate(acts)),
+        timings=(TimingTable(device_type="X", tensor_degree=tp, micro_batch_size=mbs, forward_s=tuple(fwd), backward_s=tuple(bwd)),),
+    )
+    assert TimeProfile.from_dict(json.loads(p.to_json())) == p

@@ -1,0 +1,69 @@
+"""Run configurations (runtime/config.py): settings checked on construction, the plan checked against the
+model, and the JSON form torchrun reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridplan.errors import PlanError, UsageError
+from hybridplan.models.zoo import get_model
+from hybridplan.plan.cluster import Cluster
+from hybridplan.runtime.config import (
+    BACKENDS,
+    DEVICE_TYPES,
+    RunConfig,
+    config_from_json,
+    config_to_json,
+    validate_config,
+)
+from tests.runtime.util import make_plan
+
+EXAMPLE = make_plan("1f1b", 16, 4, [(0, 3, "tensor", [0, 1]), (3, 7, "none", [2]), (7, 10, "data", [3, 4])])
+
+
+def config(**kw) -> RunConfig:
+    return RunConfig(**{"model": "gpt-tiny", "plan": EXAMPLE, "cluster": Cluster.parse("1x5"), **kw})
+
+
+@pytest.mark.parametrize(
+    "field, value, message, choices",
+    [
+        ("backend", "gpu", "backend 'gpu' is not supported", "['real', 'sim']"),
+        ("device_type", "tpu", "device type 'tpu' is not supported", "['cpu', 'cuda']"),
+        ("precision", "fp8", "precision 'fp8' is not supported", "['fp32', 'bf16', 'fp16']"),
+    ],
+)
+def test_closed_settings_are_checked_on_construction(field, value, message, choices):
+    with pytest.raises(UsageError, match=message) as caught:
+        config(**{field: value})
+    assert caught.value.fix == f"use one of {choices}"
+
+
+def test_settings_that_do_not_go_together_are_refused():
+    with pytest.raises(UsageError, match="loss_scale 64.0 was given for precision 'bf16'"):
+        config(precision="bf16", loss_scale=64.0)
+    with pytest.raises(UsageError, match="--iterations must be at least 1, got 0"):
+        config(iterations=0)
+    with pytest.raises(UsageError, match="layer timing needs real devices, but the backend is 'sim'"):
+        config(backend="sim", layer_timing=True)
+    assert BACKENDS == ("real", "sim") and DEVICE_TYPES == ("cpu", "cuda")
+    assert config(precision="fp16", loss_scale=64.0, backend="sim").loss_scale == 64.0
+
+
+def test_validate_config_checks_the_plan_against_model_and_cluster():
+    validate_config(config())
+    with pytest.raises(PlanError, match="does not exist on cluster 1x3"):
+        validate_config(config(cluster=Cluster.parse("1x3")))
+    short = make_plan("1f1b", 16, 4, [(0, 3, "none", [0]), (3, 7, "none", [1])])  # gpt-tiny has 10 layers
+    with pytest.raises(PlanError):
+        validate_config(config(plan=short))
+
+
+def test_json_form_round_trips():
+    cfg = config(precision="fp16", loss_scale=64.0, activation_checkpointing=True, backend="sim")
+    assert config_from_json(config_to_json(cfg)) == cfg
+    text = config_to_json(config()).replace('"backend": "real"', '"backend": "gpu"')
+    with pytest.raises(UsageError, match="backend 'gpu' is not supported"):  # a file is checked like a call
+        config_from_json(text)
+    with pytest.raises(ValueError, match="only a named model"):
+        config_to_json(config(model=get_model("gpt-tiny")))

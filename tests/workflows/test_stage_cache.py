@@ -1,0 +1,47 @@
+"""The stage cache gives every device the bytes a whole-plan simulation gives, simulating each stage once."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridplan.plan.cluster import Cluster
+from hybridplan.workflows.runs import ResultStore, measure_plan, plan_from_choices
+from hybridplan.workflows.stage_cache import StageCache, stage_key
+from hybridplan.search import PlanSpace, enumerate_plans
+
+MLP = "tests.cli.user_models:mlp"  # 5 layers
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_cache_matches_whole_plan_simulation(tmp_path, schedule):
+    cluster = Cluster.parse("2x2")
+    space = PlanSpace.for_cluster(cluster, 5)
+    plans = [plan_from_choices(space, c, schedule=schedule, global_batch_size=16, num_microbatches=4)
+             for c in list(enumerate_plans(space))[::11][:3]]
+    cache = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster, run_options={"backend": "sim"})
+    for plan in plans:
+        whole = measure_plan(None, plan, cluster=cluster, backend="sim", model=MLP)
+        assert whole.status == "ok"
+        assert [d.measured for d in cache.measure(plan)] == [d.measured for d in whole.devices]
+    distinct = {stage_key(p, i) for p in plans for i in range(p.num_stages)}
+    assert cache.simulated == len(distinct) < sum(p.num_stages for p in plans)
+    again = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster)  # reloaded from the file
+    again.measure(plans[0])
+    assert again.simulated == 0
+
+
+def test_stage_key_follows_the_schedule():
+    space = PlanSpace(5, 1, 4, pipeline_only=True)
+    choices = next(iter(enumerate_plans(space)))
+    gpipe = plan_from_choices(space, choices, schedule="gpipe", global_batch_size=8, num_microbatches=2)
+    one = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=8, num_microbatches=2)
+    assert [stage_key(gpipe, i)[-1] for i in range(4)] == ["0"] * 4
+    assert [stage_key(one, i).rsplit(",", 1)[1] for i in range(4)] == ["2", "2", "1", "0"]  # min(after, m)
+
+
+def test_result_store_resumes(tmp_path):
+    store = ResultStore(tmp_path / "r.json")
+    store.put("a", {"x": 1})
+    assert "a" in ResultStore(tmp_path / "r.json") and json.loads((tmp_path / "r.json").read_text()) == {"a": {"x": 1}}
