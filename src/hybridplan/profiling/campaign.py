@@ -28,7 +28,7 @@ from typing import Any
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
-from hybridplan.plan import Plan
+from hybridplan.plan import Plan, Schedule, as_schedule
 from hybridplan.plan import StagePlan
 from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
@@ -54,7 +54,7 @@ class CampaignConfig:
     """The target global batch (B)."""
     num_microbatches: int
     """The target micro-batch count (m), kept in every profiling run."""
-    schedule: str = "1f1b"
+    schedule: Schedule = "1f1b"
     """Schedule of the profiling runs; the statistics serve every schedule (profiling/quantities.py)."""
     batch_sizes: tuple[int, ...] | None = None
     """Profiled global batch sizes (two); default B/2 and B/4 (seed 000 III-A2)."""
@@ -71,6 +71,19 @@ class CampaignConfig:
     scenarios are then profiled on the merged layers."""
     run_options: dict[str, Any] = field(default_factory=dict)
     """Further RunConfig fields (e.g. precision) applied to every run."""
+
+    def __post_init__(self) -> None:
+        as_schedule(self.schedule)
+        for name in ("global_batch_size", "num_microbatches", "iterations"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ProfileError(f"campaign: {name} must be a positive integer, got {value!r}")
+        if self.global_batch_size % self.num_microbatches:
+            raise ProfileError(f"campaign: global batch {self.global_batch_size} does not split into"
+                               f" {self.num_microbatches} micro-batches",
+                               fix="choose a micro-batch count that divides the global batch")
+        if not self.timeout_s > 0:
+            raise ProfileError(f"campaign: timeout_s must be positive, got {self.timeout_s!r}")
 
 
 @dataclass

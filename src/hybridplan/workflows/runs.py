@@ -37,12 +37,14 @@ def ensure_profile(db: str | Path, *, model: str, cluster: Cluster, global_batch
     ``campaign`` holds further :class:`~hybridplan.profiling.campaign.CampaignConfig` fields (scenarios, ...).
     """
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.plan import as_schedule
     from hybridplan.profiling.store import ProfileStore
 
     path = Path(db)
     path.parent.mkdir(parents=True, exist_ok=True)
     cfg = CampaignConfig(model=model, cluster=cluster, global_batch_size=global_batch_size,
-                         num_microbatches=num_microbatches, schedule=schedule, run_options=dict(run_options or {}),
+                         num_microbatches=num_microbatches, schedule=as_schedule(schedule),
+                         run_options=dict(run_options or {}),
                          **campaign)
     with ProfileStore(path) as store:
         Campaign(cfg, store, progress=progress).run()
