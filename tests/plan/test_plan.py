@@ -185,10 +185,45 @@ def test_check_fits_allows_replicas_across_nodes_but_not_missing_devices():
     p = Plan.uniform(boundaries=[0, 10], data_degree=2, tensor_degree=2, micro_batch_size=1, global_batch_size=8,
                      devices=[0, 1, 4, 5])
     p.check_fits(10, Cluster.parse("2x4"))  # replicas on two nodes: the cost model prices it
-    with pytest.raises(PlanError, match="spans nodes"):
-        p.validate(cluster=Cluster.parse("2x4"))  # CAPTURE's space keeps a stage on one node
     with pytest.raises(PlanError, match=r"device\(s\) \[4, 5\] do not exist on cluster 1x4"):
         p.check_fits(10, Cluster.parse("1x4"))
+
+
+def test_replicas_may_span_nodes_but_tensor_groups_may_not():
+    stage = {"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2}
+    across = Plan.from_dict({**EXAMPLE, "stages": [{**stage, "devices": [0, 1, 2, 3]}]})
+    across.validate(cluster=Cluster.parse("2x2"))  # replica (0, 1) on node 0, (2, 3) on node 1
+    split = Plan.from_dict({**EXAMPLE, "stages": [{**stage, "devices": [0, 2, 1, 3]}]})
+    with pytest.raises(PlanError, match=r"tensor group 0 \[0, 2\] spans nodes \[0, 1\]"):
+        split.validate(cluster=Cluster.parse("2x2"))
+    data = Plan.from_dict({**EXAMPLE, "stages": [{"layers": [0, 10], "parallelism": "data", "degree": 4,
+                                                 "devices": [0, 1, 2, 3]}]})
+    data.validate(cluster=Cluster.parse("4x1"))  # a data-parallel stage over four nodes
+
+
+@pytest.mark.parametrize("stage, message", [
+    ({"parallelism": "data", "degree": 2, "zero": 4, "devices": [0, 1]}, "zero must be one of [0, 1, 2, 3], got 4"),
+    ({"parallelism": "data", "degree": 2, "zero": True, "devices": [0, 1]}, "'zero' must be an integer"),
+    ({"parallelism": "data", "degree": 2, "recompute": "half", "devices": [0, 1]}, "unknown recompute 'half'"),
+])
+def test_bad_zero_and_recompute(stage, message):
+    with pytest.raises(PlanError, match="stage 0: ") as e:
+        Plan.from_dict({**EXAMPLE, "stages": [{"layers": [0, 10], **stage}]})
+    assert message in str(e.value)
+
+
+def test_zero_needs_data_parallelism_and_both_keys_round_trip():
+    tensor = Plan.from_dict({**EXAMPLE, "stages": [
+        {"layers": [0, 10], "parallelism": "tensor", "degree": 2, "zero": 1, "devices": [0, 1]}]})
+    with pytest.raises(PlanError, match="ZeRO-1 shards over the data-parallel group"):
+        tensor.validate()
+    stage = {"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "zero": 2,
+             "recompute": "full", "devices": [0, 1, 2, 3]}
+    p = Plan.from_dict({**EXAMPLE, "stages": [stage]})
+    p.validate()
+    (s,) = p.stages
+    assert (s.zero, s.recompute) == (2, "full") and "ZeRO-2 recompute full" in s.describe()
+    assert p.to_dict()["stages"][0] == stage and Plan.from_dict(p.to_dict()) == p
 
 
 def test_unknown_schedule_and_parallelism_are_refused_on_construction():

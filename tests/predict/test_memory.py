@@ -122,3 +122,17 @@ def test_predict_plan_and_errors():
 
 def test_quantity_names_cover_statistics():
     assert STATISTIC_QUANTITIES[: len(QUANTITIES)] == QUANTITIES and STATISTIC_QUANTITIES[-1] == "peak"
+
+
+def test_stages_the_profile_did_not_measure_in_kind_are_refused():
+    stats = {("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)], ("data", 2): [
+        stats_at(2, 8, linear), stats_at(4, 16, linear)]}
+    plain = predictor(stats)
+    zero = Plan("1f1b", 32, 4, (StagePlan(0, 2, "data", 2, (0, 1), zero=1), StagePlan(2, 4, "none", 1, (2,))))
+    with pytest.raises(ProfileError, match="stage 0 .* uses ZeRO-1 sharding, which the profile does not measure"):
+        plain.predict(zero)
+    recompute = Plan("1f1b", 32, 4, (StagePlan(0, 1, "none", 1, (0,), recompute="full"), StagePlan(1, 4, "none", 1, (1,))))
+    with pytest.raises(ProfileError, match="recomputes its activations; the profile was taken without recompute"):
+        plain.predict(recompute)
+    # a profile taken with recompute predicts every stage as its runs ran: recomputed
+    assert predictor(stats, recompute=True).predict(recompute).devices[0].peak_memory_bytes > 0

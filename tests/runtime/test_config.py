@@ -7,6 +7,7 @@ import pytest
 
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.config import (
     BACKENDS,
@@ -67,3 +68,11 @@ def test_json_form_round_trips():
         config_from_json(text)
     with pytest.raises(ValueError, match="only a named model"):
         config_to_json(config(model=get_model("gpt-tiny")))
+
+
+def test_the_runtime_refuses_zero_sharding_for_now():
+    plan = make_plan("1f1b", 16, 4, [(0, 5, "data", [0, 1]), (5, 10, "none", [2])])
+    zero = Plan.from_dict({**plan.to_dict(), "stages": [{**plan.to_dict()["stages"][0], "zero": 1},
+                                                        plan.to_dict()["stages"][1]]})
+    with pytest.raises(UsageError, match="stage 0 .* asks for ZeRO-1 sharding, which this runtime does not run yet"):
+        validate_config(RunConfig(model="gpt-tiny", plan=zero, cluster=Cluster.parse("1x3")))

@@ -35,8 +35,11 @@ The rules (:meth:`Plan.validate`):
 - stages cover every layer once, in order: the first starts at 0, each starts where the previous
   stopped, the last stops at the model's layer count;
 - "none" has degree 1; ``len(devices) == degree``; the data degree divides the micro-batch size;
-- every device of the cluster belongs to exactly one stage, and (CAPTURE's plan space, seed 000 III-C)
-  a stage never spans nodes, so on each node the stages' degrees sum to the devices per node;
+  ``zero`` (ZeRO sharding: 0, 1 optimizer state, 2 + gradients, 3 + parameters) needs a data degree above 1;
+  ``recompute`` is "none" or "full" (activation checkpointing of every layer of the stage);
+- every device of the cluster belongs to exactly one stage, and a tensor-parallel group never spans
+  nodes; a stage's data-parallel replicas may (CAPTURE's plan space, seed 000 III-C, keeps whole stages on
+  one node: that is a rule of its search, search/memory/space.py, not of plans);
 - the global batch splits into ``num_microbatches`` equal micro-batches;
 - every layer of a tensor-parallel stage supports tensor parallelism at that degree.
 
@@ -59,7 +62,7 @@ if TYPE_CHECKING:
     from hybridplan.models.base import LayeredModel
     from hybridplan.plan.cluster import Cluster
 
-__all__ = ["SCHEDULES", "PARALLELISMS", "Parallelism", "StagePlan", "Plan"]
+__all__ = ["SCHEDULES", "PARALLELISMS", "Parallelism", "RECOMPUTES", "Recompute", "ZERO_STAGES", "StagePlan", "Plan"]
 
 Parallelism = Literal["none", "data", "tensor", "data+tensor"]
 """How a stage's devices share its work."""
@@ -67,8 +70,17 @@ Parallelism = Literal["none", "data", "tensor", "data+tensor"]
 PARALLELISMS: tuple[Parallelism, ...] = get_args(Parallelism)
 """Per-stage parallelism kinds."""
 
+Recompute = Literal["none", "full"]
+"""Activation recompute of a stage: none, or every layer checkpointed (its inputs kept, the rest recomputed)."""
+
+RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
+
+ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
+"""ZeRO sharding over a stage's data-parallel group: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
+(Rajbhandari et al., SC 2020; FSDP's FULL_SHARD is 3)."""
+
 _STAGE_KEYS = ("layers", "parallelism", "degree", "devices")
-_OPTIONAL_STAGE_KEYS = ("tensor_degree",)
+_OPTIONAL_STAGE_KEYS = ("tensor_degree", "zero", "recompute")
 _PLAN_KEYS = ("schedule", "global_batch_size", "num_microbatches", "stages")
 
 
@@ -91,8 +103,17 @@ class StagePlan:
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
     tensor_degree: int = 0
     """Devices splitting each layer (0 when constructing: derived from ``parallelism``)."""
+    zero: int = 0
+    """ZeRO sharding over the data-parallel group (:data:`ZERO_STAGES`); only for a data degree above 1."""
+    recompute: Recompute = "none"
+    """Activation recompute of every layer of the stage ("full"), or none."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise PlanError(f"zero must be one of {list(ZERO_STAGES)}, got {self.zero!r}",
+                            fix="0: no sharding; 1: optimizer state; 2: + gradients; 3: + parameters (FSDP)")
+        if self.recompute not in RECOMPUTES:
+            raise PlanError(f"unknown recompute {self.recompute!r}", fix=f"use one of {list(RECOMPUTES)}")
         if self.parallelism not in PARALLELISMS:
             raise PlanError(f"unknown parallelism {self.parallelism!r}", fix=f"use one of {list(PARALLELISMS)}")
         derived = {"none": 1, "data": 1, "tensor": self.degree}.get(self.parallelism)
@@ -111,13 +132,13 @@ class StagePlan:
 
     @classmethod
     def of(cls, start: int, stop: int, devices: Sequence[int], *, data_degree: int = 1, tensor_degree: int = 1,
-           extra: Mapping[str, Any] | None = None) -> StagePlan:
+           zero: int = 0, recompute: Recompute = "none", extra: Mapping[str, Any] | None = None) -> StagePlan:
         """The stage of ``data_degree`` replicas of ``tensor_degree`` devices each (``devices`` tensor-fastest),
         labelled with the simplest parallelism that says so."""
         kind: Parallelism = ("data+tensor" if data_degree > 1 and tensor_degree > 1 else "tensor" if tensor_degree > 1
                              else "data" if data_degree > 1 else "none")
         return cls(start, stop, kind, data_degree * tensor_degree, tuple(devices), dict(extra or {}),
-                   tensor_degree if kind == "data+tensor" else 0)
+                   tensor_degree if kind == "data+tensor" else 0, zero, recompute)
 
     @property
     def layers(self) -> range:
@@ -153,6 +174,10 @@ class StagePlan:
         """E.g. ``layers [3, 7) tensor x2 on devices [2, 3]``."""
         how = (f"data x{self.data_degree} + tensor x{self.tensor_degree}" if self.parallelism == "data+tensor"
                else f"{self.parallelism} x{self.degree}")
+        if self.zero:
+            how += f" ZeRO-{self.zero}"
+        if self.recompute != "none":
+            how += f" recompute {self.recompute}"
         return f"layers [{self.start}, {self.stop}) {how} on devices {list(self.devices)}"
 
     def to_dict(self) -> dict[str, Any]:
@@ -164,6 +189,10 @@ class StagePlan:
         }
         if self.parallelism == "data+tensor":
             out["tensor_degree"] = self.tensor_degree
+        if self.zero:
+            out["zero"] = self.zero
+        if self.recompute != "none":
+            out["recompute"] = self.recompute
         out["devices"] = list(self.devices)
         out.update(self.extra)
         return out
@@ -195,13 +224,18 @@ class StagePlan:
         tensor = data.get("tensor_degree", 0)
         if not _is_int(tensor):
             raise PlanError(f"{where}: 'tensor_degree' must be an integer, got {tensor!r}")
+        zero, recompute = data.get("zero", 0), data.get("recompute", "none")
+        if not _is_int(zero):
+            raise PlanError(f"{where}: 'zero' must be an integer (0 to 3), got {zero!r}")
+        if not isinstance(recompute, str):
+            raise PlanError(f"{where}: 'recompute' must be one of {list(RECOMPUTES)}, got {recompute!r}")
         devices = data["devices"]
         if not isinstance(devices, Sequence) or isinstance(devices, str) or not all(_is_int(d) for d in devices):
             raise PlanError(f"{where}: 'devices' must be a list of device indices, got {devices!r}")
         extra = {k: v for k, v in data.items() if k not in _STAGE_KEYS + _OPTIONAL_STAGE_KEYS}
         try:
             return cls(int(layers[0]), int(layers[1]), cast(Parallelism, data["parallelism"]), int(data["degree"]),
-                       tuple(int(d) for d in devices), extra, int(tensor))
+                       tuple(int(d) for d in devices), extra, int(tensor), int(zero), cast(Recompute, recompute))
         except PlanError as e:
             raise PlanError(f"{where}: {e.message}", fix=e.fix) from None
 
@@ -488,6 +522,12 @@ class Plan:
                     f"stage {i}: degree {s.degree} but {len(s.devices)} device(s) {list(s.devices)}",
                     fix="list exactly 'degree' devices",
                 )
+            if s.zero and s.data_degree < 2:
+                raise PlanError(
+                    f"stage {i} ({s.describe()}): ZeRO-{s.zero} shards over the data-parallel group, and the stage has"
+                    " no data parallelism",
+                    fix='drop "zero", or make the stage data-parallel ("data" or "data+tensor" with a data degree above 1)',
+                )
             if s.data_degree > 1 and self.microbatch_size % s.data_degree:
                 raise PlanError(
                     f"stage {i}: data-parallel degree {s.data_degree} does not divide the micro-batch size {self.microbatch_size}"
@@ -515,12 +555,15 @@ class Plan:
                         f"stage {i}: device {d} does not exist on cluster {cluster.shape} (devices 0..{cluster.num_devices - 1})",
                         fix="use device indices below the cluster's device count, or a larger --cluster",
                     )
-            nodes = {cluster.node_of(d) for d in s.devices}
-            if len(nodes) > 1:
-                raise PlanError(
-                    f"stage {i} ({s.describe()}) spans nodes {sorted(nodes)} of cluster {cluster.shape}",
-                    fix=f"a stage's devices must share a node (node = device // {cluster.devices_per_node})",
-                )
+            for r in range(s.data_degree):
+                nodes = {cluster.node_of(d) for d in s.tensor_group(r)}
+                if len(nodes) > 1:
+                    group = "its devices" if s.data_degree == 1 else f"tensor group {r} {list(s.tensor_group(r))}"
+                    raise PlanError(
+                        f"stage {i} ({s.describe()}): {group} spans nodes {sorted(nodes)} of cluster {cluster.shape}",
+                        fix=f"a tensor-parallel group must share a node (node = device // {cluster.devices_per_node});"
+                        " only the data-parallel replicas of a stage may be on different nodes",
+                    )
         unused = [d for d in range(cluster.num_devices) if d not in seen]
         if unused:
             raise PlanError(

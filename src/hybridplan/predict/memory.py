@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -155,6 +155,7 @@ class MemoryPredictor:
         method: str = "quantities",
         profile_schedule: str | None = None,
         stash: Mapping[tuple[str, int], Mapping[int, int]] | None = None,
+        recompute: bool = False,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -172,6 +173,7 @@ class MemoryPredictor:
         self.position_horizon = num_microbatches if schedule != "gpipe" else 1
         self.profile_schedule = profile_schedule
         self.stash = stash or {}
+        self.recompute = recompute
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
 
@@ -222,6 +224,7 @@ class MemoryPredictor:
             method=method,
             profile_schedule=meta["schedule"],
             stash=db.weight_stash,
+            recompute=bool(db.run_options.get("activation_checkpointing", False)),
         )
 
     @property
@@ -384,8 +387,10 @@ class MemoryPredictor:
                 method=self.method,
                 profile_schedule=self.profile_schedule,
                 stash=self.stash,
+                recompute=self.recompute,
             )
             return other.predict(plan)
+        self._check_measured_kinds(plan)
         devices = []
         for i, stage in enumerate(plan.stages):
             after = plan.num_stages - 1 - i
@@ -402,6 +407,20 @@ class MemoryPredictor:
                 devices.append(DevicePrediction(d, i, int(round(value)), flight, breakdown))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
+
+    def _check_measured_kinds(self, plan: Plan) -> None:
+        """Refuse stages the profile did not measure in kind: ZeRO sharding, or recompute asked of a stage when
+        the profile ran without it (their memory differs from what the statistics hold, so a prediction would be
+        silently wrong). A profile taken with recompute predicts every stage recomputed, as its runs did."""
+        for i, stage in enumerate(plan.stages):
+            if stage.zero:
+                raise ProfileError(f"stage {i} ({stage.describe()}) uses ZeRO-{stage.zero} sharding, which the profile"
+                                   " does not measure", fix='drop "zero" from the stage to predict it')
+            if stage.recompute == "full" and not self.recompute:
+                raise ProfileError(
+                    f"stage {i} ({stage.describe()}) recomputes its activations; the profile was taken without recompute",
+                    fix="profile with --activation-checkpointing, or drop \"recompute\" from the stage",
+                )
 
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)
@@ -458,9 +477,5 @@ class UnitView:
 
     def to_original(self, plan: Plan) -> Plan:
         """``plan`` with unit indices turned into the model's layer indices."""
-        from hybridplan.plan import StagePlan
-
-        stages = tuple(
-            StagePlan(self.bounds[s.start], self.bounds[s.stop], s.parallelism, s.degree, s.devices, s.extra) for s in plan.stages
-        )
+        stages = tuple(replace(s, start=self.bounds[s.start], stop=self.bounds[s.stop]) for s in plan.stages)
         return Plan(plan.schedule, plan.global_batch_size, plan.num_microbatches, stages, plan.extra)

@@ -145,6 +145,13 @@ def validate_config(cfg: RunConfig) -> None:
     """
     model = resolve_model(cfg.model)
     cfg.plan.validate(model=model, cluster=cfg.cluster)
+    for i, s in enumerate(cfg.plan.stages):
+        if s.zero:
+            raise UsageError(
+                f"stage {i} ({s.describe()}) asks for ZeRO-{s.zero} sharding, which this runtime does not run yet",
+                fix='drop "zero" from the stage: every replica then keeps the full optimizer state, gradients and'
+                " parameters",
+            )
 
 
 def config_to_json(cfg: RunConfig) -> str:

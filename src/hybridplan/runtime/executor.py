@@ -86,7 +86,7 @@ class StageExecutor:
         optimizer: the optimizer over ``module``'s parameters.
         meter: a memory meter (runtime.memory).
         device: where tensors live.
-        dp_group: the stage's process group if it is data-parallel on several devices, else None.
+        dp_group: this rank's data-parallel group (the same tensor rank of every replica of its stage), or None.
         input_spec: what the stage receives (None for the first stage).
         output_spec: what the stage sends (None for the last stage).
         seed: data seed base.
@@ -276,7 +276,10 @@ class StageExecutor:
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-            collectives.all_reduce(p.grad, group=self.dp_group)
+            # A tensor-parallel parameter's gradient is a DTensor: its replicas sum their local shards (the
+            # data group holds the same tensor rank of every replica, so the shards match).
+            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            collectives.all_reduce(grad, group=self.dp_group)
 
     # ------------------------------------------------------------------ iteration
     def run_iteration(self, iteration: int) -> IterationRecord:

@@ -88,15 +88,18 @@ def communicators_of(plan: Plan, rank: int) -> list[int]:
     """Sizes (in ranks) of the NCCL communicators ``rank`` creates when the runtime runs ``plan``.
 
     ProcessGroupNCCL creates communicators lazily, on a rank's first operation in a group: the world
-    (the runtime's barriers), the rank's stage group if its degree exceeds 1 (data-parallel gradient
-    all-reduce or tensor-parallel collectives), and one 2-rank communicator per point-to-point peer
+    (the runtime's barriers), the rank's tensor-parallel group and its data-parallel group where the stage
+    has such a degree (tensor-parallel collectives; the gradient all-reduce), and one 2-rank communicator
+    per point-to-point peer
     (send/receive pairs get their own communicator, keyed by the pair).
     """
     sizes = [plan.num_devices] if plan.num_devices > 1 else []
     index = plan.stage_of_device(rank)
     stage = plan.stages[index]
-    if stage.degree > 1:
-        sizes.append(stage.degree)
+    if stage.tensor_degree > 1:
+        sizes.append(stage.tensor_degree)
+    if stage.data_degree > 1:
+        sizes.append(stage.data_degree)
     here = layout_of(stage)
     b = plan.microbatch_size
     peers: set[int] = set()

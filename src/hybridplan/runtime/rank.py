@@ -13,6 +13,7 @@ import gc
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -20,6 +21,7 @@ import torch.distributed as dist
 from hybridplan.models.boundaries import BoundarySpec, boundary_specs
 from hybridplan.models.tensor_parallel import TensorParallelGroup
 from hybridplan.models.zoo import resolve_model
+from hybridplan.plan import Plan
 from hybridplan.runtime.config import DeviceType, RunConfig
 from hybridplan.runtime.executor import IterationRecord, StageExecutor
 from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_bytes
@@ -73,29 +75,26 @@ def run_rank(
     """
     model = resolve_model(cfg.model)
     plan = cfg.plan
-    # Every rank creates every stage's group, in the same order (new_group is collective).
-    groups = [dist.new_group(list(s.devices)) if s.degree > 1 else None for s in plan.stages]
     stage_index = plan.stage_of_device(rank)
     stage = plan.stages[stage_index]
     index_in_stage = stage.devices.index(rank)
-    group = groups[stage_index]
-    tp = dp_group = None
-    if group is not None and stage.parallelism == "tensor":
+    tp_group, dp_group = _stage_groups(plan, stage_index, index_in_stage)
+    tp = None
+    if tp_group is not None:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import DeviceMesh
 
         with unset_fake_temporarily():  # the mesh reads its rank table; a no-op outside a simulation
-            mesh = DeviceMesh.from_group(group, device.type)
-        tp = TensorParallelGroup(group, mesh, index_in_stage, stage.degree)
-    elif group is not None:
-        dp_group = group
+            mesh = DeviceMesh.from_group(tp_group, device.type)
+        tp = TensorParallelGroup(tp_group, mesh, index_in_stage % stage.tensor_degree, stage.tensor_degree)
+    checkpointing = cfg.activation_checkpointing or stage.recompute == "full"
 
     meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated)
     specs = specs if specs is not None else boundary_specs(model, stop=stage.stop)
     with meter:
         with meter.in_phase("parameters"):
             module = build_stage_module(
-                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=cfg.activation_checkpointing
+                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing
             )
             optimizer = build_optimizer(
                 module,
@@ -120,7 +119,7 @@ def run_rank(
             record_timeline=cfg.record_timeline,
             dtype=compute_dtype(cfg.precision),
             loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
-            checkpointed=cfg.activation_checkpointing,
+            checkpointed=checkpointing,
         )
         timer = LayerTimer(module, device) if cfg.layer_timing else None
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full
@@ -165,6 +164,23 @@ def run_rank(
         overhead_bytes=overhead,
         layer_seconds=layer_seconds,
     )
+
+
+def _stage_groups(plan: Plan, stage_index: int, index_in_stage: int) -> tuple[Any, Any]:
+    """This rank's tensor-parallel group and data-parallel group (None where the stage has no such degree).
+
+    Every rank creates every stage's groups, in the same order (``new_group`` is collective): per stage, the
+    tensor group of each replica (devices tensor-fastest: ``tensor_group(r)``), then the data group of each
+    tensor rank (``data_group(k)``: the k-th device of every replica, whose gradients are summed).
+    """
+    mine: tuple[Any, Any] = (None, None)
+    for i, s in enumerate(plan.stages):
+        tensor = [dist.new_group(list(s.tensor_group(r))) for r in range(s.data_degree)] if s.tensor_degree > 1 else []
+        data = [dist.new_group(list(s.data_group(k))) for k in range(s.tensor_degree)] if s.data_degree > 1 else []
+        if i == stage_index:
+            replica, k = divmod(index_in_stage, s.tensor_degree)
+            mine = (tensor[replica] if tensor else None, data[k] if data else None)
+    return mine
 
 
 def rank_failure(rank: int, exc: BaseException) -> RankFailure:

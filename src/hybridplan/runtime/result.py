@@ -317,7 +317,7 @@ def aggregate(cfg: RunConfig, reports: Sequence[RankReport], *, wall_seconds: fl
     """
     plan = cfg.plan
     last = plan.stages[-1]
-    owners = list(last.devices) if last.parallelism == "data" else [last.devices[0]]
+    owners = [last.tensor_group(r)[0] for r in range(last.data_degree)]  # one rank per replica
     losses: list[float] = []
     if all(len(reports[r].losses) == cfg.iterations for r in owners):
         losses = [sum(reports[r].losses[it] for r in owners) for it in range(cfg.iterations)]
