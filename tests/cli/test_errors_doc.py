@@ -93,6 +93,8 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("run --model gpt-tiny --cluster 1x4 --plan schedule.json", "unknown schedule 'zb'"),
         Case("run --model gpt-tiny --cluster 1x4 --plan split.json", "does not split into 3 equal micro-batches"),
         Case("run --model gpt-tiny --cluster 2x2 --plan spans.json", "spans nodes [0, 1]"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan zero_tensor.json", "ZeRO-1 shards over the data-parallel group"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan zero.json", "does not run yet", before_torch=False),
     )),
     ("Profile databases and time profiles", (
         Case("plan --db missing.sqlite --cluster 1x4", "profile database 'missing.sqlite' does not exist"),
@@ -155,6 +157,10 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     variant("schedule.json", schedule="zb")
     variant("split.json", num_microbatches=3)
     variant("spans.json", stage0_devices=[1, 2], stage1_devices=[0])
+    variant("zero_tensor.json", stage0_zero=1)
+    data = {**gpt, "stages": [{"layers": [0, 5], "parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 1},
+                              {"layers": [5, 10], "parallelism": "tensor", "degree": 2, "devices": [2, 3]}]}
+    (folder / "zero.json").write_text(json.dumps(data))
     (folder / "nostages.json").write_text(json.dumps({k: v for k, v in gpt.items() if k != "stages"}))
     (folder / "notjson.json").write_text('{"schedule": "1f1b", "stages": [')
     (folder / "bad.toml").write_text("nodes = [1\n")

@@ -558,9 +558,9 @@ class Plan:
             for r in range(s.data_degree):
                 nodes = {cluster.node_of(d) for d in s.tensor_group(r)}
                 if len(nodes) > 1:
-                    group = "its devices" if s.data_degree == 1 else f"tensor group {r} {list(s.tensor_group(r))}"
+                    group = "" if s.data_degree == 1 else f": tensor group {r} {list(s.tensor_group(r))}"
                     raise PlanError(
-                        f"stage {i} ({s.describe()}): {group} spans nodes {sorted(nodes)} of cluster {cluster.shape}",
+                        f"stage {i} ({s.describe()}){group} spans nodes {sorted(nodes)} of cluster {cluster.shape}",
                         fix=f"a tensor-parallel group must share a node (node = device // {cluster.devices_per_node});"
                         " only the data-parallel replicas of a stage may be on different nodes",
                     )
