@@ -32,3 +32,39 @@ def gloo_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
     yield get
     for pool in pools.values():
         pool.close()
+
+
+@pytest.fixture(scope="session")
+def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``p.sqlite``: a memory profile of the MLP user model (tests/cli/user_models.py) on 1x4 (pipeline and
+    tensor x2; simulated devices, a few seconds); ``t.json``: a time profile whose layer 2 is slow and whose
+    tensor x2 halves the Linear layers' times; ``plan.json``: tests.cli.conftest.MIXED."""
+    import json
+
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+    from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+    from tests.cli.conftest import MIXED, MLP
+
+    d = tmp_path_factory.mktemp("mlp")
+    with ProfileStore(d / "p.sqlite") as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)), run_options={"backend": "sim"}),
+                 store).run()
+    fwd = (1e-3, 1e-4, 4e-3, 1e-4, 1e-3)
+    profile = TimeProfile(
+        model=MLP,
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=128.0, parameter_bytes=4096.0) for i in range(5)),
+        timings=tuple(
+            TimingTable(device_type="cpu", tensor_degree=t, micro_batch_size=16,
+                        forward_s=tuple(f / t for f in fwd), backward_s=tuple(2 * f / t for f in fwd))
+            for t in (1, 2)
+        ),
+        tensor_comm_in_times=True,
+        source="synthetic",
+    )
+    profile.save(d / "t.json")
+    (d / "plan.json").write_text(json.dumps(MIXED))
+    return d

@@ -359,6 +359,22 @@ class MemoryPredictor:
             self._tables[key] = table
         return self._tables[key]
 
+    def retargeted(self, *, schedule: str | None = None, global_batch_size: int | None = None,
+                   num_microbatches: int | None = None) -> MemoryPredictor:
+        """This predictor's profile at other targets (unset ones kept)."""
+        return MemoryPredictor(
+            self.stats,
+            num_layers=self.num_layers,
+            schedule=schedule or self.schedule,
+            global_batch_size=global_batch_size or self.global_batch_size,
+            num_microbatches=num_microbatches or self.num_microbatches,
+            degree_fit=self.degree_fit,
+            method=self.method,
+            profile_schedule=self.profile_schedule,
+            stash=self.stash,
+            recompute=self.recompute,
+        )
+
     def on_units(self, bounds: list[int]) -> UnitView:
         """This predictor seen on merged layers (for the search; see profiling/merger.py)."""
         return UnitView(self, bounds)
@@ -377,30 +393,28 @@ class MemoryPredictor:
             self.global_batch_size,
             self.num_microbatches,
         ):
-            other = MemoryPredictor(
-                self.stats,
-                num_layers=self.num_layers,
-                schedule=plan.schedule,
-                global_batch_size=plan.global_batch_size,
-                num_microbatches=plan.num_microbatches,
-                degree_fit=self.degree_fit,
-                method=self.method,
-                profile_schedule=self.profile_schedule,
-                stash=self.stash,
-                recompute=self.recompute,
-            )
-            return other.predict(plan)
+            return self.retargeted(schedule=plan.schedule, global_batch_size=plan.global_batch_size,
+                                   num_microbatches=plan.num_microbatches).predict(plan)
         self._check_measured_kinds(plan)
         devices = []
         for i, stage in enumerate(plan.stages):
             after = plan.num_stages - 1 - i
-            value = self.stage_memory(stage.start, stage.stop, stage.parallelism, stage.degree, after)
+            # [Note: a data x tensor stage is a tensor stage at a smaller batch] Each of the d replicas of a
+            # "data+tensor" stage runs exactly what a t-way tensor stage runs with micro-batches of b/d samples:
+            # the same layer shards and optimizer state, activations and received buffers of b/d rows, the
+            # same schedule position; its gradient all-reduce leaves no buffer behind. So it is the tensor
+            # stage predicted at the global batch B/d (same micro-batch count).
+            source, kind, degree = self, stage.kind, stage.degree
+            if kind == "data+tensor":
+                source = self.retargeted(global_batch_size=plan.global_batch_size // stage.data_degree)
+                kind, degree = "tensor", stage.tensor_degree
+            value = source.stage_memory(stage.start, stage.stop, kind, degree, after)
             if not math.isfinite(value):
                 raise ProfileError(
-                    f"stage {i} ({stage.describe()}) cannot be predicted: {self._why_missing(stage.start, stage.stop, stage.parallelism, stage.degree)}",
+                    f"stage {i} ({stage.describe()}) cannot be predicted: {source._why_missing(stage.start, stage.stop, kind, degree)}",
                     fix="profile the missing scenario (hybridplan profile ... --scenarios), or change the plan",
                 )
-            q = self.span_quantities(stage.start, stage.stop, stage.parallelism, stage.degree)
+            q = source.span_quantities(stage.start, stage.stop, kind, degree)
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
             for d in stage.devices:
