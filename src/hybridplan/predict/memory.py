@@ -176,6 +176,7 @@ class MemoryPredictor:
         self.recompute = recompute
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
+        self._replicas: dict[int, MemoryPredictor] = {}
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -293,8 +294,14 @@ class MemoryPredictor:
             return float(q[_PEAK])
         return float(np.max(peak_terms(self.schedule, stages_after, self.num_microbatches) @ q[:_PEAK]))
 
-    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float:
-        """Predicted per-device peak bytes of a stage (``inf`` if the profile cannot predict it)."""
+    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
+                     tensor_degree: int = 0) -> float:
+        """Predicted per-device peak bytes of a stage (``inf`` if the profile cannot predict it); a "data+tensor"
+        stage of ``degree`` devices gives its ``tensor_degree`` too ([Note: a data x tensor stage is a tensor
+        stage at a smaller batch])."""
+        if kind == "data+tensor":
+            replica = self._replica(degree, tensor_degree)
+            return math.inf if replica is None else replica.stage_memory(start, stop, "tensor", tensor_degree, stages_after)
         if degree == 1 or (kind, degree) in self.stats:
             value = self._profiled_peak(start, stop, kind, degree, stages_after)
             return math.inf if value is None else value
@@ -311,16 +318,31 @@ class MemoryPredictor:
         beta = (p1 - p2) / (1 / d1 - 1 / d2)
         return p2 - beta / d2 + beta / degree
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
         """Whether the profile predicts this stage config (and its batch split is possible)."""
         if kind == "data" and degree > 1 and self.microbatch_size % degree:
             return False
-        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0))
+        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree))
 
-    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int) -> np.ndarray:
+    def _replica(self, degree: int, tensor_degree: int) -> MemoryPredictor | None:
+        """The predictor of one replica of a "data+tensor" stage (None if the micro-batch does not split)."""
+        if tensor_degree < 2 or degree % tensor_degree:
+            return None
+        data = degree // tensor_degree
+        if self.microbatch_size % data:
+            return None
+        if data not in self._replicas:
+            self._replicas[data] = self.retargeted(global_batch_size=self.global_batch_size // data)
+        return self._replicas[data]
+
+    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
+                            tensor_degree: int = 0) -> np.ndarray:
         """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable)."""
         L = num_layers
         out = np.full((L, L + 1), math.inf)
+        if kind == "data+tensor":
+            replica = self._replica(degree, tensor_degree)
+            return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
         if kind == "data" and degree > 1 and self.microbatch_size % degree:
             return out
         if degree != 1 and (kind, degree) not in self.stats:
@@ -406,8 +428,9 @@ class MemoryPredictor:
             # stage predicted at the global batch B/d (same micro-batch count).
             source, kind, degree = self, stage.kind, stage.degree
             if kind == "data+tensor":
-                source = self.retargeted(global_batch_size=plan.global_batch_size // stage.data_degree)
-                kind, degree = "tensor", stage.tensor_degree
+                replica = self._replica(stage.degree, stage.tensor_degree)
+                if replica is not None:
+                    source, kind, degree = replica, "tensor", stage.tensor_degree
             value = source.stage_memory(stage.start, stage.stop, kind, degree, after)
             if not math.isfinite(value):
                 raise ProfileError(
@@ -478,14 +501,18 @@ class UnitView:
     def num_layers(self) -> int:
         return len(self.bounds) - 1
 
-    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float:
-        return self.predictor.stage_memory(self.bounds[start], self.bounds[stop], kind, degree, stages_after)
+    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
+                     tensor_degree: int = 0) -> float:
+        return self.predictor.stage_memory(self.bounds[start], self.bounds[stop], kind, degree, stages_after,
+                                           tensor_degree=tensor_degree)
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int) -> bool:
-        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree)
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
+        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree, tensor_degree=tensor_degree)
 
-    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int) -> np.ndarray:
-        full = self.predictor.stage_memory_matrix(kind, degree, stages_after, self.predictor.num_layers)
+    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
+                            tensor_degree: int = 0) -> np.ndarray:
+        full = self.predictor.stage_memory_matrix(kind, degree, stages_after, self.predictor.num_layers,
+                                                  tensor_degree=tensor_degree)
         b = np.array(self.bounds)
         return full[np.ix_(b[:-1], b)]
 

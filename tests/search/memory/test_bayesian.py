@@ -72,9 +72,9 @@ def test_bad_budget_and_hopeless_models_raise() -> None:
     model = TableStageModel.random(4, 2, horizon=1, seed=0)
     with pytest.raises(PlanError, match="budget"):
         solve_bayesian(model, PlanSpace(4, 1, 2), budget=0)
-    model.disallowed[("none", 1)] = np.ones((4, 5), dtype=bool)
-    model.disallowed[("data", 2)] = np.ones((4, 5), dtype=bool)
-    model.disallowed[("tensor", 2)] = np.ones((4, 5), dtype=bool)
+    model.disallowed[("none", 1, 0)] = np.ones((4, 5), dtype=bool)
+    model.disallowed[("data", 2, 0)] = np.ones((4, 5), dtype=bool)
+    model.disallowed[("tensor", 2, 0)] = np.ones((4, 5), dtype=bool)
     with pytest.raises(PlanError, match="none of the"):
         solve_bayesian(model, PlanSpace(4, 1, 2), budget=5)
 
@@ -91,6 +91,6 @@ def test_gaussian_process_interpolates_and_expected_improvement_prefers_low_mean
 
 def test_non_finite_predictions_are_reported() -> None:
     model = TableStageModel.random(3, 1, horizon=1, seed=0)
-    model.values[("none", 1)][:] = np.nan
+    model.values[("none", 1, 0)][:] = np.nan
     with pytest.raises(PlanError, match="predicts nan"):
         solve_bayesian(model, PlanSpace(3, 1, 1), budget=3)

@@ -97,8 +97,8 @@ def test_result_knows_its_values_and_devices() -> None:
 
 def test_to_plan_reports_a_batch_that_does_not_fit() -> None:
     model = TableStageModel.random(2, 2, horizon=1, seed=0)
-    model.values[("none", 1)][:] = 9.0  # force the single data-parallel stage
-    model.values[("tensor", 2)][:] = 9.0
+    model.values[("none", 1, 0)][:] = 9.0  # force the single data-parallel stage
+    model.values[("tensor", 2, 0)][:] = 9.0
     result = solve_exact(model, PlanSpace(2, 1, 2))
     assert result.stages[0].kind == "data"
     with pytest.raises(PlanError, match="does not divide the micro-batch size"):

@@ -56,8 +56,8 @@ def test_stage_table_matrix_and_call_paths_agree_bit_for_bit() -> None:
 
     fast, slow = StageTable(model, space), StageTable(CallsOnly(), space)
     assert np.array_equal(fast.values, slow.values)
-    assert np.isinf(fast.values[space.configs.index(("tensor", 2)), :, 0, 9]).all()  # the head is not tensor-parallel
-    assert np.isinf(fast.values[space.configs.index(("data", 4))]).all()  # 4 does not divide the micro-batch of 2
+    assert np.isinf(fast.values[space.configs.index(("tensor", 2, 0)), :, 0, 9]).all()  # the head is not tensor-parallel
+    assert np.isinf(fast.values[space.configs.index(("data", 4, 0))]).all()  # 4 does not divide the micro-batch of 2
 
 
 def test_stage_table_caps_positions_at_the_deepest_pipeline() -> None:
@@ -69,7 +69,7 @@ def test_stage_table_caps_positions_at_the_deepest_pipeline() -> None:
 @pytest.mark.parametrize("bad", [float("nan"), float("inf")])
 def test_stage_table_rejects_non_finite_predictions(bad: float) -> None:
     model = TableStageModel.random(3, 1, horizon=1, seed=0)
-    model.values[("none", 1)][0, 0, 2] = bad
+    model.values[("none", 1, 0)][0, 0, 2] = bad
     with pytest.raises(PlanError, match=r"layers \[0, 2\) none x1"):
         StageTable(model, PlanSpace(3, 1, 1))
 

@@ -31,7 +31,7 @@ import numpy as np
 from hybridplan.errors import PlanError
 from hybridplan.plan import Parallelism, Plan, StagePlan, as_schedule
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.memory.space import PlanSpace, StageChoice
+from hybridplan.search.memory.space import PlanSpace, StageChoice, StageConfig
 
 __all__ = [
     "StageMemoryModel",
@@ -55,6 +55,10 @@ class StageMemoryModel(Protocol):
     A model may also offer ``stage_memory_matrix(kind, degree, stages_after, num_layers)`` returning
     an ``(L, L+1)`` array whose ``[start, stop]`` entry (for ``start < stop``) is ``stage_memory`` or
     ``inf`` where not :meth:`allowed`; :class:`StageTable` then uses it instead of ``L^2`` calls.
+
+    A "data+tensor" config (the extended space) is asked with the keyword ``tensor_degree`` as well (its
+    ``degree`` is data x tensor); the other kinds are asked without it, so a model of CAPTURE's space only
+    need not know it.
     """
 
     position_horizon: int
@@ -101,12 +105,13 @@ class StageTable:
         allowed = np.zeros((n, L, L + 1), dtype=bool)
         matrix = getattr(model, "stage_memory_matrix", None)
         for ci, cfg in enumerate(space.configs):
-            what = f"stage table: config {ci + 1}/{n} ({cfg.kind} x{cfg.degree})"
+            what = f"stage table: config {ci + 1}/{n} ({cfg.label})"
+            more = {"tensor_degree": cfg.tensor_degree} if cfg.kind == "data+tensor" else {}
             if matrix is not None:
                 for pos in range(self.horizon):
                     if report.due():
                         report.update(f"{what}, position {pos + 1}/{self.horizon}")
-                    block = np.asarray(matrix(cfg.kind, cfg.degree, pos, L), dtype=np.float64)
+                    block = np.asarray(matrix(cfg.kind, cfg.degree, pos, L, **more), dtype=np.float64)
                     self.values[ci, pos] = np.where(upper, block, np.inf)
                 allowed[ci] = upper & (self.values[ci, 0] != np.inf)
                 continue
@@ -114,10 +119,11 @@ class StageTable:
                 if report.due():
                     report.update(f"{what}, layer {start + 1}/{L}")
                 for stop in range(start + 1, L + 1):
-                    if model.allowed(start, stop, cfg.kind, cfg.degree):
+                    if model.allowed(start, stop, cfg.kind, cfg.degree, **more):
                         allowed[ci, start, stop] = True
                         for pos in range(self.horizon):
-                            self.values[ci, pos, start, stop] = model.stage_memory(start, stop, cfg.kind, cfg.degree, pos)
+                            self.values[ci, pos, start, stop] = model.stage_memory(start, stop, cfg.kind, cfg.degree, pos,
+                                                                                   **more)
         # One config at a time: whole-table temporaries would be as large as the table (GBs on big meshes).
         for ci in range(n):
             bad = ~np.isfinite(self.values[ci]) & allowed[ci]
@@ -165,7 +171,7 @@ def bad_prediction(value: float, choice: StageChoice, space: PlanSpace, stages_a
     """The error for a non-finite prediction of an allowed stage."""
     cfg = space.configs[choice.config]
     return PlanError(f"the stage-memory model predicts {value} for layers [{choice.start}, {choice.stop})"
-                     f" {cfg.kind} x{cfg.degree} with {stages_after} stages after",
+                     f" {cfg.label} with {stages_after} stages after",
                      fix="an allowed stage needs a finite prediction; mark impossible ones not allowed")
 
 
@@ -204,12 +210,19 @@ class PlacedStage:
     start: int
     stop: int
     kind: Parallelism
-    """"none" (degree 1), "data" or "tensor"."""
+    """"none" (degree 1), "data", "tensor" or "data+tensor"."""
     degree: int
     devices: tuple[int, ...]
     """Global device indices (node = index // devices per node)."""
     value: float
     """Predicted per-device peak bytes of each of its devices."""
+    tensor_degree: int = 0
+    """The tensor degree of a "data+tensor" stage (0 otherwise)."""
+
+    @property
+    def label(self) -> str:
+        """E.g. ``tensor x2`` or ``data x2 + tensor x2``."""
+        return StageConfig(self.kind, self.degree, self.tensor_degree).label
 
 
 @dataclass(frozen=True)
@@ -249,7 +262,8 @@ class SearchResult:
             schedule=as_schedule(schedule),
             global_batch_size=global_batch_size,
             num_microbatches=num_microbatches,
-            stages=tuple(StagePlan(s.start, s.stop, s.kind, s.degree, s.devices) for s in self.stages),
+            stages=tuple(StagePlan(s.start, s.stop, s.kind, s.degree, s.devices, {}, s.tensor_degree)
+                         for s in self.stages),
         )
         plan.validate(num_layers=self.num_layers,
                       cluster=PlanSpace(self.num_layers, self.num_nodes, self.devices_per_node).cluster())
@@ -259,7 +273,7 @@ class SearchResult:
         """A few lines for terminals."""
         head = (f"{self.solver}: peak {self.peak:.6g} on {self.num_nodes}x{self.devices_per_node}, "
                 f"{len(self.stages)} stages, {self.visited} visited in {self.elapsed_s:.3f} s")
-        return "\n".join([head] + [f"  [{s.start}, {s.stop}) {s.kind} x{s.degree} on {list(s.devices)}: {s.value:.6g}"
+        return "\n".join([head] + [f"  [{s.start}, {s.stop}) {s.label} on {list(s.devices)}: {s.value:.6g}"
                                    for s in self.stages])
 
 
@@ -274,7 +288,7 @@ def build_result(solver: str, space: PlanSpace, value_of: Callable[[StageChoice,
     for i, (c, devs) in enumerate(zip(choices, devices)):
         cfg = space.configs[c.config]
         v = value_of(c, n - 1 - i)
-        stages.append(PlacedStage(c.start, c.stop, cfg.kind, cfg.degree, devs, v))
+        stages.append(PlacedStage(c.start, c.stop, cfg.kind, cfg.degree, devs, v, cfg.tensor_degree))
         for d in devs:
             per_device[d] = v
     return SearchResult(

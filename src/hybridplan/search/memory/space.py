@@ -58,15 +58,24 @@ __all__ = [
 _REPORT_EVERY = 4096
 """States between two progress checks while building :class:`MeshPacking` (a check reads the clock)."""
 
-KINDS: tuple[str, ...] = ("none", "data", "tensor")
+KINDS: tuple[str, ...] = ("none", "data", "tensor", "data+tensor")
 """Stage kinds in canonical order (the rank breaks exact ties between plans, see objective.py)."""
 
 
 class StageConfig(NamedTuple):
-    """How one stage runs: ``kind`` ("none", "data", "tensor") at ``degree`` devices."""
+    """How one stage runs: ``kind`` ("none", "data", "tensor", "data+tensor") at ``degree`` devices; a
+    "data+tensor" stage is ``degree / tensor_degree`` replicas of ``tensor_degree`` devices (0 otherwise)."""
 
     kind: Parallelism
     degree: int
+    tensor_degree: int = 0
+
+    @property
+    def label(self) -> str:
+        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``."""
+        if self.kind == "data+tensor":
+            return f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
+        return f"{self.kind} x{self.degree}"
 
 
 class StageChoice(NamedTuple):
@@ -77,22 +86,29 @@ class StageChoice(NamedTuple):
     config: int
 
 
-def stage_configs(devices_per_node: int, *, pipeline_only: bool = False) -> tuple[StageConfig, ...]:
+def stage_configs(devices_per_node: int, *, pipeline_only: bool = False,
+                  composite: bool = False) -> tuple[StageConfig, ...]:
     """The stage configs of a node of ``devices_per_node`` devices, in canonical order.
 
-    The order is by kind (none < data < tensor), then degree, so that comparing config indices is
-    comparing ``(kind, degree)``: the exact solver relies on it to visit candidates in canonical order.
+    The order is by kind (none < data < tensor < data+tensor), then degree, then tensor degree, so that
+    comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
+    visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
+    powers of two, together at most a node): the extended space; without it the space is CAPTURE's.
 
     >>> [f"{c.kind}{c.degree}" for c in stage_configs(4)]
     ['none1', 'data2', 'data4', 'tensor2', 'tensor4']
+    >>> [c.label for c in stage_configs(8, composite=True)][-3:]
+    ['data x2 + tensor x2', 'data x4 + tensor x2', 'data x2 + tensor x4']
     """
     if pipeline_only:
         return (StageConfig("none", 1),)
     degrees = [2**a for a in range(1, devices_per_node.bit_length()) if 2**a <= devices_per_node]
+    both = tuple(StageConfig("data+tensor", d * t, t) for d in degrees for t in degrees if d * t <= devices_per_node)
     return (
         (StageConfig("none", 1),)
         + tuple(StageConfig("data", d) for d in degrees)
         + tuple(StageConfig("tensor", d) for d in degrees)
+        + (tuple(sorted(both, key=lambda c: (c.degree, c.tensor_degree))) if composite else ())
     )
 
 
@@ -225,6 +241,8 @@ class PlanSpace:
     """mCAP's space: only degree-1 stages, hence exactly one stage per device."""
     max_stages: int | None = None
     """Upper bound on the pipeline depth; ``None``: no bound beyond the devices and layers."""
+    composite: bool = False
+    """The extended space: also stages of data x tensor devices (:func:`stage_configs`)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_nodes", "devices_per_node"):
@@ -253,9 +271,9 @@ class PlanSpace:
 
     @classmethod
     def for_cluster(cls, cluster: Cluster, num_layers: int, *, pipeline_only: bool = False,
-                    max_stages: int | None = None) -> PlanSpace:
+                    max_stages: int | None = None, composite: bool = False) -> PlanSpace:
         """The space of a :class:`~hybridplan.plan.cluster.Cluster`'s mesh."""
-        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages)
+        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite)
 
     @property
     def num_devices(self) -> int:
@@ -289,7 +307,7 @@ class PlanSpace:
     @cached_property
     def configs(self) -> tuple[StageConfig, ...]:
         """The stage configs, in canonical order."""
-        return stage_configs(self.devices_per_node, pipeline_only=self.pipeline_only)
+        return stage_configs(self.devices_per_node, pipeline_only=self.pipeline_only, composite=self.composite)
 
     @property
     def packing(self) -> MeshPacking:

@@ -66,40 +66,48 @@ class AdditiveStageModel:
         not_ok = np.concatenate([[0], np.cumsum(~ok)])
         return iso, added, act, not_ok
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
         """Tensor stages need every layer tensor-capable; data degrees must divide the micro-batch size."""
-        if kind == "tensor":
+        data = degree // tensor_degree if kind == "data+tensor" else degree if kind == "data" else 1
+        if kind in ("tensor", "data+tensor"):
             not_ok = self._prefix[3]
-            return bool(not_ok[stop] == not_ok[start])
-        if kind == "data" and self.microbatch_size is not None:
-            return self.microbatch_size % degree == 0
+            if not_ok[stop] != not_ok[start]:
+                return False
+        if data > 1 and self.microbatch_size is not None:
+            return self.microbatch_size % data == 0
         return True
 
-    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float:
+    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
+                     tensor_degree: int = 0) -> float:
         """See the class docstring; the same arithmetic as :meth:`stage_memory_matrix`, bit for bit."""
         iso, added, act, _ = self._prefix
         base = iso[start] + (added[stop] - added[start + 1])
         a = act[stop] - act[start]
-        return float(self._combine(base, a, kind, degree, stages_after))
+        return float(self._combine(base, a, kind, degree, stages_after, tensor_degree))
 
-    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int) -> np.ndarray:
+    def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
+                            tensor_degree: int = 0) -> np.ndarray:
         """All ``[start, stop]`` values at once (``inf`` where not allowed), for :class:`StageTable`."""
         iso, added, act, not_ok = self._prefix
         base = iso[:, None] + (added[None, :] - added[1:, None])
         a = act[None, :] - act[:-1, None]
-        out = self._combine(base, a, kind, degree, stages_after)
-        if kind == "tensor":
+        out = self._combine(base, a, kind, degree, stages_after, tensor_degree)
+        if kind in ("tensor", "data+tensor"):
             out = np.where(not_ok[None, :] == not_ok[:-1, None], out, np.inf)
-        elif kind == "data" and self.microbatch_size is not None and self.microbatch_size % degree:
+        data = degree // tensor_degree if kind == "data+tensor" else degree if kind == "data" else 1
+        if data > 1 and self.microbatch_size is not None and self.microbatch_size % data:
             out = np.full_like(out, np.inf)
         return out
 
-    def _combine(self, base: np.ndarray, a: np.ndarray, kind: str, degree: int, stages_after: int) -> np.ndarray:
+    def _combine(self, base: np.ndarray, a: np.ndarray, kind: str, degree: int, stages_after: int,
+                 tensor_degree: int = 0) -> np.ndarray:
         extra = min(stages_after + 1, self.position_horizon) - 1
         if kind == "none":
             return base + a * extra
         if kind == "data":
             return (base - a) + a * (1 + extra) / degree
+        if kind == "data+tensor":  # tensor splits everything, the replicas split the activations further
+            return ((base - a) + a * (1 + extra) / (degree // tensor_degree)) / tensor_degree
         return (base + a * extra) / degree
 
 
@@ -111,9 +119,9 @@ class TableStageModel:
     for the tie-break.
     """
 
-    values: dict[tuple[str, int], np.ndarray]
-    """Per config, an ``(H, L, L+1)`` array; ``position = min(stages_after, H-1)``."""
-    disallowed: dict[tuple[str, int], np.ndarray] = field(default_factory=dict)
+    values: dict[tuple[str, int, int], np.ndarray]
+    """Per config ``(kind, degree, tensor degree)``, an ``(H, L, L+1)`` array; ``position = min(stages_after, H-1)``."""
+    disallowed: dict[tuple[str, int, int], np.ndarray] = field(default_factory=dict)
     """Per config, an ``(L, L+1)`` boolean array of disallowed stages (missing: all allowed)."""
 
     @property
@@ -123,23 +131,26 @@ class TableStageModel:
 
     @classmethod
     def random(cls, num_layers: int, devices_per_node: int, *, horizon: int, seed: int, levels: int = 3,
-               p_disallowed: float = 0.0) -> TableStageModel:
-        """Integer values in ``[0, levels)`` for every config of a node of ``devices_per_node`` devices."""
+               p_disallowed: float = 0.0, composite: bool = False) -> TableStageModel:
+        """Integer values in ``[0, levels)`` for every config of a node of ``devices_per_node`` devices (and the
+        data x tensor configs with ``composite``: drawn after the others, so CAPTURE's tables stay the same)."""
         rng = np.random.default_rng(seed)
         L = num_layers
         values, disallowed = {}, {}
-        for cfg in stage_configs(devices_per_node):
+        for cfg in stage_configs(devices_per_node, composite=composite):
             values[cfg] = rng.integers(0, levels, size=(horizon, L, L + 1)).astype(np.float64)
             if p_disallowed > 0 and cfg.kind != "none":
                 disallowed[cfg] = rng.random((L, L + 1)) < p_disallowed
-        return cls({(k.kind, k.degree): v for k, v in values.items()}, {(k.kind, k.degree): v for k, v in disallowed.items()})
+        return cls({(k.kind, k.degree, k.tensor_degree): v for k, v in values.items()},
+                   {(k.kind, k.degree, k.tensor_degree): v for k, v in disallowed.items()})
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
         """False where the ``disallowed`` table says so."""
-        mask = self.disallowed.get((kind, degree))
+        mask = self.disallowed.get((kind, degree, tensor_degree))
         return mask is None or not bool(mask[start, stop])
 
-    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float:
+    def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
+                     tensor_degree: int = 0) -> float:
         """A table look-up at ``min(stages_after, H-1)``."""
-        table = self.values[(kind, degree)]
+        table = self.values[(kind, degree, tensor_degree)]
         return float(table[min(stages_after, table.shape[0] - 1), start, stop])
