@@ -10,19 +10,19 @@ real CPU runtime (one process per device, gloo).
 Profiles live in ``benchmarks/work/`` (not committed; each is rebuilt by the first benchmark that needs it,
 and a campaign interrupted half-way resumes). Run from the repository root, e.g.::
 
-    .venv/bin/python benchmarks/paper_profiles.py            # all profiles (about 2 h on 2 cores)
-    .venv/bin/python benchmarks/paper_profiles.py wresnet-1b
+    .venv/bin/python -m benchmarks.paper_profiles            # all profiles (about 2 h on 2 cores)
+    .venv/bin/python -m benchmarks.paper_profiles wresnet-1b
 """
 
 from __future__ import annotations
 
+import argparse
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hybridplan.plan.cluster import Cluster
-from hybridplan.errors import HybridPlanError
 from hybridplan.workflows.runs import ensure_profile
 
 WORK = Path(__file__).resolve().parent / "work"
@@ -105,28 +105,16 @@ def measured_layer_times(case: Case) -> list[float] | None:
     return [float(f + b) for f, b in zip(fwd, bwd)]
 
 
-def fits_at_target(predictor: Any, model: Any, cluster: Cluster, capacity: int) -> Any:
-    """The ``memory_ok`` of a throughput search that keeps the target's micro-batch count (as Alpa's
-    benchmark fixes it; the FLOP time model, linear in samples, would always pick the smallest
-    micro-batches) and only plans the model can run whose predicted peak fits ``capacity``."""
-
-    def fits(plan: Any) -> bool:
-        if plan.num_microbatches != predictor.num_microbatches:
-            return False
-        try:
-            plan.validate(model=model, cluster=cluster)
-            return predictor.predict(plan).peak_memory_bytes <= capacity
-        except HybridPlanError:
-            return False
-
-    return fits
-
-
-def md_cell(label: str) -> str:
-    """A plan label (``[0,3) data2 | ...``) inside a Markdown table cell."""
-    return label.replace("|", "\\|")
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("cases", nargs="*", metavar="CASE", help=f"the cases to profile (default: all of {', '.join(CASES)})")
+    args = ap.parse_args()
+    for name in args.cases:
+        if name not in CASES:
+            ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+    for name in args.cases or list(CASES):
+        print(f"{name}: {profile(CASES[name])}")
 
 
 if __name__ == "__main__":
-    for name in sys.argv[1:] or list(CASES):
-        print(f"{name}: {profile(CASES[name])}")
+    main()

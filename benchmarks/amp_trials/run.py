@@ -6,7 +6,7 @@ bandwidth is not in the data: AMP section 4.3 gives 50 Gbit/s both within and be
 
 Run from the repository root (prints a markdown report; about a minute on a 2-core CPU)::
 
-    .venv/bin/python benchmarks/amp_trials/run.py            # or: --shared /path/to/shared --repeats 3
+    .venv/bin/python -m benchmarks.amp_trials.run            # or: --shared /path/to/shared --repeats 3
 """
 
 from __future__ import annotations

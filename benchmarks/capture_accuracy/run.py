@@ -6,26 +6,25 @@ for real, predict it from the profile, and record every device's relative error.
 after every plan (rerunning the command resumes). Both predictors are scored: ours ("quantities") and
 seed 000's peak statistics ("capture").
 
-    .venv/bin/python benchmarks/capture_accuracy/run.py            # ~1 h on a 2-core machine
+    .venv/bin/python -m benchmarks.capture_accuracy.run            # ~1 h on a 2-core machine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import random
 import sys
 import time
 from pathlib import Path
 
+from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.profiling.campaign import Campaign, CampaignConfig
-from hybridplan.profiling.store import ProfileStore
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
-from hybridplan.search import PlanSpace, enumerate_plans
-from hybridplan.search.memory.objective import build_result
+from hybridplan.search import PlanSpace, StageChoice
+from hybridplan.workflows.runs import ensure_profile, plan_from_choices
+from hybridplan.workflows.sampling import sample_plans
 
 HERE = Path(__file__).resolve().parent
 CASES = {  # model: (global batch, micro-batches): micro-batches of 16, profiled at 8 and 4 (B/2, B/4)
@@ -36,30 +35,25 @@ CASES = {  # model: (global batch, micro-batches): micro-batches of 16, profiled
 
 
 def profile(model: str, cluster: Cluster, work: Path) -> Path:
-    db = work / f"{model}-{cluster.shape}.sqlite"
+    """The model's profile database under ``work``, profiled now if missing or incomplete (defaults: 1F1B)."""
     batch, micro = CASES[model]
-    cfg = CampaignConfig(model=model, cluster=cluster, global_batch_size=batch, num_microbatches=micro)
-    with ProfileStore(db) as store:
-        summary = Campaign(cfg, store, progress=lambda m: print("   ", m, file=sys.stderr, flush=True)).run()
-    print(f"{model}: profiled with {summary.runs_executed + summary.runs_resumed} runs "
-          f"({summary.runs_executed} now) {dict(summary.runs_per_scenario)}", flush=True)
+    db = ensure_profile(work / f"{model}-{cluster.shape}.sqlite", model=model, cluster=cluster, global_batch_size=batch,
+                        num_microbatches=micro, progress=lambda m: print("   ", m, file=sys.stderr, flush=True))
+    print(f"{model}: profiled ({db})", flush=True)
     return db
 
 
-def sample_plans(predictor: MemoryPredictor, cluster: Cluster, count: int, seed: int) -> list:
-    space = PlanSpace.for_cluster(cluster, predictor.num_layers)
+def random_plans(predictor: MemoryPredictor, space: PlanSpace, count: int, seed: int) -> list[tuple[StageChoice, ...]]:
+    """``count`` plans drawn from those whose every stage the profile predicts and which use data or tensor
+    parallelism somewhere (the whole list shuffled: the plans ``results.json`` records)."""
     cfg = space.configs
-    plans = [
-        p for p in enumerate_plans(space)
-        if any(cfg[c.config].degree > 1 for c in p)
-        and all(predictor.allowed(c.start, c.stop, cfg[c.config].kind, cfg[c.config].degree) for c in p)
-    ]
-    random.Random(seed).shuffle(plans)
-    return plans[:count]
+    return sample_plans(space, count, seed=seed, exhaustive=True,
+                        keep=lambda c, after: predictor.allowed(c.start, c.stop, cfg[c.config].kind, cfg[c.config].degree),
+                        keep_plan=lambda plan: any(cfg[c.config].degree > 1 for c in plan))
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(CASES))
     ap.add_argument("--cluster", default="1x4")
     ap.add_argument("--plans", type=int, default=17, help="plans per model and schedule")
@@ -78,9 +72,8 @@ def main() -> None:
             batch, micro = CASES[model]
             base = MemoryPredictor.from_db(db, schedule=schedule)
             space = PlanSpace.for_cluster(cluster, base.num_layers)
-            for choices in sample_plans(base, cluster, args.plans, seed=sum(map(ord, model + schedule))):
-                plan = build_result("sample", space, lambda c, after: 0.0, choices, visited=0, started=0.0, now=0.0).to_plan(
-                    schedule=schedule, global_batch_size=batch, num_microbatches=micro)
+            for choices in random_plans(base, space, args.plans, seed=sum(map(ord, model + schedule))):
+                plan = plan_from_choices(space, choices, schedule=schedule, global_batch_size=batch, num_microbatches=micro)
                 key = (model, json.dumps(plan.to_dict(), sort_keys=True))
                 if key in done:
                     continue
@@ -103,7 +96,7 @@ def main() -> None:
     summarize(results)
 
 
-def plan_text(plan) -> str:
+def plan_text(plan: Plan) -> str:
     return " | ".join(f"[{s.start},{s.stop}) {s.parallelism}{s.degree}" for s in plan.stages)
 
 

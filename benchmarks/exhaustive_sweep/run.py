@@ -11,7 +11,7 @@ the model's layers cannot be split to) are listed and left out.
 
 Run from the repository root (resumable; about 5 s per plan on 2 cores)::
 
-    .venv/bin/python benchmarks/exhaustive_sweep/run.py
+    .venv/bin/python -m benchmarks.exhaustive_sweep.run
     .venv/bin/hybridplan report benchmarks/exhaustive_sweep/sweep.json --png benchmarks/exhaustive_sweep/sweep.png
 """
 
@@ -19,26 +19,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from hybridplan.errors import HybridPlanError
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.profiling.layer_costs import baseline_layer_costs, measure_layer_costs
+from hybridplan.report.data import view_from_dict
+from hybridplan.report.pareto import plan_label
+from hybridplan.report.tables import render_table
+from hybridplan.search import PlanSpace, enumerate_plans, solve_exact
+from hybridplan.search.baselines import baseline_plan
+from hybridplan.workflows.runs import ResultStore, measure_plan, plan_from_choices
+
+from benchmarks.paper_profiles import CASES, measured_layer_times, profile
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import CASES, measured_layer_times, profile  # noqa: E402
-
-from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.profiling.layer_costs import baseline_layer_costs, measure_layer_costs  # noqa: E402
-from hybridplan.workflows.runs import ResultStore, measure_plan, plan_from_choices  # noqa: E402
-from hybridplan.models.zoo import get_model  # noqa: E402
-from hybridplan.plan import Plan  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.report.data import view_from_dict  # noqa: E402
-from hybridplan.report.pareto import plan_label  # noqa: E402
-from hybridplan.report.tables import render_table  # noqa: E402
-from hybridplan.search import PlanSpace, enumerate_plans, solve_exact  # noqa: E402
-from hybridplan.search.baselines import baseline_plan  # noqa: E402
 
 BASELINES = ("torchgpipe-time", "torchgpipe-size", "deepspeed-parameters", "equal")
 

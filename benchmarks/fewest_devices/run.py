@@ -17,34 +17,34 @@ cost model from per-layer FLOPs (a stand-in for measured layer times: hybridplan
 
 Run from the repository root (a few minutes once the profile exists)::
 
-    .venv/bin/python benchmarks/fewest_devices/run.py --model wresnet-1b --schedule gpipe
+    .venv/bin/python -m benchmarks.fewest_devices.run --model wresnet-1b --schedule gpipe
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from hybridplan.errors import HybridPlanError
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs
+from hybridplan.report.pareto import plan_label
+from hybridplan.report.tables import md_cell
+from hybridplan.search import fewest_devices
+from hybridplan.search.memory.fewest import mesh_shapes
+from hybridplan.search.time.throughput import search_throughput
+from hybridplan.units import format_bytes, parse_bytes
+from hybridplan.workflows.plan_throughput import fits_at_target
+from hybridplan.workflows.runs import ResultStore, measure_plan
+
+from benchmarks.paper_profiles import CAPACITY, CASES, profile
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import CAPACITY, CASES, fits_at_target, md_cell, profile  # noqa: E402
-
-from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
-from hybridplan.workflows.runs import ResultStore, measure_plan  # noqa: E402
-from hybridplan.models.zoo import get_model  # noqa: E402
-from hybridplan.plan import Plan  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.predict.time_model import predict_iteration_time  # noqa: E402
-from hybridplan.report.pareto import plan_label  # noqa: E402
-from hybridplan.search import fewest_devices  # noqa: E402
-from hybridplan.search.memory.fewest import mesh_shapes  # noqa: E402
-from hybridplan.search.time.throughput import search_throughput  # noqa: E402
-from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 
 def main() -> None:
@@ -127,7 +127,6 @@ def main() -> None:
               f" {format_bytes(r['predicted_peak_bytes'])} | {seconds:.3f} | {batch / seconds:.1f} |")
     (HERE / f"summary-{args.model}-{args.schedule}.json").write_text(json.dumps(
         [{"planner": n, "mesh": s, "plan": p.to_dict(), **r, "iteration_s": t} for n, s, p, r, t in rows], indent=1) + "\n")
-
 
 
 if __name__ == "__main__":

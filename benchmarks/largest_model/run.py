@@ -14,7 +14,7 @@ device (each probe is a simulated run of that plan):
 
 Run from the repository root (resumable; about 25 minutes on 2 cores)::
 
-    .venv/bin/python benchmarks/largest_model/run.py
+    .venv/bin/python -m benchmarks.largest_model.run
     .venv/bin/hybridplan report benchmarks/largest_model/scaling.json --png benchmarks/largest_model/scaling.png
 """
 
@@ -25,25 +25,25 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
+
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan
+from hybridplan.plan.cluster import Cluster
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.profiling.layer_costs import baseline_layer_costs, measure_layer_costs
+from hybridplan.profiling.partitions import Scenario
+from hybridplan.report.data import view_from_dict
+from hybridplan.report.tables import render_table
+from hybridplan.search import PlanSpace, solve_exact
+from hybridplan.search.baselines import baseline_plan
+from hybridplan.units import format_bytes, parse_bytes
+from hybridplan.workflows.runs import ResultStore, ensure_profile, measure_plan
+
+from benchmarks.largest_model import scalable
+from benchmarks.paper_profiles import WORK
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))  # scalable.py: the model family
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import WORK  # noqa: E402
-
-from hybridplan.plan.cluster import Cluster  # noqa: E402
-from hybridplan.profiling.layer_costs import baseline_layer_costs, measure_layer_costs  # noqa: E402
-from hybridplan.workflows.runs import ResultStore, ensure_profile, measure_plan  # noqa: E402
-from hybridplan.models.zoo import get_model  # noqa: E402
-from hybridplan.plan import Plan  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.profiling.partitions import Scenario  # noqa: E402
-from hybridplan.report.data import view_from_dict  # noqa: E402
-from hybridplan.report.tables import render_table  # noqa: E402
-from hybridplan.search import PlanSpace, solve_exact  # noqa: E402
-from hybridplan.search.baselines import baseline_plan  # noqa: E402
-from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 MESH, CAPACITY, BATCH, MICRO, SCHEDULE, PRECISION = "1x4", "24GiB", 32, 8, "gpipe", "fp32"
 STEP = 32
@@ -52,7 +52,8 @@ OPTIONS = {"backend": "sim", "device_type": "cuda", "precision": PRECISION, "los
 
 
 def model_name(channels: int) -> str:
-    return f"scalable:wresnet_c{channels}"
+    """The user-model name of width ``channels`` (``module:function``, importable from the repository root)."""
+    return f"{scalable.__name__}:wresnet_c{channels}"
 
 
 def plan_for(partitioner: str, channels: int) -> tuple[Plan, Path | None]:
@@ -117,7 +118,7 @@ def main() -> None:
     for partitioner in ("ours", "torchgpipe-time"):
         found = largest(store, partitioner, args.low, args.high)
         print(f"{partitioner}: widest model that fits {CAPACITY}: channels {found}", flush=True)
-    series = []
+    series: list[dict[str, Any]] = []
     for partitioner in ("ours", "torchgpipe-time"):
         points = [{"width": r["channels"], "parameters": r["parameters"], "peak_memory_bytes": r["peak_memory_bytes"],
                    "fits": r["fits"]} for k, r in store.records.items() if k.startswith(partitioner + "/")]

@@ -1,7 +1,10 @@
-"""Wide-ResNet of any width as user models: ``scalable:wresnet_c<N>`` is ResNet-50's layout with ``N`` stem
-channels (a multiple of 32, the GroupNorm groups), width factor 2, 224x224 images, 1000 classes: Alpa's
-Wide-ResNet family (wresnet-1b is ``N = 320``). The function names are made on demand (PEP 562 module
-``__getattr__``), so that ``hybridplan --model scalable:wresnet_c352`` works for every width."""
+"""Wide-ResNet of any width as user models: ``benchmarks.largest_model.scalable:wresnet_c<N>`` is ResNet-50's
+layout with ``N`` stem channels (a multiple of 32, the GroupNorm groups), width factor 2, 224x224 images, 1000
+classes: Alpa's Wide-ResNet family (wresnet-1b is ``N = 320``). The function names are made on demand (PEP 562
+module ``__getattr__``), so that every width works, e.g. from the repository root::
+
+    PYTHONPATH=. .venv/bin/hybridplan profile --model benchmarks.largest_model.scalable:wresnet_c352 ...
+"""
 
 from __future__ import annotations
 
@@ -15,4 +18,4 @@ def __getattr__(name: str) -> Callable[[], WResNet]:
     if not name.startswith(prefix) or not name[len(prefix):].isdigit():
         raise AttributeError(name)
     channels = int(name[len(prefix):])
-    return lambda: WResNet(f"scalable:{name}", WResNetConfig(num_channels=channels, width_factor=2))
+    return lambda: WResNet(f"{__name__}:{name}", WResNetConfig(num_channels=channels, width_factor=2))

@@ -20,33 +20,32 @@ Every plan is run (simulated devices, unlimited memory so peaks above 40 GiB are
 predicted and measured per-device peaks kept in ``results.json`` (resumable); ``comparison.json`` is the
 report's input. Run from the repository root::
 
-    .venv/bin/python benchmarks/memory_reduction/run.py                    # all models
-    .venv/bin/python benchmarks/memory_reduction/run.py --models wresnet-tiny
+    .venv/bin/python -m benchmarks.memory_reduction.run                    # all models
+    .venv/bin/python -m benchmarks.memory_reduction.run --models wresnet-tiny
     .venv/bin/hybridplan report benchmarks/memory_reduction/comparison.json --png benchmarks/memory_reduction/memory_reduction.png
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
+from hybridplan.errors import HybridPlanError
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.profiling.layer_costs import baseline_layer_costs, flop_time_profile, measure_layer_costs
+from hybridplan.search import PlanSpace, solve_exact
+from hybridplan.search.baselines import baseline_plan
+from hybridplan.search.time.throughput import search_throughput
+from hybridplan.units import format_bytes, parse_bytes
+from hybridplan.workflows.plan_throughput import fits_at_target
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan
+
+from benchmarks.paper_profiles import CAPACITY, CASES, Case, measured_layer_times, profile
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import CAPACITY, CASES, Case, fits_at_target, measured_layer_times, profile  # noqa: E402
-
-from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.profiling.layer_costs import baseline_layer_costs, flop_time_profile, measure_layer_costs  # noqa: E402
-from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan  # noqa: E402
-from hybridplan.models.zoo import get_model  # noqa: E402
-from hybridplan.plan import Plan  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.search import PlanSpace, solve_exact  # noqa: E402
-from hybridplan.search.baselines import baseline_plan  # noqa: E402
-from hybridplan.search.time.throughput import search_throughput  # noqa: E402
-from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 PIPELINE_BASELINES = ("equal", "torchgpipe-time", "torchgpipe-size", "deepspeed-parameters")
 

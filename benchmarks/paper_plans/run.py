@@ -17,30 +17,29 @@ their profiling time is read from the database (first to last run) instead of me
 
 Run from the repository root (resumable per model; about 15 minutes per model to profile on 2 cores)::
 
-    .venv/bin/python benchmarks/paper_plans/run.py                   # all models
-    .venv/bin/python benchmarks/paper_plans/run.py --models gpt3-2.6b
+    .venv/bin/python -m benchmarks.paper_plans.run                   # all models
+    .venv/bin/python -m benchmarks.paper_plans.run --models gpt3-2.6b
 """
 
 from __future__ import annotations
 
 import argparse
 import sqlite3
-import sys
 import time
 from pathlib import Path
 
+from hybridplan.models.zoo import get_model
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.report.pareto import plan_label
+from hybridplan.report.tables import md_cell
+from hybridplan.search import PlanSpace
+from hybridplan.search.memory.exact import solve_exact
+from hybridplan.units import format_bytes, parse_bytes
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan
+
+from benchmarks.paper_profiles import CAPACITY, CASES, Case, profile
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import CAPACITY, CASES, Case, md_cell, profile  # noqa: E402
-
-from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan  # noqa: E402
-from hybridplan.models.zoo import get_model  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.report.pareto import plan_label  # noqa: E402
-from hybridplan.search import PlanSpace  # noqa: E402
-from hybridplan.search.memory.exact import solve_exact  # noqa: E402
-from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 MODELS: dict[str, Case] = {
     "gpt3-1.3b": CASES["gpt3-1.3b"],
@@ -116,7 +115,6 @@ def print_table(store: ResultStore) -> None:
               f" {r['profile_seconds'] / 60:.1f} min{reused} | {r['plan_seconds']:.2f} s | {md_cell(r['plan_label'])} |"
               f" {format_bytes(r['predicted_peak_bytes'])} | {format_bytes(r['measured_peak_bytes'])} | {largest} |"
               f" {'yes' if r['fits'] else 'no'} |")
-
 
 
 if __name__ == "__main__":

@@ -14,8 +14,8 @@ simulated once (hybridplan/workflows/stage_cache.py); the first ``--check`` plan
 Run from the repository root (resumable: rerun to continue; about an hour on 2 cores, most of it simulating
 the few hundred distinct stages)::
 
-    .venv/bin/python benchmarks/prediction_error/run.py --plans 500                   # GPipe, as CAPTURE
-    .venv/bin/python benchmarks/prediction_error/run.py --plans 500 --schedule 1f1b
+    .venv/bin/python -m benchmarks.prediction_error.run --plans 500                   # GPipe, as CAPTURE
+    .venv/bin/python -m benchmarks.prediction_error.run --plans 500 --schedule 1f1b
     .venv/bin/hybridplan report benchmarks/prediction_error/errors-gpipe.json --png benchmarks/prediction_error/histogram-gpipe.png
 """
 
@@ -23,24 +23,22 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.report.data import view_from_dict
+from hybridplan.report.tables import render_table
+from hybridplan.search import PlanSpace, StageTable, count_plans
+from hybridplan.units import parse_bytes
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan, plan_from_choices
+from hybridplan.workflows.sampling import count_kept_plans, sample_plans
+from hybridplan.workflows.stage_cache import StageCache
+from hybridplan.workflows.validate import DeviceMemory
+
+from benchmarks.paper_profiles import CAPACITY, CASES, profile
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import CAPACITY, CASES, profile  # noqa: E402
-
-from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan, plan_from_choices  # noqa: E402
-from hybridplan.workflows.stage_cache import StageCache  # noqa: E402
-from hybridplan.workflows.validate import DeviceMemory  # noqa: E402
-from hybridplan.workflows.sampling import count_kept_plans, sample_plans  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.report.data import view_from_dict  # noqa: E402
-from hybridplan.report.tables import render_table  # noqa: E402
-from hybridplan.search import PlanSpace, StageTable, count_plans  # noqa: E402
-from hybridplan.units import parse_bytes  # noqa: E402
 
 
 def main() -> None:

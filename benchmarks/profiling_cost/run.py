@@ -5,11 +5,12 @@ for the pipeline, 2- and 4-way data and tensor scenarios at two batch sizes. hyb
 statistics into fewer runs (profiling/partitions.py). Counted with the campaign's own dry run: no run
 is executed, so this is exact and takes seconds.
 
-    .venv/bin/python benchmarks/profiling_cost/run.py
+    .venv/bin/python -m benchmarks.profiling_cost.run
 """
 
 from __future__ import annotations
 
+import argparse
 from collections import Counter
 
 from hybridplan.plan.cluster import Cluster
@@ -29,6 +30,7 @@ CASES = [  # model, mesh, global batch, micro-batches (the CAPTURE/Alpa evaluati
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()  # no options: --help only
     print(f"{'model':<12} {'mesh':<5} {'L':>3} {'scenario':<9} {'runs/batch':>10} {'L+1':>4}   total (ours / 10(L-1))")
     for model, mesh, batch, micro in CASES:
         with ProfileStore(":memory:") as store:

@@ -2,8 +2,8 @@
 
 Run from the repository root (about a minute on a 2-core CPU; ``--quick`` skips the largest cases)::
 
-    .venv/bin/python benchmarks/search_time/run.py
-    .venv/bin/python benchmarks/search_time/run.py --quick
+    .venv/bin/python -m benchmarks.search_time.run
+    .venv/bin/python -m benchmarks.search_time.run --quick
 
 Prints two markdown tables: the exact solver on every case (best of ``--repeat`` runs), and exhaustive
 enumeration (CAPTURE's Algorithm 4 with its pruning) and Bayesian optimisation (mCAP-BO, 75 evaluations)

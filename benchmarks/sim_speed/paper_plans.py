@@ -2,7 +2,7 @@
 
 Run from the repository root (about 6 minutes on a 2-core CPU)::
 
-    .venv/bin/python benchmarks/sim_speed/paper_plans.py
+    .venv/bin/python -m benchmarks.sim_speed.paper_plans
 
 Each plan cuts the model into 4 stages of (nearly) equal layer counts, one per node, each data- or
 tensor-parallel over the node's 4 devices; 1F1B; bf16 mixed precision; CUDA terms
@@ -13,6 +13,7 @@ that overhead, and the wall time of the simulation (``launch(backend="sim")``, 2
 
 from __future__ import annotations
 
+import argparse
 import time
 
 from hybridplan.plan.cluster import Cluster
@@ -48,6 +49,7 @@ def mesh_plan(model: str, kind: str, batch: int, micro: int) -> Plan:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()  # no options: --help only
     print("| model | stages | batch / micro | stage peaks (GiB) | overhead (GiB) | fits 40 GiB | with overhead | sim s |")
     print("|---|---|---|---|---:|---|---|---:|")
     for model, kind, batch, micro in CASES:

@@ -2,8 +2,8 @@
 
 Run from the repository root (about 3 minutes on a 2-core CPU)::
 
-    .venv/bin/python benchmarks/sim_speed/run.py            # every case
-    .venv/bin/python benchmarks/sim_speed/run.py --case gpt3-1.3b-stage0-fp32
+    .venv/bin/python -m benchmarks.sim_speed.run            # every case
+    .venv/bin/python -m benchmarks.sim_speed.run --case gpt3-1.3b-stage0-fp32
 
 Each case runs in a fresh Python process (so its peak RSS is its own): ``simulate_stage`` for one device,
 or ``launch(backend="sim")`` for a whole plan. Printed as a markdown table: *setup s* is the time from
@@ -19,9 +19,12 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 START = time.perf_counter()
+ROOT = Path(__file__).resolve().parents[2]
+"""The repository root, from which the cases run as ``python -m benchmarks.sim_speed.run --case ...``."""
 
 GPT13_PIPELINE = [(0, 7), (7, 13), (13, 19), (19, 26)]  # embedding + 6 blocks | 6 | 6 | 6 blocks + head
 
@@ -105,8 +108,8 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     for name in CASES:
         out = subprocess.run(
-            [sys.executable, __file__, "--case", name, "--iterations", str(args.iterations)],
-            capture_output=True, text=True, check=True,
+            [sys.executable, "-m", "benchmarks.sim_speed.run", "--case", name, "--iterations", str(args.iterations)],
+            capture_output=True, text=True, check=True, cwd=ROOT,
         )  # fmt: skip
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"| {name} | {r['setup_s']:.1f} | {r['sim_s']:.1f} | {r['setup_s'] + r['sim_s']:.1f} |"

@@ -18,34 +18,34 @@ memory/time front is written per model and schedule (``pareto-*.json``, rendered
 
 Run from the repository root (about 10 minutes after the profiles exist)::
 
-    .venv/bin/python benchmarks/throughput_loss/run.py
+    .venv/bin/python -m benchmarks.throughput_loss.run
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 from pathlib import Path
 
+from hybridplan.errors import HybridPlanError
+from hybridplan.models.zoo import get_model
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs
+from hybridplan.report.data import pareto_document
+from hybridplan.report.pareto import memory_time_front, plan_label
+from hybridplan.report.plots import plot_pareto
+from hybridplan.report.tables import md_cell
+from hybridplan.search import PlanSpace, solve_exact
+from hybridplan.search.time.throughput import search_throughput
+from hybridplan.units import format_bytes, parse_bytes
+from hybridplan.workflows.plan_throughput import fits_at_target
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan
+
+from benchmarks.paper_profiles import CAPACITY, CASES, profile
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-
-from paper_profiles import CAPACITY, CASES, fits_at_target, md_cell, profile  # noqa: E402
-
-from hybridplan.errors import HybridPlanError  # noqa: E402
-from hybridplan.profiling.layer_costs import flop_time_profile, measure_layer_costs  # noqa: E402
-from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan  # noqa: E402
-from hybridplan.models.zoo import get_model  # noqa: E402
-from hybridplan.predict.memory import MemoryPredictor  # noqa: E402
-from hybridplan.predict.time_model import predict_iteration_time  # noqa: E402
-from hybridplan.report.data import pareto_document  # noqa: E402
-from hybridplan.report.pareto import memory_time_front, plan_label  # noqa: E402
-from hybridplan.report.plots import plot_pareto  # noqa: E402
-from hybridplan.search import PlanSpace, solve_exact  # noqa: E402
-from hybridplan.search.time.throughput import search_throughput  # noqa: E402
-from hybridplan.units import format_bytes, parse_bytes  # noqa: E402
 
 
 def main() -> None:
@@ -112,7 +112,6 @@ def main() -> None:
         print(f"| {r['model']} | {r['schedule']} | {md_cell(m['label'])} | {format_bytes(m['measured_peak_bytes'])} | {m['iteration_s']:.3f} |"
               f" {md_cell(t['label'])} | {format_bytes(t['measured_peak_bytes'])} | {t['iteration_s']:.3f} |"
               f" {100 * r['memory_gain']:.1f}% | {100 * r['throughput_loss']:.1f}% |")
-
 
 
 if __name__ == "__main__":

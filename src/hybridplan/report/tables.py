@@ -17,7 +17,7 @@ from hybridplan.report.data import (
 from hybridplan.units import format_bytes
 
 __all__ = ["render_table", "memory_table", "pareto_table", "comparison_table", "error_table", "sweep_table",
-           "scaling_table", "share_within"]
+           "scaling_table", "share_within", "md_cell"]
 
 
 def _pct(value: float | None, signed: bool = True) -> str:
@@ -33,6 +33,16 @@ def share_within(errors: Sequence[float], threshold: float) -> float:
     0.6666666666666666
     """
     return sum(abs(e) <= threshold for e in errors) / len(errors) if errors else 0.0
+
+
+def md_cell(text: str) -> str:
+    r"""``text`` made safe inside a Markdown table cell: its ``|`` (the stage separator of a plan label,
+    :func:`~hybridplan.report.pareto.plan_label`) escaped, so that it does not end the cell.
+
+    >>> md_cell("[0,3) data2 | [3,8) none1")
+    '[0,3) data2 \\| [3,8) none1'
+    """
+    return text.replace("|", "\\|")
 
 
 def memory_table(view: MemoryView) -> str:

@@ -8,6 +8,11 @@ state, stages already placed), how many complete plans continue from there (the 
 :func:`~hybridplan.search.memory.space.count_plans`, restricted by ``keep``), then walks from the last stage to the
 first choosing each stage with probability proportional to the plans it leads to. Every plan that ``keep``
 admits is then equally likely.
+
+``exhaustive=True`` instead lists every admitted plan (in :func:`~hybridplan.search.memory.space.enumerate_plans`'s
+order), shuffles the list and keeps the first ``count``: the same distribution, other plans for a given seed,
+and the cost of listing the space. It is how ``benchmarks/capture_accuracy`` drew the plans its results
+record, so that a rerun draws the same ones.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ __all__ = ["count_kept_plans", "sample_plans"]
 
 Keep = Callable[[StageChoice, int], bool]
 """``keep(choice, stages_after)``: whether a stage may appear with ``stages_after`` stages behind it."""
+KeepPlan = Callable[[tuple[StageChoice, ...]], bool]
+"""``keep_plan(plan)``: whether a whole plan (its stage choices in pipeline order) may be drawn."""
 
 
 class _Counter:
@@ -67,24 +74,35 @@ def count_kept_plans(space: PlanSpace, keep: Keep | None = None) -> int:
     return _Counter(space, keep).count(space.num_layers, space.packing.start, 0)
 
 
-def sample_plans(space: PlanSpace, count: int, *, seed: int = 0, keep: Keep | None = None) -> list[tuple[StageChoice, ...]]:
-    """``count`` distinct plans drawn uniformly from the plans ``keep`` admits (all of them, in random
-    order, if there are no more than ``count``).
+def sample_plans(space: PlanSpace, count: int, *, seed: int = 0, keep: Keep | None = None,
+                 keep_plan: KeepPlan | None = None, exhaustive: bool = False) -> list[tuple[StageChoice, ...]]:
+    """``count`` distinct plans drawn uniformly from the plans ``keep`` and ``keep_plan`` admit (all of them, in
+    random order, if there are no more than ``count``).
 
     Args:
         space: the plan space.
         count: how many plans.
         seed: of the random draws (same seed, same plans).
         keep: ``keep(choice, stages_after)``, e.g. "predicted to fit in device memory".
+        keep_plan: ``keep_plan(plan)``, a condition on the whole plan that no stage decides alone, e.g. "some
+            stage is data- or tensor-parallel". Drawn plans it refuses are set aside and the draws go on,
+            so it should admit a fair share of the plans ``keep`` admits (``exhaustive=True`` filters the
+            list instead).
+        exhaustive: list every admitted plan in enumeration order, shuffle the list with ``seed`` and keep
+            the first ``count`` (same distribution, other plans than the default draws; costs the whole
+            enumeration, so for small spaces).
 
     Raises:
         UsageError: for a negative count.
-        PlanError: if ``keep`` admits no plan at all.
+        PlanError: if ``keep`` (or ``keep_plan``) admits no plan at all.
 
     Example:
         >>> plans = sample_plans(PlanSpace(6, 1, 4), 5, seed=1)
         >>> len(plans), len(set(plans)), all(p[0].start == 0 and p[-1].stop == 6 for p in plans)
         (5, 5, True)
+        >>> hybrid = lambda plan: len(plan) < 4   # on 1x4, fewer than 4 stages: one is data or tensor
+        >>> len(sample_plans(PlanSpace(6, 1, 4), 5, seed=1, keep_plan=hybrid, exhaustive=True))
+        5
     """
     if isinstance(count, bool) or not isinstance(count, int) or count < 0:
         raise UsageError(f"count must be a non-negative integer, got {count!r}")
@@ -95,16 +113,28 @@ def sample_plans(space: PlanSpace, count: int, *, seed: int = 0, keep: Keep | No
         raise PlanError(f"no plan of {space.num_layers} layers on a {space.num_nodes}x{space.devices_per_node} mesh"
                         " has every stage admitted", fix="relax the filter (e.g. a larger device memory)")
     rng = random.Random(seed)
-    if total <= count:
-        return _all_in_random_order(counter, root, rng)
+    if exhaustive or total <= count:
+        plans = [p for p in _all_plans(counter, root) if keep_plan is None or keep_plan(p)]
+        if not plans:
+            raise _no_plan_kept(space)
+        rng.shuffle(plans)
+        return plans[:count]
     seen: set[tuple[StageChoice, ...]] = set()
     out: list[tuple[StageChoice, ...]] = []
-    while len(out) < count:
+    while len(out) < count and len(seen) < total:
         plan = _draw(counter, root, rng)
         if plan not in seen:
             seen.add(plan)
-            out.append(plan)
+            if keep_plan is None or keep_plan(plan):
+                out.append(plan)
+    if not out:
+        raise _no_plan_kept(space)
     return out
+
+
+def _no_plan_kept(space: PlanSpace) -> PlanError:
+    return PlanError(f"no plan of {space.num_layers} layers on a {space.num_nodes}x{space.devices_per_node} mesh"
+                     " is admitted by keep_plan", fix="relax the plan filter")
 
 
 def _draw(counter: _Counter, root: tuple[int, int, int], rng: random.Random) -> tuple[StageChoice, ...]:
@@ -122,7 +152,8 @@ def _draw(counter: _Counter, root: tuple[int, int, int], rng: random.Random) -> 
     return tuple(reversed(suffix))
 
 
-def _all_in_random_order(counter: _Counter, root: tuple[int, int, int], rng: random.Random) -> list[tuple[StageChoice, ...]]:
+def _all_plans(counter: _Counter, root: tuple[int, int, int]) -> list[tuple[StageChoice, ...]]:
+    """Every plan the counter admits, in :func:`~hybridplan.search.memory.space.enumerate_plans`'s order."""
     out: list[tuple[StageChoice, ...]] = []
 
     def walk(stop: int, state: int, placed: int, suffix: list[StageChoice]) -> None:
@@ -134,5 +165,4 @@ def _all_in_random_order(counter: _Counter, root: tuple[int, int, int], rng: ran
                 walk(choice.start, nxt, placed + 1, suffix + [choice])
 
     walk(*root, [])
-    rng.shuffle(out)
     return out

@@ -2,8 +2,8 @@
 
 Run from the repository root on a machine with a CUDA GPU and a CUDA build of torch::
 
-    .venv/bin/python benchmarks/sim_vs_gpu/compare.py            # real CUDA runs and simulations
-    .venv/bin/python benchmarks/sim_vs_gpu/compare.py --sim-only # the simulated column only (any machine)
+    .venv/bin/python -m benchmarks.sim_vs_gpu.run            # real CUDA runs and simulations
+    .venv/bin/python -m benchmarks.sim_vs_gpu.run --sim-only # the simulated column only (any machine)
 
 For each case it trains the plan for real (``backend="real"``, ``device_type="cuda"``: the peak is
 ``torch.cuda.max_memory_allocated`` over the measured iterations) and simulates it (``backend="sim"``,
