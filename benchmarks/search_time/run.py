@@ -10,7 +10,8 @@ enumeration (CAPTURE's Algorithm 4 with its pruning) and Bayesian optimisation (
 beside it on the cases small enough to enumerate. The memory model is the synthetic
 :class:`hybridplan.search.memory.synthetic.AdditiveStageModel` (``transformer``: a heavy embedding, similar
 blocks with 5% jitter, a heavy head that cannot be tensor-parallel; *pipeline*: the same model in mCAP's
-pipeline-only space), the same with *identical* blocks
+pipeline-only space; *extended*: the same model in the extended space, data x tensor stages included), the
+same with *identical* blocks
 (many plans tie exactly), or *random ints*: a random table of integers 0..3 per stage, the adversarial
 case for the tie-break (the optimum is all zeros, and very many plans reach it).
 """
@@ -46,21 +47,28 @@ EXACT_CASES = [  # (nodes, devices per node, layers, horizon, model); "pipeline"
     (4, 6, 64, 8, "additive"),  # k = 6 is not a power of two: the packing state tracks the degree-4 stages too
     (1, 8, 200, 8, "pipeline"),
     (4, 8, 200, 8, "pipeline"),
+    # the extended space (data x tensor stages too): targets under 1 s at 4x4 / 64 layers, 30 s at 128x8 / 200
+    (4, 4, 64, 8, "extended"),
+    (4, 4, 64, 1, "extended"),
+    (32, 8, 200, 8, "extended"),
+    (128, 8, 200, 8, "extended"),
+    (128, 8, 200, 1, "extended"),
 ]
 SMALL_CASES = [(1, 4, 30, 1, "pipeline"),  # mCAP's VGG11 case: 30 layers on 4 GPUs, 3654 partitionings
                (1, 4, 12, 4, "additive"), (2, 4, 10, 4, "additive"), (1, 8, 10, 1, "additive"),
-               (2, 2, 14, 2, "identical"), (2, 2, 14, 2, "random ints")]
+               (2, 2, 14, 2, "identical"), (2, 2, 14, 2, "random ints"),
+               (1, 4, 12, 4, "extended"), (2, 4, 10, 4, "extended"), (1, 8, 10, 1, "extended")]
 
 
 def make_case(nodes: int, k: int, layers: int, horizon: int,
               kind: str) -> tuple[AdditiveStageModel | TableStageModel, PlanSpace]:
     """The memory model and plan space of a case."""
-    space = PlanSpace(layers, nodes, k, pipeline_only=kind == "pipeline")
+    space = PlanSpace(layers, nodes, k, pipeline_only=kind == "pipeline", composite=kind == "extended")
     return make_model(kind, layers, k, horizon), space
 
 
 def make_model(kind: str, layers: int, k: int, horizon: int) -> AdditiveStageModel | TableStageModel:
-    """"additive" (or "pipeline") blocks with 5% jitter, "identical" blocks, or "random ints"."""
+    """"additive" (or "pipeline", or "extended") blocks with 5% jitter, "identical" blocks, or "random ints"."""
     if kind == "random ints":
         return TableStageModel.random(layers, k, horizon=horizon, seed=0, levels=4)
     return AdditiveStageModel.transformer(layers, horizon=horizon, seed=0, jitter=0.0 if kind == "identical" else 0.05)
@@ -124,7 +132,7 @@ def small_table(cases: list[tuple[int, int, int, int, str]]) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="skip the 16x8 and 32x8 cases")
+    parser.add_argument("--quick", action="store_true", help="skip the 16x8, 32x8 and 128x8 cases")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest is reported")
     args = parser.parse_args()
     cases = [c for c in EXACT_CASES if not (args.quick and c[0] * c[1] > 64)]

@@ -188,14 +188,15 @@ def solve_bayesian(model: StageMemoryModel, space: PlanSpace, *, budget: int = D
         if key not in memo:
             cfg = configs[c.config]
             value = math.inf
-            if model.allowed(c.start, c.stop, cfg.kind, cfg.degree):
-                value = float(model.stage_memory(c.start, c.stop, cfg.kind, cfg.degree, key[3]))
+            if model.allowed(c.start, c.stop, cfg.kind, cfg.degree, **cfg.model_kwargs):
+                value = float(model.stage_memory(c.start, c.stop, cfg.kind, cfg.degree, key[3], **cfg.model_kwargs))
                 if not math.isfinite(value):
                     raise bad_prediction(value, c, space, key[3])
             memo[key] = value
         return memo[key]
 
-    encoding = PlanEncoding(space, lambda a, b, ci: model.allowed(a, b, configs[ci].kind, configs[ci].degree))
+    encoding = PlanEncoding(space, lambda a, b, ci: model.allowed(a, b, configs[ci].kind, configs[ci].degree,
+                                                                  **configs[ci].model_kwargs))
     rng = np.random.default_rng(seed)
     xs: list[np.ndarray] = []
     peaks: list[float] = []

@@ -106,7 +106,7 @@ class StageTable:
         matrix = getattr(model, "stage_memory_matrix", None)
         for ci, cfg in enumerate(space.configs):
             what = f"stage table: config {ci + 1}/{n} ({cfg.label})"
-            more = {"tensor_degree": cfg.tensor_degree} if cfg.kind == "data+tensor" else {}
+            more = cfg.model_kwargs
             if matrix is not None:
                 for pos in range(self.horizon):
                     if report.due():

@@ -71,6 +71,12 @@ class StageConfig(NamedTuple):
     tensor_degree: int = 0
 
     @property
+    def model_kwargs(self) -> dict[str, int]:
+        """What a stage-memory model is told beyond ``(kind, degree)``: the tensor degree of a data x tensor
+        stage (the protocol in search/memory/objective.py), nothing for the other kinds."""
+        return {"tensor_degree": self.tensor_degree} if self.kind == "data+tensor" else {}
+
+    @property
     def label(self) -> str:
         """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``."""
         if self.kind == "data+tensor":
