@@ -50,6 +50,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory: exact (default; same optimum as exhaustive), exhaustive, bayesian;"
                    " throughput/pareto: amp (default) or 2bw")
     p.add_argument("--pipeline-only", action="store_true", help="only pipeline-parallel stages (mCAP)")
+    p.add_argument("--space", choices=("capture", "extended"), default="capture",
+                   help="memory objective: CAPTURE's stages (none, data or tensor; default), or extended: also data x"
+                   " tensor stages (predicted from the tensor scenario's statistics)")
     p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory)")
     p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
     p.add_argument("--global-batch-size", type=positive_int, help="target global batch (default: the profile's)")
@@ -83,13 +86,16 @@ def handle(args: argparse.Namespace) -> int:
         if args.mode is not None and args.mode not in THROUGHPUT_MODES:
             raise UsageError(f"--mode {args.mode} solves the memory objective, not {args.objective!r}",
                              fix=f"use --mode {' or '.join(THROUGHPUT_MODES)} with --objective {args.objective}")
-        if args.fewest_devices or args.pipeline_only:
-            raise UsageError("--fewest-devices and --pipeline-only apply to --objective memory")
+        if args.fewest_devices or args.pipeline_only or args.space != "capture":
+            raise UsageError("--fewest-devices, --pipeline-only and --space apply to --objective memory")
         return plan_throughput.throughput(args)
     if args.mode in THROUGHPUT_MODES:
         raise UsageError(f"--mode {args.mode} plans for throughput", fix=f"add --objective throughput (or pareto), or use --mode {'/'.join(MODES)}")
     if not args.db:
         raise UsageError("--objective memory needs a profile database", fix="give --db FILE from 'hybridplan profile'")
+    if args.pipeline_only and args.space == "extended":
+        raise UsageError("--pipeline-only and --space extended contradict each other",
+                         fix="choose one: pipeline-only stages (mCAP), or the extended space of data x tensor stages")
     return _memory(args)
 
 
@@ -99,7 +105,8 @@ def _memory(args: argparse.Namespace) -> int:
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     answer = plan_memory(args.db, cluster_from(args), schedule=args.schedule, global_batch_size=args.global_batch_size,
                          num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
-                         pipeline_only=args.pipeline_only, fewest=args.fewest_devices, seed=args.seed,
+                         pipeline_only=args.pipeline_only, composite=args.space == "extended",
+                         fewest=args.fewest_devices, seed=args.seed,
                          progress=say, say=say)
     for attempt in answer.tried:
         say(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}")

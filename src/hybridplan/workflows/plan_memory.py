@@ -71,6 +71,7 @@ def plan_memory(
     degree_fit: str = "log",
     mode: MemoryMode = "exact",
     pipeline_only: bool = False,
+    composite: bool = False,
     fewest: bool = False,
     seed: int = 0,
     progress: ProgressCallback | None = None,
@@ -85,6 +86,8 @@ def plan_memory(
         degree_fit: how degrees above the profiled ones are predicted.
         mode: the solver.
         pipeline_only: mCAP's space (degree-1 stages only).
+        composite: the extended space: stages of data x tensor devices too (predicted from the tensor
+            scenario's statistics: predict/memory.py).
         fewest: the smallest sub-mesh of ``cluster`` on which the model fits (needs a capacity).
         seed: the Bayesian search's seed.
         progress: long searches report here (rate-limited, search/progress.py).
@@ -115,10 +118,11 @@ def plan_memory(
         capacity = cluster.memory_of(0)
         if capacity is None:
             raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
-        found = fewest_devices(model, cluster, L, capacity=capacity, pipeline_only=pipeline_only, progress=progress)
+        found = fewest_devices(model, cluster, L, capacity=capacity, pipeline_only=pipeline_only, composite=composite,
+                               progress=progress)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
-        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only)
+        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite)
         if mode == "bayesian":
             result = solve_bayesian(model, space, seed=seed, progress=progress)
         elif mode == "exhaustive":

@@ -55,7 +55,7 @@ def mesh_shapes(num_nodes: int, devices_per_node: int) -> list[tuple[int, int]]:
 
 
 def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *, capacity: float | None = None,
-                   pipeline_only: bool = False, max_stages: int | None = None,
+                   pipeline_only: bool = False, max_stages: int | None = None, composite: bool = False,
                    progress: ProgressCallback | None = None) -> FewestResult:
     """The smallest sub-mesh of ``cluster`` whose best plan's predicted peak fits in device memory.
 
@@ -66,6 +66,7 @@ def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *
         capacity: bytes per device; default the cluster's device memory (unlimited fits anything).
         pipeline_only: search mCAP's pipeline-only plans.
         max_stages: bound on the pipeline depth.
+        composite: search the extended space (data x tensor stages too).
         progress: receives a line now and then on a long search, e.g. ``"fewest devices: trying 4x8 (3 of 7),
             12.0 s"``, or the exact search's line within it (:mod:`~hybridplan.search.progress`); ``None``: silent.
 
@@ -85,7 +86,7 @@ def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *
         trying = f"trying {n}x{k} ({i:,} of {len(shapes):,})"
         report.update(f"fewest devices: {trying}")
         try:
-            space = PlanSpace(num_layers, n, k, pipeline_only, max_stages)
+            space = PlanSpace(num_layers, n, k, pipeline_only, max_stages, composite)
             result = solve_exact(model, space, progress=report.within(f"fewest devices, {trying}"))
         except PlanError as e:
             tried.append(MeshAttempt(n, k, None, False, e.message))
