@@ -115,7 +115,7 @@ def plan_throughput(
         what, evaluated = "PipeDream-2BW planner", len(found) + fit.rejected
     else:
         result = search_throughput(profile, cluster, gbs, memory_ok=fit, placement=placement, seed=seed,
-                                   node_local_stages=True, schedule=targets.schedule, progress=progress)
+                                   node_local_stages=True, schedule=targets.schedule, composite=True, progress=progress)
         for t in result.candidates:
             label = f"pp={t.pipeline_degree} dp={t.data_degree} tp={t.tensor_degree} mbs={t.micro_batch_size}"
             rows.append(Candidate(label, t.plan, t.predicted, None, t.iteration_s))

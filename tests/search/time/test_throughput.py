@@ -136,6 +136,24 @@ def test_memory_filter_and_node_local_stages() -> None:
         none.best
 
 
+def test_composite_strategies_are_searched_on_request() -> None:
+    """AMP's dp x tp strategies: with ``composite`` the search evaluates them too (as data x tensor stages), and
+    its best is at least as fast; every such plan keeps its tensor groups inside a node."""
+    profile, gbs = _toy(), 8
+    plain = search_throughput(profile, _CLUSTER, gbs)
+    both = search_throughput(profile, _CLUSTER, gbs, composite=True, node_local_stages=True)
+    assert not any(c.data_degree > 1 and c.tensor_degree > 1 for c in plain.candidates)
+    mixed = [c for c in both.candidates if c.data_degree > 1 and c.tensor_degree > 1]
+    assert mixed and all(s.parallelism == "data+tensor" for c in mixed for s in c.plan.stages)
+    for c in mixed:
+        c.plan.validate(num_layers=4, cluster=_CLUSTER)  # tensor groups in one node, replicas on two
+        assert c.predicted == predict_iteration_time(c.plan, profile, _CLUSTER)
+    # (pp, dp, tp) = (1, 2, 2) on 2 nodes of 2: the only mixed strategy; its micro-batch sizes divide 8 / 2
+    assert {(c.pipeline_degree, c.data_degree, c.tensor_degree) for c in mixed} == {(1, 2, 2)}
+    assert len(mixed) == len(divisors(gbs // 2))
+    assert both.evaluated == plain.evaluated + len(mixed)
+
+
 def _peak(plan: Plan) -> float:
     """A stand-in memory model: weights per device plus in-flight activations, per stage."""
     return max(

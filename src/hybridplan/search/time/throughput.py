@@ -10,11 +10,12 @@ the candidates by predicted time, or (``objective="pareto"``) the frontier of (p
 [Note: uniform strategies as Plans] A strategy is the plan of :meth:`~hybridplan.plan.plan.Plan.uniform`:
 AMP's ``dp`` replicas of ``mbs`` samples become a plan whose micro-batch is ``dp * mbs`` samples, split ``dp``
 ways by every stage. A plan stage may be "data+tensor", and the cost model times such stages, but neither the
-runtime nor the memory profile handles them yet, so the search keeps to strategies with ``dp == 1`` or
-``tp == 1`` (``enumerate_degrees(plan_expressible=True)``): every stage is then "data" x dp, "tensor" x tp,
-or "none". A stage holds ``dp * tp`` devices
-and may span nodes, which CAPTURE's plan space forbids; ``node_local_stages=True`` keeps only plans whose
-stages each sit in one node (those pass ``Plan.validate(cluster=...)``).
+runtime runs them and the memory predictor predicts them from the tensor scenario's statistics; with
+``composite=False`` (AMP's space as CAPTURE's plans can express it) the search keeps to strategies with
+``dp == 1`` or ``tp == 1`` (``enumerate_degrees(plan_expressible=True)``): every stage is then "data" x dp,
+"tensor" x tp, or "none"; ``composite=True`` searches all of AMP's strategies. A stage holds ``dp * tp`` devices
+and may span nodes; ``node_local_stages=True`` keeps only plans whose stages each sit in one node (with
+``composite``: whose tensor groups each do, as ``Plan.validate(cluster=...)`` requires).
 
 The search depends on no memory model: ``memory_ok(plan) -> bool`` filters and ``peak_memory(plan) -> bytes``
 feeds the Pareto objective; both come from the caller (the memory predictor).
@@ -228,6 +229,7 @@ def search_throughput(
     seed: int = 0,
     node_local_stages: bool = False,
     schedule: str = "1f1b",
+    composite: bool = False,
     progress: ProgressCallback | None = None,
 ) -> ThroughputSearchResult:
     """AMP's search over ``(pp, dp, tp, mbs)`` (module docstring).
@@ -241,7 +243,9 @@ def search_throughput(
         peak_memory: predicted peak bytes of a plan, for the Pareto objective.
         placement: "megatron" (AMP's default) or "anneal" (also anneal the best ``anneal_top`` strategies'
             device orderings, ``anneal_iterations`` moves each, from ``seed``).
-        node_local_stages: keep only plans whose every stage sits in one node.
+        node_local_stages: keep only plans whose every stage sits in one node (with ``composite``: whose every
+            tensor group does; the replicas of a stage may then be on several nodes).
+        composite: also AMP's strategies with both dp > 1 and tp > 1 (stages of data x tensor devices).
         schedule: the Plan schedule to write and time ("1f1b", "gpipe", "flush", or "2bw", which has no flush;
             AMP's runs use DeepSpeed's 1F1B).
         progress: receives a line now and then on a long search, e.g. ``"throughput search: strategy 3/12
@@ -286,12 +290,13 @@ def search_throughput(
         return ThroughputCandidate(plan, predicted, pp, dp, tp, mbs)
 
     found: list[ThroughputCandidate] = []
-    strategies = enumerate_degrees(cluster.num_devices, profile.num_layers, supported_tensor_degrees(profile, cluster))
+    strategies = enumerate_degrees(cluster.num_devices, profile.num_layers, supported_tensor_degrees(profile, cluster),
+                                   plan_expressible=not composite)
     for i, (pp, dp, tp) in enumerate(strategies, 1):
         if global_batch_size % dp:
             continue
         devices = megatron_placement(cluster, pp, dp, tp)
-        if node_local_stages and not _node_local(cluster, devices, dp * tp):
+        if node_local_stages and not _node_local(cluster, devices, tp if composite else dp * tp):
             continue
         for mbs in divisors(global_batch_size // dp):
             if schedule == "2bw" and global_batch_size // (dp * mbs) < pp:
@@ -318,7 +323,8 @@ def search_throughput(
                 candidate = evaluate(devices, *degrees)
                 return float("inf") if candidate is None else candidate.iteration_s
 
-            allowed = (lambda d, size=size: _node_local(cluster, d, size)) if node_local_stages else None
+            group = c.tensor_degree if composite else size
+            allowed = (lambda d, group=group: _node_local(cluster, d, group)) if node_local_stages else None
             start_devices = tuple(d for s in c.plan.stages for d in s.devices)  # rank order
             devices, _ = anneal_placement(cost, start_devices, iterations=anneal_iterations, seed=seed + rank, allowed=allowed)
             better = evaluate(devices, *degrees)
