@@ -124,6 +124,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --mode 2bw", "plans for throughput"),
         Case(f"{PLAN} --objective throughput --mode bayesian", "solves the memory objective"),
         Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),
+        Case(f"{PLAN} --pipeline-only --space extended", "contradict each other"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
     )),
 )

@@ -2,21 +2,11 @@ import json
 
 import pytest
 
-from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import PlanError
 from hybridplan.models import get_model
 from hybridplan.plan import Plan
-
-EXAMPLE = {
-    "schedule": "1f1b",
-    "global_batch_size": 32,
-    "num_microbatches": 8,
-    "stages": [
-        {"layers": [0, 3], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
-        {"layers": [3, 7], "parallelism": "none", "degree": 1, "devices": [2]},
-        {"layers": [7, 10], "parallelism": "data", "degree": 1, "devices": [3]},
-    ],
-}
+from hybridplan.plan.cluster import Cluster
+from tests.paths import GPT_PLAN as EXAMPLE
 
 
 def plan(**changes):

@@ -1,9 +1,9 @@
+"""Per-layer statistics M_i and M_a (profiling/statistics.py), recovered from synthetic measurements."""
+
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
-from hybridplan.profiling.quantities import QUANTITIES, quantities_from_timeline
 from hybridplan.profiling.statistics import STATISTIC_QUANTITIES, build_statistics
 from hybridplan.profiling.store import Measurement
 
@@ -73,18 +73,3 @@ def test_measured_span_wins_and_rows_exported():
     rows = stats.rows()
     assert (0, "M_i", "static", float(fn(0, 1)[0])) in rows
     assert not any(r[0] == 0 and r[1] == "M_a" for r in rows)
-
-
-def test_quantities_from_timeline():
-    timeline = [
-        {"action": "F0", "before": 100, "peak": 180, "after": 150},
-        {"action": "F1", "before": 150, "peak": 230, "after": 200},
-        {"action": "B0", "before": 200, "peak": 260, "after": 190},
-        {"action": "B1", "before": 190, "peak": 220, "after": 140},
-        {"action": "step", "before": 130, "peak": 175, "after": 130},
-    ]
-    q = dict(zip(QUANTITIES, quantities_from_timeline(90, 10, timeline)))
-    assert q == {"static": 90, "data": 10, "activation": 50, "gradient": 40, "forward_transient": 80,
-                 "first_backward_transient": 60, "backward_transient": 30, "step_transient": 45}
-    with pytest.raises(Exception, match="forward, backward and step"):
-        quantities_from_timeline(0, 0, timeline[:2])

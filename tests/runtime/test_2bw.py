@@ -20,8 +20,7 @@ from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.executor import data_seed
 from hybridplan.runtime.launch import launch
 from hybridplan.profiling.stash_sizes import layer_stash_bytes
-from tests.runtime.test_correctness import assert_same_training, reference
-from tests.runtime.util import make_plan, single_device
+from tests.runtime.util import assert_same_training, make_plan, reference, single_device
 
 pytestmark = pytest.mark.distributed
 
@@ -107,8 +106,8 @@ def test_2bw_on_one_device_is_the_update_of_the_paper():
     assert got.losses == pytest.approx(losses, rel=1e-6)
     assert flush.losses[0] == got.losses[0] and flush.losses[1] != got.losses[1]
     named = dict(module.named_parameters())
-    # As in test_correctness: some gradients are mathematically zero (the attention key bias) and hold only
-    # rounding noise, which AdamW normalises into full-size steps: their weights are left out.
+    # As in assert_same_training (tests/runtime/util.py): some gradients are mathematically zero (the attention
+    # key bias) and hold only rounding noise, which AdamW normalises into full-size steps: their weights are left out.
     scale = max(g.norm().item() for g in grads.values())
     for key, g in grads.items():
         assert (g - named[key].grad).norm() <= 1e-4 * g.norm() + 1e-6 * scale, key

@@ -10,7 +10,7 @@ import pytest
 from hybridplan.plan import Cluster, Plan
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
-from tests.runtime.test_correctness import assert_same_training
+from tests.runtime.util import assert_same_training
 
 pytestmark = pytest.mark.distributed
 

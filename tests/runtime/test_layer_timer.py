@@ -1,17 +1,13 @@
-"""Per-layer forward and backward times from hooks (runtime/layer_timer.py), and model slices for timing in
-chunks (models/slice.py)."""
+"""Per-layer forward and backward times from hooks (runtime/layer_timer.py); the model slices it times in chunks:
+tests/models/test_slice.py."""
 
 from __future__ import annotations
 
 import time
 
-import pytest
 import torch
 from torch import nn
 
-from hybridplan.errors import ModelError
-from hybridplan.models.slice import ModelSlice
-from hybridplan.models.zoo import get_model
 from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.stage import CheckpointedSequential
 
@@ -66,19 +62,3 @@ def test_take_clears():
     timer = LayerTimer(nn.Sequential(nn.Linear(8, 8)), torch.device("cpu"))
     timer.module(torch.randn(2, 8)).sum().backward()
     assert len(timer.take()["forward"]) == 1 and timer.take() == {"forward": [], "backward": []}
-
-
-def test_model_slice():
-    model = get_model("gpt-tiny")
-    middle, tail = ModelSlice(model, 3, 7), ModelSlice(model, 7, 10)
-    x, y = middle.make_batch(4, torch.Generator().manual_seed(0))
-    assert x.dtype == torch.float32 and x.shape[0] == 4 and y.shape == (4,)
-    layer = middle.build_layer(0)
-    out = layer(x)
-    assert out.requires_grad and middle.loss(out, y).dim() == 0
-    x, y = tail.make_batch(4, torch.Generator().manual_seed(0))
-    ref_x, ref_y = model.make_batch(4, torch.Generator().manual_seed(0))
-    assert torch.equal(y, ref_y) and x.dtype == torch.float32  # the model's targets, for its loss
-    assert middle.tensor_parallel_problem(0, 2) is None and middle.sample_granularity == 1
-    with pytest.raises(ModelError, match="not a non-empty range"):
-        ModelSlice(model, 5, 5)

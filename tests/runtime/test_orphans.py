@@ -13,11 +13,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
+
+from tests.paths import GPT_PLAN as PLAN
+from tests.runtime.util import proc_stat
 
 pytestmark = pytest.mark.distributed
 
@@ -25,36 +27,16 @@ _REPO = Path(__file__).resolve().parents[2]
 _GONE_WITHIN_S = 10.0
 _START_WITHIN_S = 60.0
 
-PLAN = {
-    "schedule": "1f1b",
-    "global_batch_size": 32,
-    "num_microbatches": 8,
-    "stages": [
-        {"layers": [0, 3], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
-        {"layers": [3, 7], "parallelism": "none", "degree": 1, "devices": [2]},
-        {"layers": [7, 10], "parallelism": "data", "degree": 1, "devices": [3]},
-    ],
-}
 
 Process = tuple[int, int]
 """A process as (pid, start time in clock ticks since boot): the pair is never reused."""
-
-
-def _stat(pid: int) -> tuple[str, int, int] | None:
-    """(state, parent pid, start time) of ``pid``, or None if it does not exist."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()  # the name before ')' may hold spaces
-    return fields[0], int(fields[1]), int(fields[19])
 
 
 def _descendants(root: int) -> list[Process]:
     """Every living descendant of ``root``, at any depth."""
     parents: dict[int, list[Process]] = {}
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := _stat(int(entry))) is not None and st[0] != "Z":
+        if entry.isdigit() and (st := proc_stat(int(entry))) is not None and st[0] != "Z":
             parents.setdefault(st[1], []).append((int(entry), st[2]))
     found: list[Process] = []
     todo = [root]
@@ -66,7 +48,7 @@ def _descendants(root: int) -> list[Process]:
 
 
 def _running(proc: Process) -> bool:
-    st = _stat(proc[0])
+    st = proc_stat(proc[0])
     return st is not None and st[2] == proc[1] and st[0] != "Z"
 
 
@@ -78,8 +60,8 @@ def _cmdline(pid: int) -> str:
 
 
 def _grandchildren(root: int) -> list[Process]:
-    children = {pid for pid, _ in _descendants(root) if (st := _stat(pid)) is not None and st[1] == root}
-    return [p for p in _descendants(root) if (st := _stat(p[0])) is not None and st[1] in children]
+    children = {pid for pid, _ in _descendants(root) if (st := proc_stat(pid)) is not None and st[1] == root}
+    return [p for p in _descendants(root) if (st := proc_stat(p[0])) is not None and st[1] in children]
 
 
 def _kill_launcher(cmd: list[str], sig: signal.Signals, ranks: int, tmp_path: Path, *, settle_s: float) -> float:
@@ -144,25 +126,3 @@ def test_ranks_die_with_a_profiling_campaign_killed_during_its_first_run(tmp_pat
            "--global-batch-size", "16", "--num-microbatches", "2", "--db", str(tmp_path / "p.sqlite")]
     elapsed = _kill_launcher(cmd, signal.SIGKILL, 2, tmp_path, settle_s=0.5)
     print(f"profile {model}, SIGKILL: every process gone {elapsed:.2f} s after the signal")
-
-
-@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "polling"])
-def test_lifeline_notices_an_exit_even_while_the_process_is_an_unreaped_zombie(
-    monkeypatch: pytest.MonkeyPatch, pidfd: bool
-) -> None:
-    from hybridplan.runtime import lifeline
-
-    if not pidfd:
-        monkeypatch.delattr(os, "pidfd_open")
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
-    try:
-        wait = lifeline._launcher_exit_waiter(child.pid)
-        done = threading.Event()
-        threading.Thread(target=lambda: (wait(), done.set()), daemon=True).start()
-        assert not done.wait(0.3)
-        os.kill(child.pid, signal.SIGKILL)  # not reaped: a zombie until child.wait() below
-        assert done.wait(3 * lifeline._POLL_S + 1.0)
-        assert _stat(child.pid)[0] == "Z"
-    finally:
-        child.kill()
-        child.wait()

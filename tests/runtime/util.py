@@ -1,4 +1,4 @@
-"""Helpers for tests that launch real runs."""
+"""Helpers for tests that launch real runs, and the check that a plan trains as one device does."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
-from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.config import RunConfig, config_to_json
 from hybridplan.runtime.launch import launch
 from hybridplan.runtime.result import RunResult
 
@@ -59,3 +59,54 @@ def alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+_REFERENCES: dict = {}
+
+
+def reference(model: str, plan: Plan) -> tuple[RunResult, dict, dict]:
+    """The run of ``plan``'s batch on one device (cached), with its weights and last gradients."""
+    # 2BW trains other math (stale weights); GPipe, 1F1B and PipeDream-Flush on one device share a reference.
+    key = (model, plan.global_batch_size, plan.num_microbatches, plan.schedule == "2bw")
+    if key not in _REFERENCES:
+        _REFERENCES[key] = run_with_state(model, single_device(plan), "1x1")
+    return _REFERENCES[key]
+
+
+def assert_same_training(model: str, plan: Plan, cluster: str) -> None:
+    """``plan`` on ``cluster`` trains as one device does: the same losses and last gradients (weights and
+    gradients of the same layers)."""
+    ref, ref_w, ref_g = reference(model, plan)
+    got, w, g = run_with_state(model, plan, cluster)
+    assert len(got.losses) == len(ref.losses) == 3
+    for a, b in zip(got.losses, ref.losses):
+        assert abs(a - b) <= 1e-5 * abs(b), (got.losses, ref.losses)
+    assert w.keys() == ref_w.keys() and g.keys() == ref_g.keys()
+    # Gradients of the last iteration (after two updates, so they also reflect the weights). Some are
+    # mathematically zero (the attention key bias: softmax ignores a per-query constant) and hold only
+    # rounding noise, hence the floor relative to the largest gradient.
+    scale = max(t.norm().item() for t in ref_g.values())
+    for k in ref_g:
+        err = (g[k] - ref_g[k]).norm().item()
+        assert err <= 1e-4 * ref_g[k].norm().item() + 1e-6 * scale, (k, err, ref_g[k].norm().item())
+    total = torch.cat([ref_g[k].flatten() for k in sorted(ref_g)])
+    diff = torch.cat([(g[k] - ref_g[k]).flatten() for k in sorted(ref_g)])
+    assert diff.norm() <= 1e-5 * total.norm()
+
+
+def sim_config(tmp_path: Path) -> Path:
+    """A run configuration file of gpt-tiny on 1x2 simulated devices (two stages of five layers)."""
+    plan = make_plan("1f1b", 8, 2, [(0, 5, "none", [0]), (5, 10, "none", [1])])
+    path = tmp_path / "run.json"
+    path.write_text(config_to_json(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x2"), backend="sim")))
+    return path
+
+
+def proc_stat(pid: int) -> tuple[str, int, int] | None:
+    """(state, parent pid, start time) of ``pid`` from /proc, or None if it does not exist."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()  # the name before ')' may hold spaces
+    return fields[0], int(fields[1]), int(fields[19])

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from hybridplan.plan.cluster import Cluster
-from hybridplan.workflows.runs import ResultStore, measure_plan, plan_from_choices
+from hybridplan.workflows.runs import measure_plan, plan_from_choices
 from hybridplan.workflows.stage_cache import StageCache, stage_key
 from hybridplan.search import PlanSpace, enumerate_plans
 
@@ -39,9 +37,3 @@ def test_stage_key_follows_the_schedule():
     one = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=8, num_microbatches=2)
     assert [stage_key(gpipe, i)[-1] for i in range(4)] == ["0"] * 4
     assert [stage_key(one, i).rsplit(",", 1)[1] for i in range(4)] == ["2", "2", "1", "0"]  # min(after, m)
-
-
-def test_result_store_resumes(tmp_path):
-    store = ResultStore(tmp_path / "r.json")
-    store.put("a", {"x": 1})
-    assert "a" in ResultStore(tmp_path / "r.json") and json.loads((tmp_path / "r.json").read_text()) == {"a": {"x": 1}}

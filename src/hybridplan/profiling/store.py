@@ -112,6 +112,14 @@ class ProfileStore:
         try:
             if create:
                 self._db = sqlite3.connect(str(self.path), isolation_level=None)
+                # another program's database gains none of our tables: only a new (empty) file or ours is written
+                existing = {r[0] for r in self._db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+                if existing and "meta" not in existing:
+                    self._db.close()
+                    raise ProfileError(
+                        f"{str(self.path)!r} is not a hybridplan profile database (it holds tables "
+                        f"{', '.join(sorted(existing)[:3])}{', ...' if len(existing) > 3 else ''} and no 'meta' table)",
+                        fix="give a new file name to --db, or the file written by 'hybridplan profile ... --db FILE'")
                 self._db.executescript(_SCHEMA)
             else:  # reading a profile never changes the file (nor adds our tables to someone else's database)
                 uri = f"{self.path.resolve().as_uri()}?mode=ro"

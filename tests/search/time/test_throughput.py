@@ -1,76 +1,24 @@
-"""AMP's throughput search: the layer-assignment DP against brute force, the search against exhaustive
-evaluation, memory filtering, the Pareto frontier, annealed placement, and the PipeDream-2BW planner."""
+"""AMP's throughput search: the search against exhaustive evaluation, memory filtering, the Pareto frontier,
+annealed placement (the layer-assignment DP: test_stage_cuts.py; the PipeDream-2BW planner: test_pipedream_2bw.py)."""
 
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hybridplan.plan.cluster import Cluster, DeviceSpec
-from hybridplan.errors import PlanError, UsageError
+from hybridplan.plan.cluster import Cluster
+from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
 from hybridplan.predict.time_model import predict_iteration_time
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
-from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
-from hybridplan.search.time.stage_cuts import amp_layer_assignment, assignment_objective, min_max_assignment
 from hybridplan.search.time.throughput import divisors, enumerate_degrees, pareto_frontier, search_throughput
 from tests.paths import SHARED
+from tests.search.time.util import TOY_CLUSTER as _CLUSTER, all_cuts as _all_cuts, toy_profile as _toy
 
 AMP = SHARED / "data" / "amp"
 
 
-def _all_cuts(num_layers: int, k: int) -> list[tuple[int, ...]]:
-    return [(0, *c, num_layers) for c in itertools.combinations(range(1, num_layers), k - 1)]
-
-
-# ---------------------------------------------------------------------------------------------- the DP
-@settings(max_examples=150, deadline=None)
-@given(data=st.data(), num_layers=st.integers(1, 7), gas=st.integers(1, 6), stage_dependent=st.booleans(),
-       floors=st.sampled_from([None, 0.5, 3.0]))
-def test_amp_dp_matches_brute_force(data: st.DataObject, num_layers: int, gas: int, stage_dependent: bool, floors: float | None) -> None:
-    k = data.draw(st.integers(1, num_layers))
-    cost = st.lists(st.integers(0, 9).map(float), min_size=num_layers, max_size=num_layers).map(np.array)
-    base = data.draw(cost)
-    stage_costs = [data.draw(cost) if stage_dependent else base for _ in range(k)]
-    cut_costs = [data.draw(cost) / 4 for _ in range(k - 1)]
-    cut_floors = None if floors is None else [c * floors for c in cut_costs]
-    found = amp_layer_assignment(stage_costs, cut_costs, gas, cut_floors)
-    best = min(assignment_objective(b, stage_costs, cut_costs, gas, cut_floors) for b in _all_cuts(num_layers, k))
-    assert found.objective == pytest.approx(best, rel=1e-6, abs=1e-9)
-    assert found.boundaries[0] == 0 and found.boundaries[-1] == num_layers and len(found.boundaries) == k + 1
-    assert all(a < b for a, b in zip(found.boundaries, found.boundaries[1:]))
-
-
-@settings(max_examples=100, deadline=None)
-@given(data=st.data(), num_layers=st.integers(1, 7))
-def test_min_max_matches_brute_force_with_fill_tie_break(data: st.DataObject, num_layers: int) -> None:
-    k = data.draw(st.integers(1, num_layers))
-    cost = st.lists(st.integers(0, 9).map(float), min_size=num_layers, max_size=num_layers).map(np.array)
-    stage_costs = [data.draw(cost) for _ in range(k)]
-    cuts = [data.draw(cost) for _ in range(k - 1)]
-    floors = [c / 2 for c in cuts]
-
-    def period(b: tuple[int, ...]) -> float:
-        return max([float(stage_costs[j][b[j] : b[j + 1]].sum()) for j in range(k)] + [floors[j - 1][b[j] - 1] for j in range(1, k)])
-
-    def fill(b: tuple[int, ...]) -> float:
-        return sum(float(stage_costs[j][b[j] : b[j + 1]].sum()) for j in range(k)) + sum(cuts[j - 1][b[j] - 1] for j in range(1, k))
-
-    found = min_max_assignment(stage_costs, floors, cuts)
-    best = min(period(b) for b in _all_cuts(num_layers, k))
-    assert found.objective == pytest.approx(best) and period(found.boundaries) == pytest.approx(best)
-    assert fill(found.boundaries) == pytest.approx(min(fill(b) for b in _all_cuts(num_layers, k) if period(b) <= best + 1e-9))
-
-
-def test_dp_rejects_too_many_stages() -> None:
-    with pytest.raises(PlanError, match="cannot cut 2 layers into 3"):
-        amp_layer_assignment([np.ones(2)] * 3, [np.zeros(2)] * 2, 4)
-
-
+# ---------------------------------------------------------------------------------------------- the search
 def test_enumeration_helpers() -> None:
     assert divisors(12) == [1, 2, 3, 4, 6, 12]
     degrees = enumerate_degrees(8, 30, (1, 2, 4))
@@ -81,25 +29,6 @@ def test_enumeration_helpers() -> None:
 
 
 # ---------------------------------------------------------------------------------------------- the search
-def _toy(params: float = 0.0, num_layers: int = 4) -> TimeProfile:
-    rng = np.random.default_rng(7)
-    fwd = tuple(rng.uniform(1e-3, 5e-3, num_layers))
-    return TimeProfile(
-        model="toy",
-        layers=tuple(
-            LayerInfo(name=f"l{i}", activation_bytes_per_sample=float(rng.uniform(1e4, 1e6)), parameter_bytes=params,
-                      tensor_parallel_allreduces=(2, 2))
-            for i in range(num_layers)
-        ),
-        timings=(
-            TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=fwd, backward_s=tuple(2 * f for f in fwd)),
-            TimingTable(device_type="A", tensor_degree=2, micro_batch_size=1, forward_s=tuple(0.6 * f for f in fwd),
-                        backward_s=tuple(1.2 * f for f in fwd)),
-        ),
-    )
-
-
-_CLUSTER = Cluster.uniform(2, 2, device_type="A", intra_node_bandwidth=5e9, inter_node_bandwidth=2e8)
 
 
 def test_search_finds_the_exhaustive_optimum() -> None:
@@ -191,21 +120,6 @@ def test_pareto_frontier_property(points: list[tuple[int, int]]) -> None:
     assert len(set(kept)) == len(kept)
 
 
-def test_annealed_placement_beats_megatron_on_an_uneven_network() -> None:
-    """Only devices 0-2 and 1-3 are linked fast: Megatron's in-order placement puts every pair of neighbouring
-    ranks on a slow link; annealing over device orderings moves some onto the fast ones."""
-    fast, slow = 1e10, 1e7
-    matrix = tuple(tuple(fast if {a, b} in ({0, 2}, {1, 3}) else slow for b in range(4)) for a in range(4))
-    cluster = Cluster(num_nodes=1, devices_per_node=4, devices=(DeviceSpec(type="A"),) * 4, bandwidth_matrix=matrix)
-    profile = _toy(params=5e7)
-    megatron = search_throughput(profile, cluster, 8)
-    annealed = search_throughput(profile, cluster, 8, placement="anneal", anneal_iterations=60, seed=3)
-    assert annealed.best.iteration_s < megatron.best.iteration_s
-    assert sorted(d for s in annealed.best.plan.stages for d in s.devices) == [0, 1, 2, 3]
-    again = search_throughput(profile, cluster, 8, placement="anneal", anneal_iterations=60, seed=3)
-    assert again.best.plan == annealed.best.plan  # deterministic for a seed
-
-
 def test_search_argument_errors() -> None:
     with pytest.raises(UsageError, match="unknown objective"):
         search_throughput(_toy(), _CLUSTER, 8, objective="speed")  # type: ignore[arg-type]
@@ -213,34 +127,6 @@ def test_search_argument_errors() -> None:
         search_throughput(_toy(), _CLUSTER, 8, placement="random")  # type: ignore[arg-type]
     with pytest.raises(UsageError, match="positive integer"):
         search_throughput(_toy(), _CLUSTER, 0)
-
-
-# ---------------------------------------------------------------------------------------------- PipeDream-2BW
-def test_pipedream_2bw_closed_form_by_hand() -> None:
-    # 2 layers of (fwd 1 s, bwd 2 s) per sample, 2 devices on one node, no communication costs.
-    profile = TimeProfile(
-        model="two",
-        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=0.0, parameter_bytes=0.0) for i in range(2)),
-        timings=(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1.0, 1.0), backward_s=(2.0, 2.0)),),
-    )
-    cands = plan_pipedream_2bw(profile, Cluster.uniform(1, 2, device_type="A"), 4)
-    configs = {(c.replicas, c.stages, c.micro_batch_size, c.recompute): c for c in cands}
-    # w=1, d=2, b=1: m=4, period = one layer = 3 s -> 12 s; with recompute 4 s -> 16 s
-    assert configs[(1, 2, 1, False)].iteration_s == pytest.approx(12.0)
-    assert configs[(1, 2, 1, True)].iteration_s == pytest.approx(16.0)
-    # w=2, d=1, b=2: m = 4 / (2 * 2) = 1, period = 2 samples * 2 layers * 3 s = 12 s
-    assert configs[(2, 1, 2, False)].iteration_s == pytest.approx(12.0)
-    assert (1, 2, 4, False) not in configs  # m = 1 < d = 2 breaks the two-version bound
-    assert all(c.replicas * c.stages == 2 and c.num_microbatches >= c.stages for c in cands)
-    assert cands[0].recompute is False and cands[0].samples_per_s == pytest.approx(4 / cands[0].iteration_s)
-
-
-def test_pipedream_2bw_recomputes_only_when_memory_says_so() -> None:
-    profile = _toy(params=1e6, num_layers=6)
-    cands = plan_pipedream_2bw(profile, _CLUSTER, 16, memory_ok=lambda plan: plan.extra["recompute"])
-    assert cands and all(c.recompute and c.plan.extra["weight_versions"] == 2 for c in cands)
-    for c in cands:
-        c.plan.validate(num_layers=6)
 
 
 # ---------------------------------------------------------------------------------------------- AMP's data

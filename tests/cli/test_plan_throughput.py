@@ -1,5 +1,5 @@
-"""``hybridplan estimate`` and ``hybridplan plan --objective throughput|pareto``, ``--mode 2bw``, ``--baseline``
-as a user calls them: a memory profile (simulated devices) and a time profile of the MLP user model."""
+"""``hybridplan plan --objective throughput|pareto``, ``--mode 2bw``, ``--baseline`` as a user calls them: a memory
+profile (simulated devices) and a time profile of the MLP user model (``files``: tests/cli/conftest.py)."""
 
 from __future__ import annotations
 
@@ -11,36 +11,8 @@ from hybridplan.cli import main
 from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.predict.time_model import predict_iteration_time
-from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.baselines import BASELINES
-from tests.cli.conftest import MIXED, MLP
-
-
-@pytest.fixture
-def files(mlp_files):
-    """The MLP's memory and time profiles and the MIXED plan (tests/cli/conftest.py)."""
-    return mlp_files
-
-
-def test_estimate_prints_time_per_stage_and_memory(files, capsys):
-    args = ["estimate", "--plan", str(files / "plan.json"), "--time-profile", str(files / "t.json"), "--db",
-            str(files / "p.sqlite"), "--cluster", "1x4"]
-    assert main(args) == 0
-    out = capsys.readouterr().out
-    assert "ms per iteration" in out and "fwd ms" in out and "predicted plan peak" in out
-    assert main(args + ["--json"]) == 0
-    data = json.loads(capsys.readouterr().out)
-    plan = Plan.from_dict(MIXED)
-    expected = predict_iteration_time(plan, TimeProfile.load(files / "t.json"), Cluster.parse("1x4"))
-    assert data["time"]["total_s"] == pytest.approx(expected.total_s) and len(data["time"]["stages"]) == 3
-    assert data["memory"]["peak_memory_bytes"] == MemoryPredictor.from_db(files / "p.sqlite").predict(plan).peak_memory_bytes
-    # the same plan under 2BW: no flush (faster), a weight stash (more memory)
-    (files / "plan2bw.json").write_text(json.dumps({**MIXED, "schedule": "2bw"}))
-    assert main(["estimate", "--plan", str(files / "plan2bw.json")] + args[3:] + ["--json"]) == 0
-    two = json.loads(capsys.readouterr().out)
-    assert two["time"]["schedule"] == "2bw" and two["time"]["total_s"] < data["time"]["total_s"]
-    assert two["memory"]["peak_memory_bytes"] > data["memory"]["peak_memory_bytes"]
+from tests.cli.conftest import MLP
 
 
 def test_throughput_plan_fits_the_device_memory(files, capsys):
@@ -100,17 +72,9 @@ def test_baselines(files, capsys, name):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2", "--db", "{d}/x.sqlite",
-      "--time", "--backend", "sim"], "fake tensors that take no time"),
-    (["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2", "--db", "{d}/x.sqlite",
-      "--time-out", "t.json"], "need --time"),
-    (["estimate", "--plan", "{d}/plan.json", "--cluster", "1x4", "--db", "{d}/p.sqlite"], "holds none"),
     (["plan", "--objective", "pareto", "--time-profile", "{d}/t.json", "--cluster", "1x4", "--global-batch-size", "32"],
      "needs memory predictions"),
     (["plan", "--objective", "throughput", "--cluster", "1x4", "--time-profile", "{d}/t.json"], "global batch size is unknown"),
-    (["plan", "--mode", "2bw", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "plans for throughput"),
-    (["plan", "--objective", "throughput", "--mode", "bayesian", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "solves the memory"),
-    (["plan", "--cluster", "1x4"], "needs a profile database"),
     (["plan", "--baseline", "torchgpipe-time", "--db", "{d}/p.sqlite", "--cluster", "1x4", "--model", MLP],
      "no time profile was given"),
     # the database names user code (the MLP): it is imported only when the user names it (issue 9, item 3)

@@ -1,4 +1,4 @@
-"""``hybridplan run`` and ``hybridplan models`` as a user calls them."""
+"""``hybridplan run`` as a user calls it (``hybridplan models``: tests/cli/test_models.py)."""
 
 from __future__ import annotations
 
@@ -11,18 +11,9 @@ from pathlib import Path
 import pytest
 
 from hybridplan.cli import main
+from tests.paths import GPT_PLAN as EXAMPLE
 
 REPO = Path(__file__).resolve().parents[2]
-EXAMPLE = {
-    "schedule": "1f1b",
-    "global_batch_size": 32,
-    "num_microbatches": 8,
-    "stages": [
-        {"layers": [0, 3], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
-        {"layers": [3, 7], "parallelism": "none", "degree": 1, "devices": [2]},
-        {"layers": [7, 10], "parallelism": "data", "degree": 1, "devices": [3]},
-    ],
-}
 
 
 @pytest.fixture
@@ -30,13 +21,6 @@ def example(tmp_path):
     f = tmp_path / "plan.json"
     f.write_text(json.dumps(EXAMPLE))
     return f
-
-
-def test_models_lists_the_zoo(capsys):
-    assert main(["models"]) == 0
-    out = capsys.readouterr().out
-    for name in ("gpt-tiny", "gpt3-1.3b", "moe-tiny", "wresnet-tiny", "vgg11", "vgg11-tiny"):
-        assert name in out
 
 
 @pytest.mark.distributed
@@ -150,15 +134,3 @@ def test_a_finished_result_is_kept_when_its_output_path_fails(example, tmp_path,
     assert len(kept) == 1 and str(kept[0]) in err and str(out) in err
     result = json.loads(kept[0].read_text())
     assert result["status"] == "ok" and len(result["devices"]) == 4
-
-
-def test_ctrl_c_ends_a_command_with_code_130_and_no_traceback(monkeypatch, capsys):
-    import hybridplan.cli.models as models_cli
-
-    def interrupted(args):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(models_cli, "handle", interrupted)
-    assert main(["models"]) == 130
-    err = capsys.readouterr().err
-    assert err.strip() == "interrupted" and "Traceback" not in err

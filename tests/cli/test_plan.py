@@ -1,5 +1,6 @@
 """``hybridplan plan --objective memory`` as a user calls it: a plan that does not fit the devices is never the
-answer, the search says what it holds fixed, and targets far beyond the profile are warned about."""
+answer, the search says what it holds fixed, and targets far beyond the profile are warned about; and the options
+the command refuses before it dispatches (the throughput and baseline paths: tests/cli/test_plan_throughput.py)."""
 
 from __future__ import annotations
 
@@ -75,3 +76,42 @@ def test_a_target_far_beyond_the_profile_is_warned_about_once(base, capsys):
     assert len(warnings) == 1 and "extrapolated" in warnings[0] and "the largest profiled (16" in warnings[0]
     assert main(base + ["--global-batch-size", "64"]) == 0  # within 4x of the profiled 16: no warning
     assert "warning:" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "--mode", "2bw", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "plans for throughput"),
+    (["plan", "--objective", "throughput", "--mode", "bayesian", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "solves the memory"),
+    (["plan", "--cluster", "1x4"], "needs a profile database"),
+])
+def test_bad_input_exits_2(files, capsys, args, message):
+    assert main([a.format(d=files) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_the_extended_space_is_never_worse_and_holds_the_data_x_tensor_stage(base, mlp_files, capsys):
+    """``--space extended`` searches CAPTURE's plans and the data x tensor ones: its best is at most CAPTURE's best
+    and at most the one-stage 2 x 2 plan (which only it can choose), each predicted from the same database."""
+    from hybridplan.plan import Plan
+
+    capture = _best(base, capsys)
+    extended = _best(base + ["--space", "extended"], capsys)
+    assert extended["predicted_peak_bytes"] <= capture["predicted_peak_bytes"]
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    written = Plan.from_dict(extended)
+    assert predictor.predict(written).peak_memory_bytes == extended["predicted_peak_bytes"]
+    two_by_two = Plan.from_dict({**capture, "stages": [{"layers": [0, 5], "parallelism": "data+tensor", "degree": 4,
+                                                        "tensor_degree": 2, "devices": [0, 1, 2, 3]}]})
+    assert extended["predicted_peak_bytes"] <= predictor.predict(two_by_two).peak_memory_bytes
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pipeline-only", "--space", "extended"], "--pipeline-only and --space extended contradict each other"),
+    (["--space", "extended", "--objective", "throughput", "--time-profile", "{d}/t.json"],
+     "--fewest-devices, --pipeline-only and --space apply to --objective memory"),
+    (["--space", "everything"], "argument --space: invalid choice"),
+])
+def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):
+    assert main(base + [a.format(d=mlp_files) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err

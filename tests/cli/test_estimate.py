@@ -1,0 +1,45 @@
+"""``hybridplan estimate`` as a user calls it: a memory profile (simulated devices) and a time profile of the MLP
+user model (``files``: tests/cli/conftest.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridplan.cli import main
+from hybridplan.plan.cluster import Cluster
+from hybridplan.plan import Plan
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.profiling.time_profile import TimeProfile
+from tests.cli.conftest import MIXED
+
+
+def test_estimate_prints_time_per_stage_and_memory(files, capsys):
+    args = ["estimate", "--plan", str(files / "plan.json"), "--time-profile", str(files / "t.json"), "--db",
+            str(files / "p.sqlite"), "--cluster", "1x4"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "ms per iteration" in out and "fwd ms" in out and "predicted plan peak" in out
+    assert main(args + ["--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    plan = Plan.from_dict(MIXED)
+    expected = predict_iteration_time(plan, TimeProfile.load(files / "t.json"), Cluster.parse("1x4"))
+    assert data["time"]["total_s"] == pytest.approx(expected.total_s) and len(data["time"]["stages"]) == 3
+    assert data["memory"]["peak_memory_bytes"] == MemoryPredictor.from_db(files / "p.sqlite").predict(plan).peak_memory_bytes
+    # the same plan under 2BW: no flush (faster), a weight stash (more memory)
+    (files / "plan2bw.json").write_text(json.dumps({**MIXED, "schedule": "2bw"}))
+    assert main(["estimate", "--plan", str(files / "plan2bw.json")] + args[3:] + ["--json"]) == 0
+    two = json.loads(capsys.readouterr().out)
+    assert two["time"]["schedule"] == "2bw" and two["time"]["total_s"] < data["time"]["total_s"]
+    assert two["memory"]["peak_memory_bytes"] > data["memory"]["peak_memory_bytes"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["estimate", "--plan", "{d}/plan.json", "--cluster", "1x4", "--db", "{d}/p.sqlite"], "holds none"),
+])
+def test_bad_input_exits_2(files, capsys, args, message):
+    assert main([a.format(d=files) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
