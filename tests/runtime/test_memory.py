@@ -89,3 +89,25 @@ def test_dtensor_counts_local_shard(tmp_path):
             gc.collect()
     finally:
         dist.destroy_process_group()
+
+
+def test_a_storage_written_through_out_is_remeasured_after_an_outside_resize():
+    """FSDP2 frees and re-allocates its all-gather buffers with ``storage.resize_`` (no op the tracker sees):
+    a storage once written through ``out=`` is re-measured before the next op."""
+    tr = StorageTracker()
+    with tr:
+        buf = torch.empty(256)  # 1 KiB
+        src = torch.ones(256)  # 1 KiB
+        torch.add(src, 1, out=buf)
+        assert tr.current == 2048
+        buf.untyped_storage().resize_(0)  # freed outside any op
+        one = torch.empty(1)  # the next op: 4 bytes, and the resize is seen
+        assert tr.current == 1024 + 4
+        buf.untyped_storage().resize_(1024)  # re-allocated outside any op
+        two = torch.empty(2)
+        assert tr.current == 2048 + 4 + 8 and tr.peak == 2048 + 4 + 8
+        untouched = torch.empty(256)
+        untouched.untyped_storage().resize_(0)  # never written through out=: not watched
+        three = torch.empty(1)
+        assert tr.current == 2048 + 4 + 8 + 1024 + 4
+        del one, two, three

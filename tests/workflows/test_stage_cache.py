@@ -37,3 +37,31 @@ def test_stage_key_follows_the_schedule():
     one = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=8, num_microbatches=2)
     assert [stage_key(gpipe, i)[-1] for i in range(4)] == ["0"] * 4
     assert [stage_key(one, i).rsplit(",", 1)[1] for i in range(4)] == ["2", "2", "1", "0"]  # min(after, m)
+
+
+def test_data_x_tensor_stages_are_cached_by_their_tensor_degree(tmp_path):
+    """Degree 4 on 1x4 is 2 replicas of tensor x2, or one tensor x4 group; a recomputed stage differs too;
+    every cached device matches a whole-plan simulation."""
+    from hybridplan.plan import Plan
+
+    cluster = Cluster.parse("1x8")
+
+    def plan(stage0: dict) -> Plan:
+        return Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 2, "stages": [
+            {"layers": [0, 3], "devices": [0, 1, 2, 3], **stage0},
+            {"layers": [3, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [4, 5, 6, 7]}]})
+
+    plans = [plan({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2}),
+             plan({"parallelism": "tensor", "degree": 4}),
+             plan({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "recompute": "full"})]
+    assert len({stage_key(p, 0) for p in plans}) == 3
+    cache = StageCache(tmp_path / "stages.json", model="gpt-tiny", cluster=cluster)
+    for p in plans:
+        whole = measure_plan(None, p, cluster=cluster, backend="sim", model="gpt-tiny")
+        assert [d.measured for d in cache.measure(p)] == [d.measured for d in whole.devices]
+    assert cache.simulated == 4  # stage 1 is the same in all three
+    sharded = Plan.from_dict({**plans[0].to_dict(), "stages": [
+        {**plans[0].to_dict()["stages"][0], "parallelism": "data", "tensor_degree": 1, "zero": 3},
+        plans[0].to_dict()["stages"][1]]})
+    with pytest.raises(ValueError, match="is ZeRO-sharded: its devices differ"):
+        stage_key(sharded, 0)

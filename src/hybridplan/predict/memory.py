@@ -452,7 +452,9 @@ class MemoryPredictor:
         for i, stage in enumerate(plan.stages):
             if stage.zero:
                 raise ProfileError(f"stage {i} ({stage.describe()}) uses ZeRO-{stage.zero} sharding, which the profile"
-                                   " does not measure", fix='drop "zero" from the stage to predict it')
+                                   " does not measure yet",
+                                   fix="count it exactly on simulated devices instead ('hybridplan run --backend sim"
+                                   " --plan PLAN ...': no GPU needed), or drop \"zero\" from the stage to predict it")
             if stage.recompute == "full" and not self.recompute:
                 raise ProfileError(
                     f"stage {i} ({stage.describe()}) recomputes its activations; the profile was taken without recompute",

@@ -146,12 +146,19 @@ def validate_config(cfg: RunConfig) -> None:
     model = resolve_model(cfg.model)
     cfg.plan.validate(model=model, cluster=cfg.cluster)
     for i, s in enumerate(cfg.plan.stages):
-        if s.zero:
-            raise UsageError(
-                f"stage {i} ({s.describe()}) asks for ZeRO-{s.zero} sharding, which this runtime does not run yet",
-                fix='drop "zero" from the stage: every replica then keeps the full optimizer state, gradients and'
-                " parameters",
-            )
+        if not s.zero:
+            continue
+        what = f"stage {i} ({s.describe()}) asks for ZeRO-{s.zero} sharding"
+        drop = 'or drop "zero" from the stage (every replica then keeps the whole optimizer state, gradients and parameters)'
+        if s.tensor_degree > 1:
+            raise UsageError(f"{what} of a tensor-parallel stage, which this runtime does not run yet",
+                             fix=f'use "parallelism": "data" for a sharded stage, {drop}')
+        if cfg.precision != "fp32":
+            raise UsageError(f"{what} in {cfg.precision}, which this runtime does not run yet (sharding runs in fp32)",
+                             fix=f"run with --precision fp32, {drop}")
+        if cfg.plan.schedule == "2bw":
+            raise UsageError(f"{what} with PipeDream-2BW, whose stale weight version is a second whole copy of the"
+                             " parameters", fix=f"use the gpipe or 1f1b schedule, {drop}")
 
 
 def config_to_json(cfg: RunConfig) -> str:

@@ -48,6 +48,7 @@ from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.plan import Plan
 from hybridplan.runtime.release import is_fake, release_output
 from hybridplan.runtime.routing import Transfer, layout_of, route
+from hybridplan.runtime.sharding import optimizer_state, reduces_gradients
 from hybridplan.plan.schedule import Action, max_in_flight, stage_actions
 from hybridplan.runtime.weight_stash import WeightStash
 
@@ -273,6 +274,11 @@ class StageExecutor:
     def _sync_gradients(self) -> None:
         if self.dp_group is None:
             return
+        if reduces_gradients(self.stage.zero):  # FSDP reduce-scattered them after each backward (sharding.py)
+            for p in self._params:
+                if p.grad is not None:
+                    self.meter.retag(p.grad, "gradients")
+            return
         for p in self._params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -337,7 +343,7 @@ class StageExecutor:
     def _retag_optimizer_state(self) -> None:
         """File the optimizer's tensors under "optimizer"; its scalar step counters stay on the host
         in a GPU run (torch.optim keeps them on the CPU unless capturable), which the meter is told."""
-        for state in self.optimizer.state.values():
+        for state in optimizer_state(self.optimizer).values():
             for v in state.values():
                 if isinstance(v, torch.Tensor):
                     if v.dim() > 0:

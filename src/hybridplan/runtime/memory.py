@@ -17,6 +17,11 @@ Two rules keep the count deterministic across runs:
 - the peak covers the window between ``reset_peak`` calls; the runtime resets it at the start of
   each iteration.
 
+- a storage written through an op's ``out=`` argument is re-measured before every later op: its owner
+  may resize it outside any op, as FSDP2 (ZeRO-2/3 stages, runtime/sharding.py) frees a layer's gathered
+  parameters with ``untyped_storage().resize_(0)`` and re-allocates them with ``resize_(n)`` before the
+  next all-gather writes into them (torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``free_storage``).
+
 An allocation that takes the count over ``capacity_bytes`` raises :class:`DeviceOutOfMemory`, as a
 GPU's allocator would.
 
@@ -97,9 +102,12 @@ class StorageTracker(TorchDispatchMode):
         self._by_category = dict.fromkeys(CATEGORIES, 0)
         self.peak_by_category = dict(self._by_category)
         self._paused = 0
+        self._resizable: dict[int, Any] = {}
+        """Storages written through an ``out=`` argument, by key: a weakref each, re-measured at every op."""
 
     # ------------------------------------------------------------------ accounting
     def _release(self, key: int, _ref: Any = None) -> None:
+        self._resizable.pop(key, None)
         entry = self._live.pop(key, None)
         if entry is not None:
             self.current -= entry[0]
@@ -129,6 +137,25 @@ class StorageTracker(TorchDispatchMode):
                 self.peak_by_category = dict(self._by_category)
             if self.capacity_bytes is not None and self.current > self.capacity_bytes:
                 raise DeviceOutOfMemory(self.current, self.capacity_bytes, self.phase)
+
+    def _remeasure_resizable(self) -> None:
+        """Count the storages resized outside any op (see the module docstring) at their size now."""
+        for key, ref in list(self._resizable.items()):
+            storage = ref()
+            entry = self._live.get(key)
+            if storage is None or entry is None:
+                continue
+            nbytes = storage.nbytes() if self.rounding is None else self.rounding(storage.nbytes())
+            if nbytes != entry[0]:
+                delta = nbytes - entry[0]
+                self._live[key] = (nbytes, entry[1], entry[2])
+                self.current += delta
+                self._by_category[entry[1]] += delta
+                if self.current > self.window_peak:
+                    self.window_peak = self.current
+                if self.current > self.peak:
+                    self.peak = self.current
+                    self.peak_by_category = dict(self._by_category)
 
     def track_all(self, objects: Iterable[Any], category: str) -> None:
         """Register pre-existing tensors: modules (parameters, gradients, buffers), optimizers (state), tensors."""
@@ -179,12 +206,14 @@ class StorageTracker(TorchDispatchMode):
 
     def reset_peak(self) -> None:
         """Start a new peak window at the current level."""
+        self._remeasure_resizable()
         self.peak = self.current
         self.window_peak = self.current
         self.peak_by_category = dict(self._by_category)
 
     def start_window(self) -> int:
         """Start a sub-window (for per-action peaks); returns the current level."""
+        self._remeasure_resizable()
         self.window_peak = self.current
         return self.current
 
@@ -213,8 +242,19 @@ class StorageTracker(TorchDispatchMode):
             self._paused -= 1
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
+        kwargs = kwargs or {}
+        if self._resizable:
+            self._remeasure_resizable()
+        out = func(*args, **kwargs)
         if not self._paused:
+            written = kwargs.get("out")
+            for t in tree_flatten(written)[0]:
+                if isinstance(t, torch.Tensor):
+                    self.track(t)  # at its size now: its owner may have resized it since it was last seen
+                    for plain in storage_tensors(t):
+                        storage = plain.untyped_storage()
+                        if storage._cdata in self._live:
+                            self._resizable[storage._cdata] = weakref.ref(storage)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.track(t)

@@ -28,6 +28,7 @@ from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_by
 from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
 from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
+from hybridplan.runtime.sharding import shard_stage, zero1_optimizer
 from hybridplan.runtime.result import RankFailure, RankReport
 from hybridplan.runtime.stage import build_stage_module, unsplit_state
 
@@ -79,14 +80,17 @@ def run_rank(
     stage = plan.stages[stage_index]
     index_in_stage = stage.devices.index(rank)
     tp_group, dp_group = _stage_groups(plan, stage_index, index_in_stage)
-    tp = None
-    if tp_group is not None:
+    tp, dp_mesh = None, None
+    if tp_group is not None or stage.zero >= 2:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.distributed.device_mesh import DeviceMesh
 
         with unset_fake_temporarily():  # the mesh reads its rank table; a no-op outside a simulation
-            mesh = DeviceMesh.from_group(tp_group, device.type)
-        tp = TensorParallelGroup(tp_group, mesh, index_in_stage % stage.tensor_degree, stage.tensor_degree)
+            if tp_group is not None:
+                mesh = DeviceMesh.from_group(tp_group, device.type)
+                tp = TensorParallelGroup(tp_group, mesh, index_in_stage % stage.tensor_degree, stage.tensor_degree)
+            if stage.zero >= 2:
+                dp_mesh = DeviceMesh.from_group(dp_group, device.type)
     checkpointing = cfg.activation_checkpointing or stage.recompute == "full"
 
     meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated)
@@ -96,14 +100,20 @@ def run_rank(
             module = build_stage_module(
                 model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing
             )
-            optimizer = build_optimizer(
-                module,
-                precision=cfg.precision,
-                learning_rate=cfg.learning_rate,
-                weight_decay=cfg.weight_decay,
-                loss_scale=cfg.loss_scale,
-                device_type=cfg.device_type,
-            )
+            if stage.zero >= 2:
+                shard_stage(module, stage.zero, dp_mesh, settle_for=meter if device.type == "cpu" else None)
+            if stage.zero == 1:
+                optimizer = zero1_optimizer(module, dp_group, learning_rate=cfg.learning_rate,
+                                            weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda")
+            else:
+                optimizer = build_optimizer(
+                    module,
+                    precision=cfg.precision,
+                    learning_rate=cfg.learning_rate,
+                    weight_decay=cfg.weight_decay,
+                    loss_scale=cfg.loss_scale,
+                    device_type=cfg.device_type,
+                )
         executor = StageExecutor(
             model=model,
             plan=plan,

@@ -25,7 +25,9 @@ parameters; the ranks of a tensor-parallel stage hold equal-sized shards (a spli
 degree divides the dimension) and all rows; every rank of a stage runs the same action list; a
 receive allocates one buffer of the rank's rows however many peers fill it, and a send allocates
 nothing (it sends views of the detached output). ``simulate(..., distinct_only=False)`` simulates
-every device instead (the tests check both agree).
+every device instead (the tests check both agree). A ZeRO-sharded stage is the exception, and all its
+devices are simulated: ZeRO-1 gives each replica the optimizer state of whole parameters (an uneven
+share), and FSDP's last shard of a dimension that ``d`` does not divide is shorter (runtime/sharding.py).
 
 Example::
 
@@ -148,7 +150,7 @@ def simulate(
     started = time.perf_counter()
     reports: dict[int, RankReport] = {}
     for index, stage in enumerate(plan.stages):
-        ranks = stage.devices[:1] if distinct_only else stage.devices
+        ranks = stage.devices[:1] if distinct_only and not stage.zero else stage.devices
         for rank in ranks:
             t0 = time.perf_counter()
             try:

@@ -33,11 +33,21 @@ __all__ = ["StageCache", "stage_key"]
 
 def stage_key(plan: Plan, index: int) -> str:
     """What the memory of stage ``index`` of ``plan`` depends on ([Note: what a simulated stage's memory
-    depends on]): ``"start,stop,kind,degree,warmup"``."""
+    depends on]): ``"start,stop,kind,degree,warmup"``, then ``",t<tensor degree>"`` for a data x tensor stage
+    (degree 8 is 2 x 4 or 4 x 2) and ``",recompute"`` for a recomputed one (the keys of other stages are
+    unchanged, so cache files written before stay valid). A ZeRO-sharded stage has no key: its replicas
+    hold uneven shares (runtime/sim.py), so it is simulated whole, not cached."""
     s = plan.stages[index]
+    if s.zero:
+        raise ValueError(f"stage {index} ({s.describe()}) is ZeRO-sharded: its devices differ; simulate the plan whole")
     after = plan.num_stages - index - 1
     warmup = 0 if plan.schedule == "gpipe" else min(after, plan.num_microbatches)
-    return f"{s.start},{s.stop},{s.kind},{s.degree},{warmup}"
+    key = f"{s.start},{s.stop},{s.kind},{s.degree},{warmup}"
+    if s.kind == "data+tensor":
+        key += f",t{s.tensor_degree}"
+    if s.recompute == "full":
+        key += ",recompute"
+    return key
 
 
 class StageCache:

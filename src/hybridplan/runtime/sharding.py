@@ -1,0 +1,162 @@
+"""ZeRO sharding of a data-parallel stage (a plan stage's ``"zero"`` key), with PyTorch's own pieces.
+
+ZeRO (Rajbhandari et al., SC'20) removes the replicas' duplicated training state, one kind per level,
+over the stage's data-parallel group of ``d`` devices:
+
+- **ZeRO-1**, optimizer state: :class:`torch.distributed.optim.ZeroRedundancyOptimizer`. Each replica
+  keeps the AdamW state of its share of the parameters (whole parameters, balanced by size, so a stage
+  of few large parameters shards unevenly), steps them and broadcasts them to the others. Gradients
+  are still all-reduced whole (runtime/executor.py), as in ZeRO-1.
+- **ZeRO-2**, + gradients: FSDP2 :func:`~torch.distributed.fsdp.fully_shard` per layer with
+  ``reshard_after_forward=False`` (FSDP's SHARD_GRAD_OP, which PyTorch's FSDP documentation likens to
+  ZeRO-2). Gradients are reduce-scattered after each micro-batch's backward and accumulated sharded;
+  optimizer state follows the sharded parameters. A layer's gathered parameters stay from its forward
+  to its backward. Unlike DeepSpeed's ZeRO-2, parameters are also sharded between iterations (FSDP
+  frees the gathered copy after the backward), so what persists from one iteration to the next is
+  ``1/d`` of everything; the peak holds the gathered layers of the micro-batches in flight.
+- **ZeRO-3**, + parameters: ``fully_shard`` per layer with ``reshard_after_forward=True`` (FULL_SHARD):
+  a layer's parameters are all-gathered before its forward and again before its backward, and freed
+  after each.
+
+Each layer with parameters is its own FSDP unit (as torchtitan wraps each transformer block), so at
+most a layer's parameters are gathered at once per micro-batch in flight, and the stage module is the
+root unit. Gradients are summed, not averaged (divide factor 1): the executor already weights each
+replica's loss by its share of the rows, as for the all-reduce of an unsharded data-parallel stage.
+
+What this runtime does not shard yet (refused by runtime/config.py with the reason): a stage that is
+also tensor-parallel (FSDP over a 2-D mesh needs the tensor split as DTensor placements on the same
+mesh), mixed precision (FSDP2's ``MixedPrecisionPolicy`` would replace runtime/precision.py's master
+copies) and PipeDream-2BW (its stale weight version is a second full copy of the parameters).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["shard_stage", "zero1_optimizer", "optimizer_state", "reduces_gradients", "SettledReduceScatter"]
+
+_SETTLE_LIMIT_S = 1.0
+"""How long a reduce-scatter waits for the transport to let go of its buffers (microseconds in practice)."""
+
+
+def _use_count(t: torch.Tensor) -> int:
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+
+
+def _settle(tensors: tuple[torch.Tensor, ...], before: tuple[int, ...]) -> None:
+    deadline = time.monotonic() + _SETTLE_LIMIT_S
+    while tuple(_use_count(t) for t in tensors) > before and time.monotonic() < deadline:
+        time.sleep(0)
+
+
+class _SettledComm:
+    def __init__(self, meter: Any) -> None:
+        self.meter = meter
+        """The rank's memory meter: gloo's own temporaries inside a collective (a reduce-scatter allocates a
+        copy of its input in ``wait()``, freed from its worker thread) are the transport's, not the model's
+        (NCCL keeps its buffers outside the caching allocator too), so they are not counted."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class SettledAllGather(_SettledComm):
+    """FSDP2's all-gather, synchronous, returning once the transport lets go of its buffers (see
+    :class:`SettledReduceScatter`); FSDP waits on a ``None`` work as on a finished one."""
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any,
+                 async_op: bool = False) -> None:
+        import torch.distributed as dist
+
+        tensors = (output_tensor, input_tensor)
+        before = tuple(_use_count(t) for t in tensors)
+        with self.meter.paused():
+            dist.all_gather_single(output_tensor, input_tensor, group=group)
+        _settle(tensors, before)
+
+
+class SettledReduceScatter(_SettledComm):
+    """FSDP2's reduce-scatter, returning only once the transport holds no reference to its buffers.
+
+    [Note: deterministic frees] A gloo collective runs on a worker thread, which drops its references to
+    the input and output a moment AFTER the caller's ``wait()`` returns. When FSDP then drops the last
+    Python reference first (it does at the end of a backward: the last layer's reduce-scatter input),
+    the buffer is freed later, from the worker thread, and the memory tracker (runtime/memory.py) would
+    see a level that depends on thread timing. Waiting here until the buffers' use counts are back to
+    what they were before the call makes every free happen where the program drops it, as on a GPU.
+    Used through ``FSDPModule.set_custom_reduce_scatter`` (PyTorch's own extension point).
+    """
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor, group: Any, op: Any,
+                 async_op: bool = False) -> None:
+        import torch.distributed as dist
+
+        tensors = (output_tensor, input_tensor)
+        before = tuple(_use_count(t) for t in tensors)
+        with self.meter.paused():
+            dist.reduce_scatter_single(output_tensor, input_tensor, op=op, group=group)  # synchronous
+        _settle(tensors, before)
+
+
+def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any = None) -> None:
+    """Make ``module`` (a stage's ``nn.Sequential``) FSDP2 units for ZeRO-2 (``zero=2``) or ZeRO-3 (``zero=3``).
+
+    In place: each layer with parameters, then the stage, become ``FSDPModule`` s over ``dp_mesh`` (the
+    1-D ``DeviceMesh`` of the stage's data group, made outside the memory meter: its rank table is host
+    bookkeeping, not device memory); their parameters become DTensors sharded along dim 0 (padded to a
+    multiple of ``d``).
+
+    ``settle_for``: a memory meter; FSDP's collectives then run through :class:`SettledAllGather` and
+    :class:`SettledReduceScatter`, so the exact tracker's count does not depend on thread timing (the gloo
+    runs the tracker measures; a CUDA run measured by the allocator keeps FSDP's own overlapped collectives).
+    """
+    if zero not in (2, 3):
+        raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = dp_mesh
+    reshard = zero == 3
+    layers = list(module.children())
+    for layer in layers:
+        if any(p.requires_grad for p in layer.parameters()):
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+    for unit in module.modules():
+        if isinstance(unit, FSDPModule):
+            unit.set_gradient_divide_factor(1.0)
+            unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a factor of 1 needs no scaling
+            if settle_for is not None:
+                unit.set_custom_all_gather(SettledAllGather(settle_for))  # type: ignore[arg-type]  # duck-typed Comm
+                unit.set_custom_reduce_scatter(SettledReduceScatter(settle_for))  # type: ignore[arg-type]
+
+
+def zero1_optimizer(module: nn.Module, dp_group: Any, *, learning_rate: float, weight_decay: float,
+                    foreach: bool) -> torch.optim.Optimizer:
+    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1)."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    return ZeroRedundancyOptimizer(
+        [p for p in module.parameters() if p.requires_grad],
+        optimizer_class=torch.optim.AdamW,
+        process_group=dp_group,
+        lr=learning_rate,
+        weight_decay=weight_decay,
+        foreach=foreach,
+    )
+
+
+def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
+    """The per-parameter state an optimizer holds on this rank (ZeRO-1: only its own share's)."""
+    local = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer steps a local optimizer
+    state: dict[Any, dict[str, Any]] = (local if isinstance(local, torch.optim.Optimizer) else optimizer).state
+    return state
+
+
+def reduces_gradients(zero: int) -> bool:
+    """Whether the stage's sharding reduces the gradients itself (FSDP's reduce-scatter), so the executor
+    must not all-reduce them."""
+    return zero >= 2

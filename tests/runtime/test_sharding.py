@@ -1,0 +1,111 @@
+"""ZeRO-sharded data-parallel stages (runtime/sharding.py) train the same math as one device (real processes,
+gloo), hold what ZeRO says they hold (1/d of the optimizer state, then of the gradients and parameters,
+counted by the exact CPU tracker), and the simulated devices count them byte for byte as the real runtime."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from hybridplan.errors import UsageError
+from hybridplan.models import get_model
+from hybridplan.models.base import build_layers
+from hybridplan.plan import Cluster, Plan
+from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.launch import launch
+from tests.runtime.util import assert_same_training
+
+pytestmark = pytest.mark.distributed
+
+
+def plan_of(schedule: str, batch: int, micro: int, stages: list[tuple[int, int, str, list[int], dict[str, Any]]]) -> Plan:
+    return Plan.from_dict({"schedule": schedule, "global_batch_size": batch, "num_microbatches": micro, "stages": [
+        {"layers": [a, b], "parallelism": kind, "degree": len(devs), "devices": devs, **more}
+        for a, b, kind, devs, more in stages]})
+
+
+def zero_plan(zero: int) -> Plan:
+    """gpt-tiny: layers 0-4 as 2 replicas (sharded at ``zero``), layers 5-9 on one device; 1F1B."""
+    return plan_of("1f1b", 16, 4, [(0, 5, "data", [0, 1], {"zero": zero} if zero else {}), (5, 10, "none", [2], {})])
+
+
+@pytest.mark.parametrize("zero, schedule", [(1, "1f1b"), (2, "gpipe"), (3, "1f1b")])
+def test_gpt_zero_stage_then_pipeline_trains_the_same(zero, schedule):
+    plan = plan_of(schedule, 16, 4, [(0, 5, "data", [0, 1], {"zero": zero}), (5, 10, "none", [2], {})])
+    assert_same_training("gpt-tiny", plan, "1x3")
+
+
+def test_conv_zero3_replicas_across_nodes_then_data_gpipe():
+    """Wide-ResNet (convolutions, GroupNorm): a ZeRO-3 stage whose 2 replicas are on different nodes, then an
+    unsharded data stage across the same nodes."""
+    plan = plan_of("gpipe", 16, 4, [(0, 3, "data", [0, 2], {"zero": 3}), (3, 7, "data", [1, 3], {})])
+    assert_same_training("wresnet-tiny", plan, "2x2")
+
+
+def test_gpt_tensor_stage_then_zero1_replicas_1f1b():
+    plan = plan_of("1f1b", 16, 4, [(0, 4, "tensor", [0, 1], {}), (4, 10, "data", [2, 3], {"zero": 1})])
+    assert_same_training("gpt-tiny", plan, "1x4")
+
+
+def test_zero2_with_recompute_trains_the_same():
+    plan = plan_of("1f1b", 16, 4, [(0, 5, "none", [0], {}), (5, 10, "data", [1, 2], {"zero": 2, "recompute": "full"})])
+    assert_same_training("gpt-tiny", plan, "1x3")
+
+
+def _stage0_sizes() -> tuple[int, int]:
+    """Bytes of layers 0-4's fp32 parameters, and how many parameter tensors they are (from the model)."""
+    params = [p for layer in build_layers(get_model("gpt-tiny"), 0, 5, 0) for p in layer.parameters()]
+    assert all(p.shape[0] % 2 == 0 for p in params)  # every shard of 2 is exact: no padding in the oracle
+    return sum(4 * p.numel() for p in params), len(params)
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[int, Any]:
+    out = {}
+    for zero in (0, 1, 2, 3):
+        result = launch(RunConfig(model="gpt-tiny", plan=zero_plan(zero), cluster=Cluster.parse("1x3"), iterations=2))
+        assert result.ok, result.reason
+        out[zero] = result
+    return out
+
+
+def test_each_level_shards_what_zero_says(runs):
+    """At the start of an iteration a replica holds parameters and AdamW state (two fp32 moments per
+    parameter and a 4-byte step count per tensor): 3P + 4n unsharded; ZeRO-1 splits the moments between
+    the replicas; ZeRO-2/3 keep half of the parameters and of the moments each."""
+    P, n = _stage0_sizes()
+    static = {z: [d.static_memory_bytes for d in r.devices[:2]] for z, r in runs.items()}
+    assert static[0] == [3 * P + 4 * n] * 2
+    assert sum(static[1]) == 2 * P + 2 * P + 4 * n and max(static[1]) < static[0][0]
+    assert static[2] == static[3] == [P // 2 + P + 4 * n] * 2
+    stage1 = {z: r.devices[2].peak_memory_bytes for z, r in runs.items()}
+    assert len(set(stage1.values())) == 1  # the unsharded stage is not affected
+
+
+def test_sharding_lowers_the_peak(runs):
+    peak = {z: max(d.peak_memory_bytes for d in r.devices[:2]) for z, r in runs.items()}
+    assert peak[3] < peak[2] < peak[0] and peak[1] < peak[0]
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
+    sim = launch(RunConfig(model="gpt-tiny", plan=zero_plan(zero), cluster=Cluster.parse("1x3"), iterations=2, backend="sim"))
+    assert sim.ok, sim.reason
+    for real, fake in zip(runs[zero].devices, sim.devices, strict=True):
+        assert (fake.static_memory_bytes, fake.iteration_peaks, fake.peak_breakdown) == \
+            (real.static_memory_bytes, real.iteration_peaks, real.peak_breakdown)
+
+
+@pytest.mark.parametrize("stage, settings, message", [
+    ({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3]}, {},
+     "of a tensor-parallel stage, which this runtime does not run yet"),
+    ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"precision": "bf16"}, "in bf16"),
+    ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"schedule": "2bw"}, "with PipeDream-2BW"),
+])
+def test_what_is_not_sharded_yet_is_refused_before_any_process(stage, settings, message):
+    schedule = settings.pop("schedule", "1f1b")
+    plan = Plan.from_dict({"schedule": schedule, "global_batch_size": 16, "num_microbatches": 2,
+                           "stages": [{"layers": [0, 10], "zero": 1, **stage}]})
+    with pytest.raises(UsageError, match=message):
+        launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(f"1x{stage['degree']}"), **settings))
