@@ -160,7 +160,7 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     variant("spans.json", stage0_devices=[1, 2], stage1_devices=[0])
     variant("zero_tensor.json", stage0_zero=1)
     data = {**gpt, "stages": [{"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2,
-                               "devices": [0, 1, 2, 3], "zero": 1}]}
+                               "devices": [0, 1, 2, 3], "zero": 2}]}
     (folder / "zero.json").write_text(json.dumps(data))
     (folder / "nostages.json").write_text(json.dumps({k: v for k, v in gpt.items() if k != "stages"}))
     (folder / "notjson.json").write_text('{"schedule": "1f1b", "stages": [')

@@ -53,6 +53,32 @@ def test_zero2_with_recompute_trains_the_same():
     assert_same_training("gpt-tiny", plan, "1x3")
 
 
+def test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same():
+    """Megatron-style: 2 replicas of a tensor x2 group whose optimizer state is sharded per tensor rank."""
+    plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 1}),
+                                   (5, 10, "none", [4], {})])
+    assert_same_training("gpt-tiny", plan, "1x5")
+
+
+def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard():
+    """The 4 ranks of 2 x tensor x2 hold the same parameter shards as a tensor x2 stage; ZeRO-1 splits their
+    AdamW moments between the 2 replicas of each tensor rank: per tensor rank, the two replicas' static bytes
+    add up to two parameter shards and one unsharded set of moments and step counts."""
+    def statics(zero: int, backend: str = "sim") -> list[int]:
+        more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
+        plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], more), (5, 10, "none", [4], {})])
+        result = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x5"), iterations=2, backend=backend))
+        assert result.ok, result.reason
+        return [d.static_memory_bytes for d in result.devices[:4]]
+
+    plain, sharded = statics(0), statics(1, "sim")
+    assert sharded == statics(1, "real")  # the simulated devices count ZeRO-1 of the shards as the runtime does
+    for k in (0, 1):  # tensor rank k: devices k and 2 + k
+        params_and_state = plain[k]
+        assert sharded[k] + sharded[2 + k] < 2 * params_and_state
+        assert max(sharded[k], sharded[2 + k]) < params_and_state
+
+
 def _stage0_sizes() -> tuple[int, int]:
     """Bytes of layers 0-4's fp32 parameters, and how many parameter tensors they are (from the model)."""
     params = [p for layer in build_layers(get_model("gpt-tiny"), 0, 5, 0) for p in layer.parameters()]
@@ -98,14 +124,14 @@ def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
 
 
 @pytest.mark.parametrize("stage, settings, message", [
-    ({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3]}, {},
-     "of a tensor-parallel stage, which this runtime does not run yet"),
+    ({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3], "zero": 2}, {},
+     "ZeRO-2 sharding of a tensor-parallel stage, which this runtime does not run yet"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"precision": "bf16"}, "in bf16"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"schedule": "2bw"}, "with PipeDream-2BW"),
 ])
 def test_what_is_not_sharded_yet_is_refused_before_any_process(stage, settings, message):
     schedule = settings.pop("schedule", "1f1b")
     plan = Plan.from_dict({"schedule": schedule, "global_batch_size": 16, "num_microbatches": 2,
-                           "stages": [{"layers": [0, 10], "zero": 1, **stage}]})
+                           "stages": [{"layers": [0, 10], "zero": 1} | stage]})
     with pytest.raises(UsageError, match=message):
         launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(f"1x{stage['degree']}"), **settings))

@@ -6,7 +6,8 @@ over the stage's data-parallel group of ``d`` devices:
 - **ZeRO-1**, optimizer state: :class:`torch.distributed.optim.ZeroRedundancyOptimizer`. Each replica
   keeps the AdamW state of its share of the parameters (whole parameters, balanced by size, so a stage
   of few large parameters shards unevenly), steps them and broadcasts them to the others. Gradients
-  are still all-reduced whole (runtime/executor.py), as in ZeRO-1.
+  are still all-reduced whole (runtime/executor.py), as in ZeRO-1. On a data x tensor stage it shards the
+  state of each tensor rank's shards over that rank's data group (:class:`ZeroOneOptimizer`).
 - **ZeRO-2**, + gradients: FSDP2 :func:`~torch.distributed.fsdp.fully_shard` per layer with
   ``reshard_after_forward=False`` (FSDP's SHARD_GRAD_OP, which PyTorch's FSDP documentation likens to
   ZeRO-2). Gradients are reduce-scattered after each micro-batch's backward and accumulated sharded;
@@ -23,8 +24,8 @@ most a layer's parameters are gathered at once per micro-batch in flight, and th
 root unit. Gradients are summed, not averaged (divide factor 1): the executor already weights each
 replica's loss by its share of the rows, as for the all-reduce of an unsharded data-parallel stage.
 
-What this runtime does not shard yet (refused by runtime/config.py with the reason): a stage that is
-also tensor-parallel (FSDP over a 2-D mesh needs the tensor split as DTensor placements on the same
+What this runtime does not shard yet (refused by runtime/config.py with the reason): ZeRO-2/3 of a stage
+that is also tensor-parallel (FSDP over a 2-D mesh needs the tensor split as DTensor placements on the same
 mesh), mixed precision (FSDP2's ``MixedPrecisionPolicy`` would replace runtime/precision.py's master
 copies) and PipeDream-2BW (its stale weight version is a second full copy of the parameters).
 """
@@ -37,7 +38,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["shard_stage", "zero1_optimizer", "optimizer_state", "reduces_gradients", "SettledReduceScatter"]
+__all__ = ["shard_stage", "zero1_optimizer", "ZeroOneOptimizer", "optimizer_state", "reduces_gradients", "SettledReduceScatter"]
 
 _SETTLE_LIMIT_S = 1.0
 """How long a reduce-scatter waits for the transport to let go of its buffers (microseconds in practice)."""
@@ -134,25 +135,59 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
                 unit.set_custom_reduce_scatter(SettledReduceScatter(settle_for))  # type: ignore[arg-type]
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The plain tensor behind ``t``: a DTensor's local shard (sharing its storage), or ``t``."""
+    to_local = getattr(t, "to_local", None)
+    return t if to_local is None else to_local()
+
+
+class ZeroOneOptimizer(torch.optim.Optimizer):
+    """ZeRO-1: ``ZeroRedundancyOptimizer`` (AdamW inside) over the *local* tensors of the stage's parameters.
+
+    A tensor-parallel parameter is a DTensor, which ``ZeroRedundancyOptimizer`` cannot broadcast; but the data
+    group holds the same tensor rank of every replica (runtime/rank.py), so its members hold the same shard,
+    and sharding the optimizer state of the shards over the data group is exactly ZeRO-1 of a data x tensor
+    stage (Megatron's distributed optimizer does the same per tensor rank). The optimizer therefore sees a
+    leaf view of each parameter's local tensor (same storage, so its in-place update and the broadcast that
+    follows are the parameter's) and, at each step, the local tensor of its gradient. A plain parameter is
+    its own local tensor.
+    """
+
+    def __init__(self, params: list[torch.Tensor], dp_group: Any, *, learning_rate: float, weight_decay: float,
+                 foreach: bool) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        self._params = params
+        self._views = [_local(p).detach() for p in params]
+        super().__init__(self._views, {"lr": learning_rate})
+        self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=torch.optim.AdamW, process_group=dp_group,
+                                             lr=learning_rate, weight_decay=weight_decay, foreach=foreach)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self._params:
+            p.grad = None
+
+    def step(self, closure: Any = None) -> None:  # type: ignore[override]
+        for p, v in zip(self._params, self._views, strict=True):
+            v.grad = None if p.grad is None else _local(p.grad)
+        self.optim.step()
+        for v in self._views:
+            v.grad = None
+
+
 def zero1_optimizer(module: nn.Module, dp_group: Any, *, learning_rate: float, weight_decay: float,
                     foreach: bool) -> torch.optim.Optimizer:
-    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1)."""
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-
-    return ZeroRedundancyOptimizer(
-        [p for p in module.parameters() if p.requires_grad],
-        optimizer_class=torch.optim.AdamW,
-        process_group=dp_group,
-        lr=learning_rate,
-        weight_decay=weight_decay,
-        foreach=foreach,
-    )
+    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`)."""
+    return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
+                            learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach)
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
     """The per-parameter state an optimizer holds on this rank (ZeRO-1: only its own share's)."""
-    local = getattr(optimizer, "optim", None)  # ZeroRedundancyOptimizer steps a local optimizer
-    state: dict[Any, dict[str, Any]] = (local if isinstance(local, torch.optim.Optimizer) else optimizer).state
+    inner: Any = optimizer
+    while isinstance(getattr(inner, "optim", None), torch.optim.Optimizer):  # ZeRO-1 steps a local AdamW
+        inner = inner.optim
+    state: dict[Any, dict[str, Any]] = inner.state
     return state
 
 
