@@ -26,6 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--db", required=True, help="profile database written by 'hybridplan profile'")
     p.add_argument("--plan", required=True, help="plan JSON file")
+    p.add_argument("--recompute-db", help="a profile of the same model and cluster taken with"
+                   " --activation-checkpointing: predicts the stages the plan marks \"recompute\": \"full\"")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
     p.add_argument("--method", choices=("quantities", "capture"), default="quantities",
                    help="quantities: schedule-aware (default); capture: seed 000's peak statistics")
@@ -38,6 +40,7 @@ def handle(args: argparse.Namespace) -> int:
     predictor = MemoryPredictor.from_db(
         args.db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
         num_microbatches=plan.num_microbatches, degree_fit=args.degree_fit, method=args.method,
+        recompute_db=args.recompute_db,
     )
     note_scaling(predictor)
     prediction = predictor.predict(plan)

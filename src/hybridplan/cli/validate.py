@@ -32,6 +32,8 @@ def register(sub: argparse._SubParsersAction) -> None:
               " names user code (module:function), which is imported only when you name it here")
     add_cluster(p, required=False)
     p.add_argument("--iterations", type=positive_int, default=2, help="iterations of the run (default 2: warm-up + measured)")
+    p.add_argument("--recompute-db", help="a profile of the same model and cluster taken with"
+                   " --activation-checkpointing: predicts the stages the plan marks \"recompute\": \"full\"")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
     p.add_argument("--backend", choices=("real", "sim"), help="run on the real runtime or simulated devices (default: the profile's)")
     p.add_argument("--out", help="write the validation JSON here")
@@ -50,7 +52,8 @@ def handle(args: argparse.Namespace) -> int:
     cluster = cluster_from(args) if args.cluster else None
     report = validate_plan(args.db, plan, cluster=cluster, iterations=args.iterations, degree_fit=args.degree_fit,
                            progress=lambda msg: print(msg, file=sys.stderr),
-                           run_options={"backend": args.backend} if args.backend else None, model=args.model)
+                           run_options={"backend": args.backend} if args.backend else None, model=args.model,
+                           recompute_db=args.recompute_db)
     text = json.dumps(report.to_dict(), indent=1)
     print(text if args.json else report.table())
     if args.out:

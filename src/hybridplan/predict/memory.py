@@ -156,6 +156,7 @@ class MemoryPredictor:
         profile_schedule: str | None = None,
         stash: Mapping[tuple[str, int], Mapping[int, int]] | None = None,
         recompute: bool = False,
+        recomputed: MemoryPredictor | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -174,6 +175,12 @@ class MemoryPredictor:
         self.profile_schedule = profile_schedule
         self.stash = stash or {}
         self.recompute = recompute
+        self.recomputed = recomputed
+        """[Note: recompute chosen per stage] The predictor of a second profile of the same model and cluster, taken
+        with recompute (``hybridplan profile --activation-checkpointing``): it predicts the stages a plan marks
+        ``"recompute": "full"``, this one the others. A stage's memory depends on its own layers, kind, degree,
+        schedule position and recompute, not on whether its neighbours recompute (what crosses a boundary has the
+        model's shapes either way), so the two profiles compose stage by stage; profiling both doubles the runs."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -189,13 +196,49 @@ class MemoryPredictor:
         num_microbatches: int | None = None,
         degree_fit: str = "log",
         method: str = "quantities",
+        recompute_db: str | Path | None = None,
     ) -> MemoryPredictor:
-        """A predictor from a profile database file; unset targets default to the campaign's."""
+        """A predictor from a profile database file; unset targets default to the campaign's.
+
+        ``recompute_db``: a profile of the same model and cluster taken with recompute, which predicts the stages
+        a plan recomputes ([Note: recompute chosen per stage]).
+
+        Raises:
+            ProfileError: if ``recompute_db`` was not taken with recompute, or profiles another model or cluster.
+        """
         from hybridplan.profiling.database import ProfileDB
 
         with ProfileDB(path) as db:
-            return cls.from_profile(db, schedule=schedule, global_batch_size=global_batch_size,
-                                    num_microbatches=num_microbatches, degree_fit=degree_fit, method=method)
+            predictor = cls.from_profile(db, schedule=schedule, global_batch_size=global_batch_size,
+                                         num_microbatches=num_microbatches, degree_fit=degree_fit, method=method)
+            identity = db.identity
+        if recompute_db is None:
+            return predictor
+        with ProfileDB(recompute_db) as other:
+            recomputed = cls.from_profile(other, schedule=predictor.schedule,
+                                          global_batch_size=predictor.global_batch_size,
+                                          num_microbatches=predictor.num_microbatches, degree_fit=degree_fit,
+                                          method=method)
+            other_identity = other.identity
+        where = f"--recompute-db {str(recompute_db)!r}"
+        if not recomputed.recompute:
+            raise ProfileError(f"{where} was profiled without recompute",
+                               fix="give a profile taken with 'hybridplan profile ... --activation-checkpointing'")
+        if predictor.recompute:
+            raise ProfileError(f"{str(path)!r} was itself profiled with recompute; {where} adds nothing",
+                               fix="give the profile taken without recompute as --db")
+        def training(ident: dict) -> dict:  # the run options that shape memory, recompute and backend aside
+            options = ident.get("run_options") or {}
+            return {k: v for k, v in options.items() if k not in ("activation_checkpointing", "backend")}
+
+        identity["training"], other_identity["training"] = training(identity), training(other_identity)
+        for key in ("model", "model_config", "num_layers", "cluster", "seed", "training"):
+            if identity.get(key) != other_identity.get(key):
+                raise ProfileError(f"{where} profiles another {key} than {str(path)!r}"
+                                   f" ({other_identity.get(key)!r} vs {identity.get(key)!r})",
+                                   fix="profile the same model on the same cluster with --activation-checkpointing")
+        predictor.recomputed = recomputed
+        return predictor
 
     @classmethod
     def from_profile(
@@ -395,6 +438,8 @@ class MemoryPredictor:
             profile_schedule=self.profile_schedule,
             stash=self.stash,
             recompute=self.recompute,
+            recomputed=None if self.recomputed is None else self.recomputed.retargeted(
+                schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -426,9 +471,11 @@ class MemoryPredictor:
             # the same layer shards and optimizer state, activations and received buffers of b/d rows, the
             # same schedule position; its gradient all-reduce leaves no buffer behind. So it is the tensor
             # stage predicted at the global batch B/d (same micro-batch count).
-            source, kind, degree = self, stage.kind, stage.degree
+            base = self.recomputed if stage.recompute == "full" and not self.recompute else self
+            assert base is not None  # _check_measured_kinds refused a recomputed stage without a recompute profile
+            source, kind, degree = base, stage.kind, stage.degree
             if kind == "data+tensor":
-                replica = self._replica(stage.degree, stage.tensor_degree)
+                replica = base._replica(stage.degree, stage.tensor_degree)
                 if replica is not None:
                     source, kind, degree = replica, "tensor", stage.tensor_degree
             value = source.stage_memory(stage.start, stage.stop, kind, degree, after)
@@ -455,10 +502,11 @@ class MemoryPredictor:
                                    " does not measure yet",
                                    fix="count it exactly on simulated devices instead ('hybridplan run --backend sim"
                                    " --plan PLAN ...': no GPU needed), or drop \"zero\" from the stage to predict it")
-            if stage.recompute == "full" and not self.recompute:
+            if stage.recompute == "full" and not self.recompute and self.recomputed is None:
                 raise ProfileError(
                     f"stage {i} ({stage.describe()}) recomputes its activations; the profile was taken without recompute",
-                    fix="profile with --activation-checkpointing, or drop \"recompute\" from the stage",
+                    fix="profile the model again with --activation-checkpointing and give that database as"
+                    " --recompute-db, or drop \"recompute\" from the stage",
                 )
 
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:

@@ -90,12 +90,14 @@ def validate_plan(
     progress: Callable[[str], None] | None = None,
     run_options: dict[str, Any] | None = None,
     model: str | None = None,
+    recompute_db: str | Path | None = None,
 ) -> ValidationReport:
     """Predict ``plan`` from the profile ``db``, run it with the profiled model and settings, compare.
 
     Args:
         cluster: the devices to run on; default: a single node of as many devices as the plan uses,
             with the profiled cluster's device type and memory capacity.
+        recompute_db: a profile taken with recompute, for the stages the plan recomputes (MemoryPredictor.from_db).
         model: the model to run (the user's ``--model``); default: the profiled one, if it is a zoo model
             ([Note: a file is data] in models/names.py: a database alone never makes us import code).
 
@@ -104,7 +106,7 @@ def validate_plan(
     """
     predictor = MemoryPredictor.from_db(
         db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
-        num_microbatches=plan.num_microbatches, degree_fit=degree_fit,
+        num_microbatches=plan.num_microbatches, degree_fit=degree_fit, recompute_db=recompute_db,
     )
     prediction = predictor.predict(plan)
     with ProfileStore(db, create=False) as store:
