@@ -14,6 +14,8 @@ dispatch modes (memory trackers) disabled, so no tracker ever counts it (a track
 return it would count it from its first use to the end of the process). On GPU, and on fake tensors
 (simulated devices, runtime/sim.py), the tensor goes to the collective directly: the CUDA caching
 allocator's own accounting is what ``max_memory_allocated`` reports, and a fake collective does nothing.
+A process whose GPU other ranks share runs on gloo (runtime/shared_gpu.py): :func:`stage_through_host`
+then gives its GPU tensors the CPU path, with a pinned host buffer, so that gloo never holds them.
 """
 
 from __future__ import annotations
@@ -24,23 +26,33 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import _disable_current_modes
 
-__all__ = ["all_reduce", "all_gather_into_tensor"]
+__all__ = ["all_reduce", "all_gather_into_tensor", "stage_through_host"]
 
 _scratch: dict[tuple[Any, ...], torch.Tensor] = {}
+_host_staging = False
+"""Whether GPU tensors go through a host scratch buffer too (:func:`stage_through_host`)."""
 
 
-def _buffer(shape: torch.Size, dtype: torch.dtype, tag: tuple[Any, ...]) -> torch.Tensor:
-    """The scratch buffer for ``tag``; call with the dispatch modes disabled."""
+def stage_through_host(enabled: bool) -> None:
+    """Give this process's GPU tensors the CPU path (a host scratch buffer), or not (the default: straight
+    to the collective). For a rank whose process group is gloo on a GPU other ranks share."""
+    global _host_staging
+    _host_staging = enabled
+
+
+def _buffer(shape: torch.Size, dtype: torch.dtype, tag: tuple[Any, ...], pinned: bool = False) -> torch.Tensor:
+    """The scratch buffer for ``tag`` (in pinned host memory for a GPU tensor); call with the dispatch
+    modes disabled."""
     key = (tuple(shape), dtype, *tag)
     buf = _scratch.get(key)
     if buf is None:
-        buf = torch.empty(shape, dtype=dtype)
+        buf = torch.empty(shape, dtype=dtype, pin_memory=pinned)
         _scratch[key] = buf
     return buf
 
 
 def _direct(t: torch.Tensor) -> bool:
-    return t.device.type != "cpu" or _is_fake(t)
+    return _is_fake(t) or (t.device.type != "cpu" and not _host_staging)
 
 
 def _is_fake(t: torch.Tensor) -> bool:
@@ -53,7 +65,7 @@ def all_reduce(t: torch.Tensor, group: Any = None) -> torch.Tensor:
         dist.all_reduce(t, group=group)
         return t
     with _disable_current_modes():  # not program memory: invisible to memory trackers
-        buf = _buffer(t.shape, t.dtype, ("all_reduce", id(group)))
+        buf = _buffer(t.shape, t.dtype, ("all_reduce", id(group)), pinned=t.is_cuda)
         buf.copy_(t)
         dist.all_reduce(buf, group=group)
         t.copy_(buf)
@@ -71,8 +83,8 @@ def all_gather_into_tensor(out: torch.Tensor, t: torch.Tensor, group: Any = None
         _all_gather(out, t, group=group)
         return out
     with _disable_current_modes():  # not program memory: invisible to memory trackers
-        src = _buffer(t.shape, t.dtype, ("gather_src", id(group)))
-        dst = _buffer(out.shape, out.dtype, ("gather_dst", id(group)))
+        src = _buffer(t.shape, t.dtype, ("gather_src", id(group)), pinned=t.is_cuda)
+        dst = _buffer(out.shape, out.dtype, ("gather_dst", id(group)), pinned=t.is_cuda)
         src.copy_(t)
         _all_gather(dst, src, group=group)
         out.copy_(dst)

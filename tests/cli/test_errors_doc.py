@@ -126,6 +126,8 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),
         Case(f"{PLAN} --pipeline-only --space extended", "contradict each other"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
+        Case(f"{RUN} --backend sim --share-gpu", "simulated devices share nothing", before_torch=False),
+        Case(f"{PROFILE} --time --share-gpu", "not representative"),
     )),
 )
 

@@ -96,7 +96,10 @@ def test_write_config_for_torchrun(example, tmp_path):
     from hybridplan.runtime.config import config_from_json
 
     loaded = config_from_json(cfg.read_text())
-    assert loaded.plan.to_dict() == EXAMPLE and loaded.cluster.shape == "1x4"
+    assert loaded.plan.to_dict() == EXAMPLE and loaded.cluster.shape == "1x4" and not loaded.share_gpu
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(example), "--share-gpu",
+                 "--write-config", str(cfg)]) == 0
+    assert config_from_json(cfg.read_text()).share_gpu
 
 
 @pytest.mark.distributed

@@ -37,9 +37,11 @@ def _device(rank: int, scale: float, layers: int, microbatches: int = 2, iterati
 class FakeRuntime:
     """Stands in for the launcher: records the configs, answers with synthetic layer times."""
 
-    def __init__(self, fail_degree: int | None = None) -> None:
+    def __init__(self, fail_degree: int | None = None, shared_degree: int | None = None) -> None:
         self.configs: list = []
         self.fail_degree = fail_degree
+        self.shared_degree = shared_degree
+        """Runs of this degree answer as the launcher does when their ranks shared a GPU (runtime/shared_gpu.py)."""
 
     def __call__(self, cfg):  # type: ignore[no-untyped-def]
         self.configs.append(cfg)
@@ -48,7 +50,8 @@ class FakeRuntime:
             return SimpleNamespace(ok=False, status="oom", reason="device 0 (stage 0): out of memory", devices=[])
         scale = 1e-3 * stage.degree * cfg.plan.microbatch_size
         devices = [_device(r, scale * (1 + 0.1 * r), stage.stop) for r in range(stage.degree)]
-        return SimpleNamespace(ok=True, status="ok", reason=None, devices=devices)
+        return SimpleNamespace(ok=True, status="ok", reason=None, devices=devices,
+                               iteration_seconds_representative=stage.degree != self.shared_degree)
 
 
 def _timing(store, runtime, **kw):  # type: ignore[no-untyped-def]
@@ -92,6 +95,14 @@ def test_resume_and_failures(tmp_path):
         summary = _timing(store, runtime).run()
         assert (summary.runs_resumed, summary.runs_executed) == (2, 2)
         assert {c.plan.stages[0].degree for c in runtime.configs} == {2}
+
+
+def test_times_of_ranks_that_shared_a_gpu_are_not_recorded(tmp_path):
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        summary = _timing(store, FakeRuntime(shared_degree=2)).run()
+        assert summary.runs_executed == 2 and len(summary.failed) == 2
+        assert all("shared a GPU" in f and "tensor degree 2" in f for f in summary.failed)
+        assert {t.tensor_degree for t in time_profile_from_store(store).timings} == {1}
 
 
 def test_chunks_slices_and_layers_that_cannot_be_split(tmp_path):

@@ -47,6 +47,8 @@ def test_settings_that_do_not_go_together_are_refused():
         config(iterations=0)
     with pytest.raises(UsageError, match="layer timing needs real devices, but the backend is 'sim'"):
         config(backend="sim", layer_timing=True)
+    with pytest.raises(UsageError, match="simulated devices share nothing"):
+        config(backend="sim", share_gpu=True)
     assert BACKENDS == ("real", "sim") and DEVICE_TYPES == ("cpu", "cuda")
     assert config(precision="fp16", loss_scale=64.0, backend="sim").loss_scale == 64.0
 

@@ -31,6 +31,8 @@ def test_meter_of_a_rank():
 
 def test_process_group_backend():
     assert (process_group_backend("cpu"), process_group_backend("cuda")) == ("gloo", "nccl")
+    # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): ranks sharing one run on gloo
+    assert process_group_backend("cuda", share_gpu=True) == process_group_backend("cpu", share_gpu=True) == "gloo"
 
 
 def test_failure_report_of_a_rank():

@@ -94,6 +94,21 @@ def test_aggregate_sums_the_data_parallel_losses_and_takes_the_measured_peaks():
     assert RunResult.from_dict(json.loads(json.dumps(result.to_dict()))).to_dict() == result.to_dict()
 
 
+def test_a_shared_gpu_run_marks_its_times_not_representative():
+    plain = aggregate(cfg(), four_ranks(), wall_seconds=7.0)
+    shared = aggregate(cfg(share_gpu=True), four_ranks(), wall_seconds=7.0)
+    assert plain.iteration_seconds_representative and not shared.iteration_seconds_representative
+    assert shared.iteration_seconds == plain.iteration_seconds and shared.config["share_gpu"]
+    assert "NOT representative" in shared.summary() and "MODE: several ranks share one GPU" in shared.summary()
+    assert "representative" not in plain.summary() and "MODE" not in plain.summary()
+    data = json.loads(json.dumps(shared.to_dict()))
+    assert data["iteration_seconds_representative"] is False
+    assert not RunResult.from_dict(data).iteration_seconds_representative
+    del data["iteration_seconds_representative"]  # a result written before the mode existed
+    assert RunResult.from_dict(data).iteration_seconds_representative
+    assert not failed_result(cfg(share_gpu=True), "failed", "x", 1.0).iteration_seconds_representative
+
+
 def test_aggregate_of_a_simulated_or_untracked_run():
     ranks = [report(r, peaks=[], seconds=[0.1] * 3, losses=[], static=[], data=[], breakdowns=[]) for r in range(4)]
     result = aggregate(cfg(backend="sim"), ranks, wall_seconds=1.0)

@@ -73,11 +73,11 @@ def reference(model: str, plan: Plan) -> tuple[RunResult, dict, dict]:
     return _REFERENCES[key]
 
 
-def assert_same_training(model: str, plan: Plan, cluster: str) -> None:
-    """``plan`` on ``cluster`` trains as one device does: the same losses and last gradients (weights and
-    gradients of the same layers)."""
+def assert_same_training(model: str, plan: Plan, cluster: str, **kw: Any) -> RunResult:
+    """``plan`` on ``cluster`` (with the further RunConfig fields ``kw``) trains as one device does: the same
+    losses and last gradients (weights and gradients of the same layers). Returns the run's result."""
     ref, ref_w, ref_g = reference(model, plan)
-    got, w, g = run_with_state(model, plan, cluster)
+    got, w, g = run_with_state(model, plan, cluster, **kw)
     assert len(got.losses) == len(ref.losses) == 3
     for a, b in zip(got.losses, ref.losses):
         assert abs(a - b) <= 1e-5 * abs(b), (got.losses, ref.losses)
@@ -92,6 +92,7 @@ def assert_same_training(model: str, plan: Plan, cluster: str) -> None:
     total = torch.cat([ref_g[k].flatten() for k in sorted(ref_g)])
     diff = torch.cat([(g[k] - ref_g[k]).flatten() for k in sorted(ref_g)])
     assert diff.norm() <= 1e-5 * total.norm()
+    return got
 
 
 def sim_config(tmp_path: Path) -> Path:

@@ -148,6 +148,15 @@ def add_training(p: argparse.ArgumentParser) -> None:
                    help="fp32, or mixed precision with fp32 master weights (default fp32)")
     p.add_argument("--loss-scale", type=positive_float, help="static loss scale of fp16 runs (default 128)")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute each layer's activations in backward")
+    add_share_gpu(p)
+
+
+def add_share_gpu(p: argparse.ArgumentParser) -> None:
+    """``--share-gpu``: several ranks on one GPU (runtime/shared_gpu.py)."""
+    p.add_argument("--share-gpu", action="store_true",
+                   help="several ranks on one GPU (a testing and profiling mode: gloo, transfers staged through host "
+                   "memory, per-rank peaks, times not representative); on with --device cuda when the plan has more "
+                   "ranks than visible GPUs")
 
 
 def training_options(args: argparse.Namespace) -> dict:
@@ -158,6 +167,8 @@ def training_options(args: argparse.Namespace) -> dict:
         "precision": args.precision,
         "loss_scale": args.loss_scale,
         "activation_checkpointing": args.activation_checkpointing,
+        # only when asked: a profile's identity (its run options) stays what it was without the mode
+        **({"share_gpu": True} if args.share_gpu else {}),
     }
 
 

@@ -151,6 +151,10 @@ def _time(args: argparse.Namespace) -> int:
         )
     if args.dry_run:
         raise UsageError("--dry-run lists the memory campaign's runs; it does not apply to --time")
+    if args.share_gpu:
+        raise UsageError("--time measures seconds, but ranks sharing a GPU (--share-gpu) take turns on it: their times"
+                         " are not representative", fix="drop --share-gpu; on one GPU, time tensor degree 1 with"
+                         " --time-degrees 1")
     check_output(args.db, "--db")
     check_output(args.time_out, "--time-out")
     target = args.global_batch_size // args.num_microbatches

@@ -6,7 +6,16 @@ import argparse
 import json
 import sys
 
-from hybridplan.cli.common import add_cluster, add_command, add_model, check_output, cluster_from, positive_int, write_output
+from hybridplan.cli.common import (
+    add_cluster,
+    add_command,
+    add_model,
+    add_share_gpu,
+    check_output,
+    cluster_from,
+    positive_int,
+    write_output,
+)
 from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import DEGREE_FITS
@@ -36,6 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " --activation-checkpointing: predicts the stages the plan marks \"recompute\": \"full\"")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
     p.add_argument("--backend", choices=("real", "sim"), help="run on the real runtime or simulated devices (default: the profile's)")
+    add_share_gpu(p)
     p.add_argument("--out", help="write the validation JSON here")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=handle)
@@ -52,10 +62,16 @@ def handle(args: argparse.Namespace) -> int:
     cluster = cluster_from(args) if args.cluster else None
     report = validate_plan(args.db, plan, cluster=cluster, iterations=args.iterations, degree_fit=args.degree_fit,
                            progress=lambda msg: print(msg, file=sys.stderr),
-                           run_options={"backend": args.backend} if args.backend else None, model=args.model,
+                           run_options=_run_options(args), model=args.model,
                            recompute_db=args.recompute_db)
     text = json.dumps(report.to_dict(), indent=1)
     print(text if args.json else report.table())
     if args.out:
         write_output(args.out, text + "\n", "--out")
     return 0 if report.run.ok else 1
+
+
+def _run_options(args: argparse.Namespace) -> dict | None:
+    """The run settings the command line overrides in the profile's (None: none)."""
+    options = {**({"backend": args.backend} if args.backend else {}), **({"share_gpu": True} if args.share_gpu else {})}
+    return options or None

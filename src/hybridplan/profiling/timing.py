@@ -272,6 +272,11 @@ class LayerTiming:
                 summary.failed.append(f"{what}: {result.status}: {result.reason}")
                 self.say(f"[{i + 1}/{len(todo)}] {what}: {result.status} ({result.reason})")
                 continue
+            if not getattr(result, "iteration_seconds_representative", True):  # ranks shared a GPU: not recorded
+                reason = f"its {t} ranks shared a GPU (runtime/shared_gpu.py): times not representative, not recorded"
+                summary.failed.append(f"{what}: {reason}")
+                self.say(f"[{i + 1}/{len(todo)}] {what}: {reason}")
+                continue
             fwd, bwd, samples = median_layer_times(result, stop - start)
             self.store.record_layer_times(self.device_type, t, b, [
                 (start + l, fwd[l], bwd[l], samples) for l in range(stop - start)])

@@ -26,7 +26,8 @@ A tour of its files in the order a run goes through them:
     CUDA allocator counters); :mod:`~hybridplan.runtime.gpu_memory`: GPU terms for simulated CUDA
     devices;
   - :mod:`~hybridplan.runtime.executor`: the training loop of one rank: schedule actions, transfers
-    between stages (:mod:`~hybridplan.runtime.routing`), releasing sent outputs
+    between stages (:mod:`~hybridplan.runtime.routing`; staged through host memory when several ranks
+    share a GPU, :mod:`~hybridplan.runtime.shared_gpu`), releasing sent outputs
     (:mod:`~hybridplan.runtime.release`), PipeDream-2BW's weight versions
     (:mod:`~hybridplan.runtime.weight_stash`), gradient sync, step;
     :mod:`~hybridplan.runtime.layer_timer` times every layer if asked.

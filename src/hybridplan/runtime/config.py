@@ -94,6 +94,12 @@ class RunConfig:
     layer_timing: bool = False
     """Record every layer's forward and backward seconds per micro-batch (runtime/layer_timer.py; used by
     ``hybridplan profile --time``). Real backend only: fake tensors take no time."""
+    share_gpu: bool = False
+    """Several ranks on one GPU, a testing and profiling mode (runtime/shared_gpu.py): every process group is
+    gloo, point-to-point transfers are staged through host memory, each rank keeps its own CUDA memory
+    statistics, and iteration times are marked not representative. Real backend only. On CPU it stages the
+    transfers all the same (which tests the staging); on a CUDA run with more ranks than visible GPUs the
+    launcher turns it on by itself, and says so."""
 
     def __post_init__(self) -> None:
         # The closed sets are checked here, not only by mypy: configurations also come from JSON files
@@ -107,6 +113,11 @@ class RunConfig:
             raise UsageError(
                 f"layer timing needs real devices, but the backend is {self.backend!r}: fake tensors take no time",
                 fix="time layers with backend 'real'",
+            )
+        if self.share_gpu and self.backend != "real":
+            raise UsageError(
+                f"sharing a GPU between ranks (--share-gpu) is a mode of real processes, but the backend is"
+                f" {self.backend!r}, whose simulated devices share nothing", fix="drop --share-gpu, or use --backend real",
             )
 
     def model_name(self) -> str:
@@ -126,6 +137,7 @@ class RunConfig:
             "loss_scale": self.loss_scale,
             "activation_checkpointing": self.activation_checkpointing,
             "backend": self.backend,
+            "share_gpu": self.share_gpu,
         }
 
 
@@ -183,6 +195,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "activation_checkpointing": cfg.activation_checkpointing,
         "backend": cfg.backend,
         "layer_timing": cfg.layer_timing,
+        "share_gpu": cfg.share_gpu,
     }
     return json.dumps(data, indent=1)
 

@@ -47,6 +47,7 @@ from hybridplan.models.base import LayeredModel
 from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.plan import Plan
 from hybridplan.runtime.release import is_fake, release_output
+from hybridplan.runtime import shared_gpu
 from hybridplan.runtime.routing import Transfer, layout_of, route
 from hybridplan.runtime.sharding import optimizer_state, reduces_gradients
 from hybridplan.plan.schedule import Action, max_in_flight, stage_actions
@@ -95,6 +96,7 @@ class StageExecutor:
         dtype: compute dtype of floating activations and inputs (mixed precision), default float32.
         loss_scale: the loss is multiplied by it before the backward pass (fp16), default 1.
         checkpointed: the module recomputes activations in the backward pass (see release_output).
+        staged: point-to-point transfers go through host memory (ranks sharing a GPU: runtime/shared_gpu.py).
     """
 
     def __init__(
@@ -115,6 +117,7 @@ class StageExecutor:
         dtype: torch.dtype = torch.float32,
         loss_scale: float = 1.0,
         checkpointed: bool = False,
+        staged: bool = False,
     ) -> None:
         self.model = model
         self.plan = plan
@@ -131,6 +134,7 @@ class StageExecutor:
         self.dtype = dtype
         self.loss_scale = loss_scale
         self.checkpointed = checkpointed
+        self.staged = staged
 
         self.stage_index = plan.stage_of_device(rank)
         self.stage = plan.stages[self.stage_index]
@@ -184,17 +188,12 @@ class StageExecutor:
     def _receive(self, transfers: list[Transfer], spec: BoundarySpec, microbatch: int, backward: bool) -> torch.Tensor:
         lo, hi = self.rows
         buf = torch.empty((hi - lo, *spec.sample_shape), dtype=spec.dtype, device=self.device)
-        works = [
-            dist.irecv(buf[t.start - lo : t.stop - lo], src=t.src, tag=self._tag(microbatch, backward))
-            for t in transfers
-        ]
-        for w in works:
-            if w is not None:  # None only for a rank outside the group, and the default group holds every rank
-                w.wait()
+        parts = [(t.start - lo, t.stop - lo, t.src) for t in transfers]
+        shared_gpu.receive_into(buf, parts, self._tag(microbatch, backward), staged=self.staged)
         return buf
 
     def _send(self, tensor: torch.Tensor, transfers: list[Transfer], microbatch: int, backward: bool) -> list[Any]:
-        """Post the sends of ``tensor``'s rows; returns the (work, buffer) pairs to wait for later."""
+        """Post the sends of ``tensor``'s rows; returns the (work, buffers) pairs to wait for later."""
         lo = self.rows[0]
         # Detached: a plain view of the output would keep the output's autograd graph (and through its
         # AccumulateGrad node the received input buffer) alive until the send is waited for.
@@ -202,7 +201,7 @@ class StageExecutor:
         sends = []
         for t in transfers:
             piece = values[t.start - lo : t.stop - lo]
-            sends.append((dist.isend(piece, dst=t.dst, tag=self._tag(microbatch, backward)), piece))
+            sends.append(shared_gpu.isend(piece, t.dst, self._tag(microbatch, backward), staged=self.staged))
         return sends
 
     @staticmethod

@@ -12,6 +12,9 @@ sees the launcher's pid exit and ends itself within a moment, and the forkserver
 ranks, ends with the launcher (runtime/lifeline.py says how and why). A launcher that lives on keeps
 its forkserver for its next run.
 
+A CUDA run of more ranks than visible GPUs is run with the GPUs shared (runtime/shared_gpu.py), and the
+launcher says so.
+
 Callers go through the front door, :func:`hybridplan.runtime.launch.launch`, which picks this backend
 for ``RunConfig.backend == "real"``.
 """
@@ -21,6 +24,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -42,6 +46,7 @@ from hybridplan.runtime.result import (
     failed_result,
     report_from_dict,
 )
+from hybridplan.runtime.shared_gpu import with_shared_gpu_if_needed
 from hybridplan.runtime.worker import spawn_entry
 
 __all__ = ["run_processes"]
@@ -74,6 +79,8 @@ def run_processes(
         HybridPlanError: if the configuration itself is invalid (nothing is started then).
     """
     validate_config(cfg)
+    # More ranks than GPUs: share them (runtime/shared_gpu.py), said even to a caller that asked for no events.
+    cfg = with_shared_gpu_if_needed(cfg, say=on_event or (lambda msg: print(msg, file=sys.stderr, flush=True)))
     specs = boundary_specs(resolve_model(cfg.model))
     say = on_event or (lambda _msg: None)
     world = cfg.plan.num_devices

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from hybridplan import collectives
 from hybridplan.models.boundaries import BoundarySpec, boundary_specs
 from hybridplan.models.tensor_parallel import TensorParallelGroup
 from hybridplan.models.zoo import resolve_model
@@ -38,9 +39,10 @@ Meter = CudaMemoryMeter | StorageTracker | NullMeter
 """A rank's memory meter (runtime/memory.py)."""
 
 
-def process_group_backend(device_type: DeviceType) -> str:
-    """The torch.distributed backend of real ranks on ``device_type``: NCCL on GPUs, gloo on CPUs."""
-    return "nccl" if device_type == "cuda" else "gloo"
+def process_group_backend(device_type: DeviceType, *, share_gpu: bool = False) -> str:
+    """The torch.distributed backend of real ranks on ``device_type``: NCCL on GPUs, gloo on CPUs, and gloo
+    when ranks share a GPU (``RunConfig.share_gpu``: NCCL refuses two ranks on one GPU, runtime/shared_gpu.py)."""
+    return "nccl" if device_type == "cuda" and not share_gpu else "gloo"
 
 
 def make_meter(cfg: RunConfig, device: torch.device, capacity: int | None, *, simulated: bool) -> Meter:
@@ -92,6 +94,7 @@ def run_rank(
             if stage.zero >= 2:
                 dp_mesh = DeviceMesh.from_group(dp_group, device.type)
     checkpointing = cfg.activation_checkpointing or stage.recompute == "full"
+    collectives.stage_through_host(cfg.share_gpu)  # gloo on a shared GPU: runtime/shared_gpu.py
 
     meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated)
     specs = specs if specs is not None else boundary_specs(model, stop=stage.stop)
@@ -130,6 +133,7 @@ def run_rank(
             dtype=compute_dtype(cfg.precision),
             loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
             checkpointed=checkpointing,
+            staged=cfg.share_gpu,
         )
         timer = LayerTimer(module, device) if cfg.layer_timing else None
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full
@@ -154,7 +158,8 @@ def run_rank(
             torch.save({"weights": weights, "grads": grads}, Path(cfg.save_weights_dir) / f"stage{stage_index}.pt")
     dist.barrier()
     tracked = cfg.track_memory
-    overhead = meter.overhead_bytes() if tracked else None
+    # On a shared GPU, memory outside the allocator is every rank's together: not this device's.
+    overhead = meter.overhead_bytes() if tracked and not cfg.share_gpu else None
     if simulated and tracked and cfg.device_type == "cuda":
         overhead = estimate_overhead_bytes(plan, rank)
     return RankReport(

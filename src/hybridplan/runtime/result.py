@@ -15,7 +15,9 @@ JSON form of a result (other tools rely on these keys; more are added)::
      "losses": [float, ...],
      "devices": [{"device": 0, "stage": 0, "peak_memory_bytes": int, ...}, ...]}
 
-A simulated run (``backend="sim"``) has the same form with ``iteration_seconds`` null and no losses.
+A simulated run (``backend="sim"``) has the same form with ``iteration_seconds`` null and no losses. A run
+whose ranks shared a GPU (runtime/shared_gpu.py) has ``"iteration_seconds_representative": false`` and
+``config.share_gpu`` true; its summary says so.
 """
 
 from __future__ import annotations
@@ -47,7 +49,12 @@ __all__ = [
     "EXIT_FAILED",
     "EXIT_OOM",
     "EXIT_LAUNCHER_GONE",
+    "SHARED_GPU_NOTE",
 ]
+
+SHARED_GPU_NOTE = ("several ranks share one GPU (--share-gpu): gloo process groups, transfers staged through host"
+                   " memory; per-device peaks are each rank's own, iteration times are NOT representative")
+"""What the output says of a run in the shared-GPU mode (runtime/shared_gpu.py)."""
 
 STATUSES = ("ok", "oom", "failed")
 
@@ -215,6 +222,10 @@ class RunResult:
     config: dict[str, Any] = field(default_factory=dict)
     plan: dict[str, Any] = field(default_factory=dict)
     wall_seconds: float | None = None
+    iteration_seconds_representative: bool = True
+    """False when the times do not stand for the plan's devices: its ranks shared a GPU
+    (``config["share_gpu"]``, runtime/shared_gpu.py), taking turns on it and staging every transfer
+    through host memory."""
 
     @property
     def ok(self) -> bool:
@@ -238,6 +249,7 @@ class RunResult:
             "config": self.config,
             "plan": self.plan,
             "wall_seconds": self.wall_seconds,
+            "iteration_seconds_representative": self.iteration_seconds_representative,
         }
 
     def save(self, path: str | Path) -> None:
@@ -258,6 +270,7 @@ class RunResult:
                 config=data.get("config", {}),
                 plan=data.get("plan", {}),
                 wall_seconds=data.get("wall_seconds"),
+                iteration_seconds_representative=bool(data.get("iteration_seconds_representative", True)),
             )
         except (KeyError, TypeError) as e:
             raise HybridPlanError(f"not a run result: {e}") from None
@@ -273,8 +286,12 @@ class RunResult:
     def summary(self) -> str:
         """A table for terminals."""
         lines = [f"status: {self.status}" + (f" ({self.reason})" if self.reason else "")]
+        if self.config.get("share_gpu"):
+            lines.append(f"MODE: {SHARED_GPU_NOTE}")
         if self.iteration_seconds is not None:
-            lines.append(f"iteration time: {self.iteration_seconds:.3f} s (mean of measured iterations)")
+            lines.append(f"iteration time: {self.iteration_seconds:.3f} s (mean of measured iterations"
+                         + ("; NOT representative: the ranks shared a GPU)" if not self.iteration_seconds_representative
+                            else ")"))
         if self.losses:
             lines.append("losses: " + ", ".join(f"{v:.6f}" for v in self.losses))
         if self.devices:
@@ -303,6 +320,7 @@ def failed_result(cfg: RunConfig, status: str, reason: str, wall: float | None) 
         config=cfg.describe(),
         plan=cfg.plan.to_dict(),
         wall_seconds=wall,
+        iteration_seconds_representative=not cfg.share_gpu,
     )
 
 
@@ -359,4 +377,5 @@ def aggregate(cfg: RunConfig, reports: Sequence[RankReport], *, wall_seconds: fl
         config=cfg.describe(),
         plan=plan.to_dict(),
         wall_seconds=wall_seconds,
+        iteration_seconds_representative=not cfg.share_gpu,
     )

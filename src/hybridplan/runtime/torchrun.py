@@ -49,10 +49,13 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m hybridplan.run
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
     torch.set_num_threads(1)
+    if cfg.share_gpu and cfg.device_type == "cuda":  # several processes per GPU (runtime/shared_gpu.py)
+        local %= max(1, torch.cuda.device_count())
     device = torch.device("cuda", local) if cfg.device_type == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(process_group_backend(cfg.device_type), timeout=timedelta(seconds=cfg.timeout_s))
+    dist.init_process_group(process_group_backend(cfg.device_type, share_gpu=cfg.share_gpu),
+                            timeout=timedelta(seconds=cfg.timeout_s))
     try:
         report = run_rank(rank, cfg, device=device)
     except BaseException as exc:

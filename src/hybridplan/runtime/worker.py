@@ -54,7 +54,8 @@ def spawn_entry(
         if cfg.device_type == "cuda":
             torch.cuda.set_device(rank % max(1, torch.cuda.device_count()))
         device = torch.device(cfg.device_type, rank % max(1, torch.cuda.device_count())) if cfg.device_type == "cuda" else torch.device("cpu")
-        dist.init_process_group(process_group_backend(cfg.device_type), store=store, rank=rank, world_size=world,
+        backend = process_group_backend(cfg.device_type, share_gpu=cfg.share_gpu)
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=cfg.timeout_s))
         report = run_rank(rank, cfg, device=device, specs=specs)
         code = EXIT_OK

@@ -13,7 +13,7 @@ from hybridplan.models.profiled import model_of_campaign
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
 from hybridplan.profiling.store import ProfileStore
-from hybridplan.runtime.result import RunResult
+from hybridplan.runtime.result import SHARED_GPU_NOTE, RunResult
 from hybridplan.units import format_bytes
 
 __all__ = ["DeviceMemory", "ValidationReport", "validate_plan", "relative_error"]
@@ -65,10 +65,13 @@ class ValidationReport:
             "max_abs_relative_error": self.max_abs_error,
             "predicted_peak_bytes": self.prediction.peak_memory_bytes,
             "measured_peak_bytes": self.run.peak_memory_bytes,
+            "share_gpu": bool(self.run.config.get("share_gpu", False)),
         }
 
     def table(self) -> str:
         lines = [self.plan.describe(), f"run: {self.run.status}" + (f" ({self.run.reason})" if self.run.reason else "")]
+        if self.run.config.get("share_gpu"):
+            lines.append(f"MODE: {SHARED_GPU_NOTE}")
         lines.append(f"{'device':>6} {'stage':>5} {'predicted':>12} {'measured':>12} {'error':>8}")
         for r in self.rows:
             err = "-" if r.error is None else f"{100 * r.error:+.2f}%"
