@@ -5,6 +5,7 @@ tensor-parallel), shipped configurations build at full size on the meta device, 
 from __future__ import annotations
 
 import json
+import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -257,6 +258,11 @@ def test_config_json_paths_build(tmp_path: Path) -> None:
         check_model_name(spec)
         model = get_model(spec)
         assert model.num_layers == 4 and model.config()["hf_config"] == HF_CONFIGS["llama-tiny"]
+    # the runtime pickles a model object to its processes: the copy builds the same layers
+    copy = pickle.loads(pickle.dumps(model))
+    assert copy.config() == model.config()
+    a, b = build_layers(model, 1, 2, seed=0)[0], build_layers(copy, 1, 2, seed=0)[0]
+    assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters(), strict=True))
 
 
 @pytest.mark.parametrize(
