@@ -60,14 +60,21 @@ def hf_key(model: HFModel, key: str) -> str:
 
 
 def to_reference(model: HFModel, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Our ``"<layer>.<param>"`` tensors under the reference's names (Mixtral's ``gate_up_proj`` = gate; up)."""
+    """Our ``"<layer>.<param>"`` tensors under the reference's names and layouts: Mixtral's ``gate_up_proj`` is
+    gate then up; GPT-2's ``Conv1D`` weights are our Linear weights transposed, ``c_attn`` is q, k, v side by side."""
     out: dict[str, torch.Tensor] = {}
     for key, t in ours.items():
-        if key.endswith("experts.up_proj"):
+        if key.endswith(("experts.up_proj", "c_attn.k.weight", "c_attn.k.bias", "c_attn.v.weight", "c_attn.v.bias")):
             continue
         if key.endswith("experts.gate_proj"):
             up = ours[key.replace("gate_proj", "up_proj")]
             out[hf_key(model, key).replace("gate_proj", "gate_up_proj")] = torch.cat([t, up], dim=1)
+        elif ".c_attn.q." in key:
+            parts = [ours[key.replace(".q.", f".{p}.")] for p in "qkv"]
+            fused = torch.cat([p.t() for p in parts], dim=1) if key.endswith("weight") else torch.cat(parts)
+            out[hf_key(model, key).replace(".q.", ".")] = fused
+        elif model.model_type == "gpt2" and re.search(r"\.(c_proj|c_fc)\.weight$", key):
+            out[hf_key(model, key)] = t.t()
         else:
             out[hf_key(model, key)] = t
     return out
@@ -93,7 +100,7 @@ def reference_training(name: str, batch: int, iterations: int, seed: int = 0) ->
         optimizer.zero_grad()
         loss = ref(input_ids=inputs, labels=inputs, shift_labels=targets).loss  # transformers' causal-LM loss
         loss.backward()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if it < iterations - 1:
             optimizer.step()
     return losses, {n: p.grad.detach().clone() for n, p in ref.named_parameters()}
@@ -149,14 +156,15 @@ def test_tensor_parallel_problems() -> None:
     assert "key/value heads 2 is not divisible by degree 4" in llama.tensor_parallel_problem(1, 4)
     assert "attention heads 4 is not divisible by degree 3" in llama.tensor_parallel_problem(1, 3)
     gpt2 = get_model("hf:gpt2-tiny")
-    assert gpt2.tensor_parallel_plan(1) is None and "Conv1D" in gpt2.tensor_parallel_problem(1, 2)
-    assert gpt2.tensor_parallel_problem(0, 2) is None and gpt2.tensor_parallel_problem(3, 2) is None
+    assert all(gpt2.tensor_parallel_problem(i, 2) is None for i in range(4))
+    assert "attention heads 4 is not divisible by degree 8" in gpt2.tensor_parallel_problem(1, 8)
+    assert get_model("hf:gpt2").tensor_parallel_problem(0, 2) == "embed_tokens: vocabulary size 50257 is not divisible by degree 2".replace("embed_tokens", "wte")
 
 
 @pytest.mark.distributed
 def test_tensor_parallel_layers_match_unsplit(gloo_pool: Callable[[int], GlooPool]) -> None:
     cases = []
-    for name in ("hf:llama-tiny", "hf:qwen2-tiny", "hf:mixtral-tiny"):
+    for name in ("hf:llama-tiny", "hf:qwen2-tiny", "hf:mixtral-tiny", "hf:gpt2-tiny"):
         model = get_model(name)
         layers = tensor_parallel_layers(model, 2)
         assert layers == list(range(model.num_layers))
@@ -169,6 +177,8 @@ def test_tensor_parallel_layers_match_unsplit(gloo_pool: Callable[[int], GlooPoo
     assert results[0]["hf:llama-tiny layer0 sharded"] == 7
     assert results[0]["hf:qwen2-tiny layer0 sharded"] == 10
     assert results[0]["hf:mixtral-tiny layer0 sharded"] == 7
+    # q, k, v weights and biases, c_proj; c_fc weight and bias, c_proj (row-parallel biases stay whole)
+    assert results[0]["hf:gpt2-tiny layer0 sharded"] == 10
 
 
 # ---------------------------------------------------------------------------------------------- the runtime

@@ -22,16 +22,17 @@ micro-batches and data-parallel shards change the math), attention is SDPA, and 
 experts run as a grouped matrix product (:class:`SparseMoE`: transformers' ``grouped_mm`` experts, with
 the fused ``gate_up_proj`` held as ``gate_proj`` and ``up_proj``), whose shapes do not depend on the
 routing, so fake tensors simulate it and memory is the same for every batch. Weights are drawn like
-``_init_weights`` of transformers (normal with ``initializer_range``; zero biases; norms at one),
-layer by layer from the seeded RNG (models/base.py).
+``_init_weights`` of transformers (normal with ``initializer_range``; zero biases; norms at one; GPT-2's
+``c_proj`` without its ``1/sqrt(2 n_layer)`` scaling), layer by layer from the seeded RNG (models/base.py).
 
 Tensor parallelism (Megatron-style, models/tensor_parallel.py): attention ``q_proj``, ``k_proj``,
 ``v_proj`` by columns and ``o_proj`` by rows (whole heads: query and key/value head counts must
 divide by the degree); the MLP ``gate_proj``, ``up_proj`` by columns, ``down_proj`` by rows; Mixtral
 experts split on their intermediate size inside an ``f``/``g`` region around the experts alone (the
 router and the combine stay replicated); the embedding by vocabulary rows, the head by vocabulary
-columns with the logits gathered. GPT-2 blocks have no split (their ``c_attn`` fuses q, k and v in one
-``Conv1D``); its embedding and head do.
+columns with the logits gathered. GPT-2's ``Conv1D`` modules (a linear with its weight transposed) are
+held as ``nn.Linear`` and its fused ``c_attn`` as ``q``, ``k``, ``v`` (:class:`SplitQKV`), so that the same
+rules split them: ``c_attn.q/k/v`` and ``c_fc`` by columns, ``attn.c_proj`` and ``mlp.c_proj`` by rows.
 """
 
 from __future__ import annotations
@@ -182,6 +183,26 @@ class SparseMoE(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------- layers
+class SplitQKV(nn.Module):
+    """GPT-2's ``c_attn`` (one ``Conv1D`` computing ``[q | k | v]``) as three ``nn.Linear`` whose outputs are
+    concatenated: the same math, and each part splits by columns (a fused weight's shards would interleave
+    the parts)."""
+
+    def __init__(self, hidden: int) -> None:
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(hidden, hidden) for _ in range(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
+
+
+def _as_linear(conv1d: nn.Module) -> nn.Linear:
+    """An ``nn.Linear`` of the shape of a transformers ``Conv1D`` (``x @ W + b`` with ``W`` of ``[in, out]``:
+    the same math with the weight transposed); its weights are drawn by :func:`_init_weights`."""
+    weight = conv1d.get_parameter("weight")
+    return nn.Linear(weight.shape[0], weight.shape[1])
+
+
 class Embedding(nn.Module):
     """Token embedding (``embed_tokens``); GPT-2: ``wte`` plus learned positions ``wpe``."""
 
@@ -242,9 +263,8 @@ def _init_weights(module: nn.Module, std: float) -> None:
     """transformers' ``_init_weights`` for these models: normal(0, std) matrices, zero biases; norms keep
     their constructors' ones and zeros."""
     for sub in module.modules():
-        kind = type(sub).__name__
-        if isinstance(sub, nn.Linear | nn.Embedding) or kind == "Conv1D" or kind.endswith("TopKRouter"):
-            # Conv1D: GPT-2's transposed linear; *TopKRouter: Mixtral's router (a bare weight)
+        if isinstance(sub, nn.Linear | nn.Embedding) or type(sub).__name__.endswith("TopKRouter"):
+            # *TopKRouter: Mixtral's router (a bare weight)
             matrices: list[torch.Tensor] = [sub.get_parameter("weight")]
             bias = getattr(sub, "bias", None)
             if isinstance(bias, torch.Tensor):
@@ -361,27 +381,31 @@ class HFModel(LayeredModel):
             layer = getattr(modeling, self._layer_cls)(cfg, layer_idx=i)
             if self.model_type == "mixtral":
                 layer.mlp = SparseMoE(cfg, layer.mlp.gate)
+            if self.model_type == "gpt2":
+                layer.attn.c_attn = SplitQKV(cfg.hidden_size)
+                layer.attn.c_proj = _as_linear(layer.attn.c_proj)
+                layer.mlp.c_fc = _as_linear(layer.mlp.c_fc)
+                layer.mlp.c_proj = _as_linear(layer.mlp.c_proj)
             rotary = getattr(modeling, self._rotary_cls)(cfg) if self._rotary_cls else None
             built = DecoderLayer(layer, rotary, self._sliding_window(i))
         _init_weights(built, cfg.initializer_range)
         return built
 
-    def tensor_parallel_plan(self, index: int) -> TensorParallelPlan | None:
+    def tensor_parallel_plan(self, index: int) -> TensorParallelPlan:
         if index == 0:
             return _GPT2_EMBED_TP if self.model_type == "gpt2" else _EMBED_TP
         if index == self.num_layers - 1:
             return _HEAD_TP
         if self.model_type == "gpt2":
-            return None
+            return TensorParallelPlan([
+                ("layer.attn", self._heads), ("layer.attn", ShardParams(divide=("split_size",))),
+                ("layer.attn.c_attn.q", ColumnParallel()), ("layer.attn.c_attn.k", ColumnParallel()),
+                ("layer.attn.c_attn.v", ColumnParallel()), ("layer.attn.c_proj", RowParallel()),
+                ("layer.mlp.c_fc", ColumnParallel()), ("layer.mlp.c_proj", RowParallel())])
         attention = [("layer.self_attn", self._heads), ("layer.self_attn.q_proj", ColumnParallel()),
                      ("layer.self_attn.k_proj", ColumnParallel()), ("layer.self_attn.v_proj", ColumnParallel()),
                      ("layer.self_attn.o_proj", RowParallel())]
         return TensorParallelPlan([*attention, *(_EXPERTS_TP if self.model_type == "mixtral" else _DENSE_MLP_TP)])
-
-    def tensor_parallel_problem(self, index: int, degree: int) -> str | None:
-        if self.tensor_parallel_plan(index) is None:
-            return "a GPT-2 block has no tensor-parallel split (c_attn fuses q, k and v in one Conv1D)"
-        return super().tensor_parallel_problem(index, degree)
 
     def make_batch(self, num_samples: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         seq = torch.randint(0, self.hf_config.vocab_size, (num_samples, self.seq_len + 1), generator=generator)
