@@ -65,6 +65,13 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("run --model nosuchpkg.models:build --cluster 1x4 --plan gpt_plan.json", "cannot import module 'nosuchpkg.models'",
              before_torch=False),
         Case("run --model wresnet-tiny --cluster 1x4 --plan gpt_plan.json", "model has 7 layers", before_torch=False),
+        Case("run --model hf:llama-9000 --cluster 1x4 --plan gpt_plan.json",
+             "is neither a shipped HuggingFace config nor an existing path"),
+        Case("run --model hf:hf_dir --cluster 1x4 --plan gpt_plan.json", "directory 'hf_dir' has no config.json"),
+        Case("run --model hf:hf_broken.json --cluster 1x4 --plan gpt_plan.json", "is not readable JSON"),
+        Case("run --model hf:hf_bert.json --cluster 1x4 --plan gpt_plan.json",
+             "architecture 'bert' (model_type) is not supported"),
+        Case("run --model hf:llama-tiny --cluster 1x4 --plan gpt_plan.json", "model has 4 layers", before_torch=False),
     )),
     ("Clusters and capacities", (
         Case("run --model gpt-tiny --cluster 4nodes --plan gpt_plan.json", "neither the shorthand NxK"),
@@ -167,6 +174,9 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     (folder / "nostages.json").write_text(json.dumps({k: v for k, v in gpt.items() if k != "stages"}))
     (folder / "notjson.json").write_text('{"schedule": "1f1b", "stages": [')
     (folder / "bad.toml").write_text("nodes = [1\n")
+    (folder / "hf_dir").mkdir()
+    (folder / "hf_broken.json").write_text('{"model_type": "llama", ')
+    (folder / "hf_bert.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522}))
     (folder / "notadb.sqlite").write_text("this is a text file, not a database\n")
     with sqlite3.connect(folder / "other.sqlite") as db:
         db.execute("CREATE TABLE t (x INTEGER)")

@@ -13,6 +13,8 @@ def test_models_lists_the_zoo(capsys):
     out = capsys.readouterr().out
     for name in ("gpt-tiny", "gpt3-1.3b", "moe-tiny", "wresnet-tiny", "vgg11", "vgg11-tiny"):
         assert name in out
+    for name in ("hf:llama3-8b", "hf:mistral-7b", "hf:qwen2-7b", "hf:gpt2", "hf:mixtral-8x7b", "hf:llama-tiny"):
+        assert name in out  # HuggingFace configurations shipped with hybridplan
 
 
 def test_models_json_gives_each_model_its_layers_and_parameters(capsys):

@@ -45,3 +45,24 @@ def test_bad_input_exits_2(files, capsys, args, message):
     assert main([a.format(d=files) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_a_huggingface_model_is_profiled_planned_predicted_and_validated(tmp_path, capsys):
+    """``--model hf:...`` through every step, on simulated devices: the database records the name (a config
+    is data, so later commands need no --model), and the plan's predicted peaks come within 5% of its run."""
+    import json
+
+    db, plan = str(tmp_path / "p.sqlite"), str(tmp_path / "best.json")
+    assert main(["profile", "--model", "hf:llama-tiny", "--cluster", "1x2", "--global-batch-size", "8",
+                 "--num-microbatches", "2", "--scenarios", "pipeline", "--backend", "sim", "--db", db]) == 0
+    assert "done: 6 runs executed" in capsys.readouterr().out  # 3 cuts of 4 layers at batch sizes 2 and 4
+    assert main(["plan", "--db", db, "--cluster", "1x2", "--out", plan]) == 0
+    chosen = json.loads(open(plan).read())
+    assert chosen["model"] == "hf:llama-tiny" and chosen["stages"][-1]["layers"][1] == 4
+    capsys.readouterr()
+    assert main(["predict", "--db", db, "--plan", plan, "--json"]) == 0
+    predicted = json.loads(capsys.readouterr().out)["peak_memory_bytes"]
+    assert main(["validate", "--db", db, "--plan", plan, "--backend", "sim", "--json"]) == 0
+    validation = json.loads(capsys.readouterr().out)
+    assert validation["status"] == "ok" and validation["predicted_peak_bytes"] == predicted
+    assert validation["max_abs_relative_error"] <= 0.05

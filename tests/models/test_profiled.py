@@ -1,5 +1,5 @@
 """[Note: a file is data] (models/profiled.py): a model a file names is built only if it is a zoo model or the
-user names it."""
+user names it; an ``hf:`` configuration is data."""
 
 from __future__ import annotations
 
@@ -47,3 +47,22 @@ def test_recorded_fingerprint_of_a_campaign_identity():
     assert model_of_campaign(identity, None, source="s") == "gpt-tiny"
     with pytest.raises(ProfileError, match="records no zoo model"):
         model_of_campaign({"model": "label"}, None, source="s")
+
+
+def test_hf_configs_are_data_and_a_changed_one_is_refused(tmp_path):
+    """An ``hf:`` model is built from a config.json (data): a file naming it needs no word from the user; but
+    a path whose config.json changed since the profile no longer stands for the measured model."""
+    import json
+
+    from hybridplan.models.hf_config import HF_CONFIGS
+    from hybridplan.models.zoo import get_model
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(HF_CONFIGS["llama-tiny"]))
+    name = f"hf:{tmp_path}"
+    recorded = model_fingerprint(get_model(name))
+    assert model_for_profile("hf:llama-tiny", None, source="s") == "hf:llama-tiny"
+    assert model_for_profile(name, None, source="s", fingerprint=recorded) == name
+    path.write_text(json.dumps({**HF_CONFIGS["llama-tiny"], "num_hidden_layers": 3}))
+    with pytest.raises(ProfileError, match="whose config.json has changed since"):
+        model_for_profile(name, None, source="s", fingerprint=recorded)

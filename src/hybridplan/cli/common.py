@@ -60,7 +60,7 @@ def positive_float(text: str) -> float:
 
 
 def model_name(text: str) -> str:
-    """An argparse type: a zoo name or ``module:function``, checked without importing either."""
+    """An argparse type: a zoo name, ``hf:NAME_OR_PATH`` or ``module:function``, checked without importing torch."""
     from hybridplan.errors import ModelError
     from hybridplan.models.names import check_model_name
 
@@ -126,7 +126,8 @@ def write_output(path: str | Path, text: str, option: str) -> None:
 
 def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool = True, help: str | None = None) -> None:
     p.add_argument("--model", required=required, type=model_name,
-                   help=help or "zoo name (see 'hybridplan models') or module:function")
+                   help=help or "zoo name (see 'hybridplan models'), hf:NAME_OR_PATH (a HuggingFace"
+                   " config.json) or module:function")
 
 
 def add_cluster(p: argparse.ArgumentParser, *, required: bool = True) -> None:

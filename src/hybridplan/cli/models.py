@@ -13,7 +13,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub, "models",
         help="list the model zoo",
         description="List the zoo models with their layer counts, parameter counts (counted on the meta device: no "
-        "memory needed) and sizes. Any command's --model takes one of these names, or module:function for your own "
+        "memory needed) and sizes. Any command's --model takes one of these names, hf:NAME_OR_PATH for a HuggingFace "
+        "model's config.json (transformers builds it), or module:function for your own "
         "model (a function returning a LayeredModel or an nn.Sequential).",
         reads="nothing.",
         writes="a table to the terminal (or JSON with --json). No files.",
@@ -36,5 +37,9 @@ def handle(args: argparse.Namespace) -> int:
     print(f"{'model':<16} {'layers':>6} {'parameters':>14}  description")
     for r in rows:
         print(f"{r['name']:<16} {r['layers']:>6} {r['parameters']:>14,}  {r['describe'].split(': ', 1)[-1]}")
-    print("\nUser models: --model module:function (returning a LayeredModel or an nn.Sequential).")
+    from hybridplan.models.hf_config import HF_CONFIGS
+
+    print("\nHuggingFace models: --model hf:NAME_OR_PATH, a config.json (or a folder holding one) of a Llama, Mistral,"
+          " Qwen2, Mixtral or GPT-2 model, or one shipped: " + ", ".join(f"hf:{k}" for k in HF_CONFIGS) + ".")
+    print("User models: --model module:function (returning a LayeredModel or an nn.Sequential).")
     return 0

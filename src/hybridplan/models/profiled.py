@@ -1,9 +1,11 @@
 """Which model a profile stands for, without running code that a data file names.
 
 [Note: a file is data] A profile database or a time profile records the name of the model it was
-measured on. Building a zoo model runs only this package's code, but building ``module:function``
+measured on. Building a zoo model runs only this package's code, and so does an ``hf:`` model (its
+``config.json`` is data, built with transformers' own classes, never remote code); but building ``module:function``
 imports that module and calls the function: a file naming ``os:system``-like code would run it. So a
-model recorded in a file is used only if it is a zoo name, or if the user names a model on the command
+model recorded in a file is used only if it is a zoo or ``hf:`` name (an ``hf:`` path whose config.json
+still holds the recorded configuration), or if the user names a model on the command
 line (``--model``): the user's name is the one imported, and when it differs from the recorded one it
 must build the same model (same layers and hyper-parameters: :func:`model_fingerprint`).
 :func:`model_for_profile` applies the rule; it imports torch only to build a model the user named.
@@ -16,7 +18,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from hybridplan.errors import ProfileError
-from hybridplan.models.names import check_model_name, is_code_name, is_zoo_name
+from hybridplan.models.names import check_model_name, is_code_name, is_hf_name, is_zoo_name
 
 if TYPE_CHECKING:
     from hybridplan.models.base import LayeredModel
@@ -56,7 +58,7 @@ def model_for_profile(
             that differs from ``recorded`` must match it (building ``given`` needs torch).
 
     Returns:
-        The name to build: ``given`` if set, else ``recorded`` if it is a zoo name, else None (the file names
+        The name to build: ``given`` if set, else ``recorded`` if it is a zoo or ``hf:`` name, else None (the file names
         no model, or only a label such as an imported profile's "gpt2-amp-p3": nothing to build).
 
     Raises:
@@ -77,7 +79,9 @@ def model_for_profile(
                     fix=f"give --model {recorded} or a model that builds the same layers, or profile {given} into a new database",
                 )
         return given
-    if recorded is None or is_zoo_name(recorded):
+    if recorded is not None and is_hf_name(recorded) and fingerprint is not None:
+        _check_hf_unchanged(recorded, fingerprint, source)
+    if recorded is None or is_zoo_name(recorded) or is_hf_name(recorded):
         return recorded
     if is_code_name(recorded):
         raise ProfileError(
@@ -86,6 +90,19 @@ def model_for_profile(
             fix=f"if you trust that code, name it yourself: add --model {recorded}",
         )
     return None
+
+
+def _check_hf_unchanged(recorded: str, fingerprint: Mapping[str, Any], source: str) -> None:
+    """An ``hf:`` path names a file that may have changed since the profile: its configuration must be the
+    recorded one (read as data, without torch)."""
+    from hybridplan.models.hf_config import load_hf_config
+
+    theirs = (fingerprint.get("config") or {}).get("hf_config")
+    if theirs is not None and not _json_equal(load_hf_config(recorded), theirs):
+        raise ProfileError(
+            f"{source} was measured on {recorded!r}, whose config.json has changed since",
+            fix="restore that config.json, or profile the changed model into a new database",
+        )
 
 
 def _json_equal(a: Any, b: Any) -> bool:

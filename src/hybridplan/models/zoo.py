@@ -1,6 +1,7 @@
 """The model registry: zoo names and user models (``module:function``).
 
-``get_model("gpt-tiny")`` returns a zoo model; ``get_model("mypkg.models:build")`` imports
+``get_model("gpt-tiny")`` returns a zoo model; ``get_model("hf:llama3-8b")`` a HuggingFace model built
+from its configuration (models/hf.py); ``get_model("mypkg.models:build")`` imports
 ``mypkg.models`` and calls ``build()``, which must return a :class:`LayeredModel` or an
 ``nn.Sequential`` (wrapped by :func:`hybridplan.models.user.from_sequential`).
 """
@@ -14,6 +15,7 @@ from functools import partial
 from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.gpt import GPT, GPT_CONFIGS
+from hybridplan.models.hf_config import is_hf_name
 from hybridplan.models.names import check_model_name
 
 __all__ = ["get_model", "model_names", "register", "resolve_model"]
@@ -52,6 +54,10 @@ def get_model(name: str) -> LayeredModel:
     Raises:
         ModelError: for an unknown name, an import failure, or a function returning something else.
     """
+    if is_hf_name(name):
+        from hybridplan.models.hf import hf_model
+
+        return hf_model(name)
     _load_zoo()
     if name in _FACTORIES:
         return _FACTORIES[name]()

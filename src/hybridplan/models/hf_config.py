@@ -1,0 +1,195 @@
+"""HuggingFace model configurations, read and checked without torch: ``--model hf:NAME_OR_PATH``.
+
+``hf:`` names a transformers decoder-only LM by its ``config.json``: one shipped here (:data:`HF_CONFIGS`,
+``hf:llama3-8b``), a ``config.json`` file, or a directory holding one. Only the configuration is read:
+weights are never needed (layers are built from it and seeded like the zoo's) and nothing is downloaded
+(no hub access exists). [Note: a file is data] holds for it: a ``config.json`` is JSON, and the model
+is built from transformers' own classes for the architectures of :data:`SUPPORTED` — never
+``trust_remote_code`` nor an ``auto_map`` entry — so a profile database naming ``hf:...`` may be
+followed without running code it names.
+
+:func:`load_hf_config` answers in milliseconds, so the command line rejects an unknown name, a path
+without a ``config.json``, a malformed file, an unsupported architecture, or a missing transformers
+before any long work (and before importing torch). Building is hybridplan/models/hf.py.
+
+The shipped configurations are the public ``config.json`` values of the model cards named beside each
+(the fields that size the model; dropout and token ids do not). ``*-tiny`` ones are small versions of
+the same architectures for tests and demos.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+from typing import Any
+
+from hybridplan.errors import ModelError
+
+__all__ = [
+    "HF_PREFIX",
+    "HF_CONFIGS",
+    "SUPPORTED",
+    "DEFAULT_MAX_SEQ_LEN",
+    "is_hf_name",
+    "load_hf_config",
+    "hf_seq_len",
+    "check_transformers",
+]
+
+HF_PREFIX = "hf:"
+"""Model names starting with this are HuggingFace configurations."""
+
+SUPPORTED: tuple[str, ...] = ("llama", "mistral", "qwen2", "mixtral", "gpt2")
+"""``model_type`` values hybridplan builds (transformers' own classes for each)."""
+
+DEFAULT_MAX_SEQ_LEN = 2048
+"""Training sequence length: the config's ``max_position_embeddings`` (``n_positions``), at most this.
+2048 is the GPT-3 training context (Brown et al., 2020, section 2.3), the zoo's longest being 1024;
+a config.json with a smaller ``max_position_embeddings`` sets a shorter one (the tiny configs: 16)."""
+
+_LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "attention_bias": False,
+    "tie_word_embeddings": False, "initializer_range": 0.02,
+}
+_LLAMA2_7B = {  # meta-llama/Llama-2-7b-hf config.json
+    "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "hidden_act": "silu", "attention_bias": False,
+    "tie_word_embeddings": False, "initializer_range": 0.02,
+}
+_MISTRAL_7B = {  # mistralai/Mistral-7B-v0.1 config.json
+    "model_type": "mistral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+    "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "sliding_window": 4096, "hidden_act": "silu",
+    "tie_word_embeddings": False, "initializer_range": 0.02,
+}
+_QWEN2_7B = {  # Qwen/Qwen2-7B config.json
+    "model_type": "qwen2", "vocab_size": 152064, "hidden_size": 3584, "intermediate_size": 18944,
+    "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4, "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "use_sliding_window": False, "sliding_window": 131072,
+    "max_window_layers": 28, "hidden_act": "silu", "tie_word_embeddings": False, "initializer_range": 0.02,
+}
+_GPT2 = {  # openai-community/gpt2 config.json (124M)
+    "model_type": "gpt2", "vocab_size": 50257, "n_embd": 768, "n_layer": 12, "n_head": 12, "n_positions": 1024,
+    "layer_norm_epsilon": 1e-5, "activation_function": "gelu_new", "initializer_range": 0.02,
+    "tie_word_embeddings": True,
+}
+_MIXTRAL_8X7B = {  # mistralai/Mixtral-8x7B-v0.1 config.json
+    "model_type": "mixtral", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "max_position_embeddings": 32768,
+    "num_local_experts": 8, "num_experts_per_tok": 2, "rms_norm_eps": 1e-5, "rope_theta": 1000000.0,
+    "sliding_window": None, "router_aux_loss_coef": 0.02, "hidden_act": "silu", "tie_word_embeddings": False,
+    "initializer_range": 0.02,
+}
+
+
+def _tiny(base: dict[str, Any], **sizes: Any) -> dict[str, Any]:
+    return {**base, **sizes}
+
+
+_TINY = {"vocab_size": 128, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
+         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 16}
+
+HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama-tiny": _tiny(_LLAMA3_8B, **_TINY),
+    # a sliding window shorter than the sequence, so that its mask matters
+    "mistral-tiny": _tiny(_MISTRAL_7B, **_TINY, sliding_window=8),
+    # Qwen2 has biases on q, k and v
+    "qwen2-tiny": _tiny(_QWEN2_7B, **_TINY, sliding_window=16),
+    "gpt2-tiny": _tiny(_GPT2, vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=16, tie_word_embeddings=False,
+                       bos_token_id=0, eos_token_id=0),
+    "mixtral-tiny": _tiny(_MIXTRAL_8X7B, **{**_TINY, "intermediate_size": 48}, num_local_experts=4),
+    "llama3-8b": _LLAMA3_8B,
+    "llama2-7b": _LLAMA2_7B,
+    "mistral-7b": _MISTRAL_7B,
+    "qwen2-7b": _QWEN2_7B,
+    "gpt2": _GPT2,
+    "mixtral-8x7b": _MIXTRAL_8X7B,
+}
+"""Shipped configurations, ``hf:<key>``."""
+
+
+def is_hf_name(name: str) -> bool:
+    """Whether ``name`` is a HuggingFace model name (``hf:...``); it may still fail :func:`load_hf_config`."""
+    return name.startswith(HF_PREFIX)
+
+
+def _shipped_hint() -> str:
+    return ", ".join(f"hf:{k}" for k in HF_CONFIGS)
+
+
+def load_hf_config(name: str) -> dict[str, Any]:
+    """The configuration dict that ``name`` (``hf:NAME_OR_PATH``) stands for, checked.
+
+    A shipped name wins over a path of the same spelling. A path is a ``config.json`` file or a
+    directory holding one.
+
+    Raises:
+        ModelError: an unknown shipped name with no such path, a directory without ``config.json``, a file
+            that is not a JSON object, a missing ``model_type``, an unsupported architecture, or sizes
+            that are missing or not positive integers.
+    """
+    spec = name[len(HF_PREFIX):] if is_hf_name(name) else name
+    if spec in HF_CONFIGS:
+        return dict(HF_CONFIGS[spec])
+    path = Path(spec)
+    if not spec or not path.exists():
+        raise ModelError(
+            f"model {name!r}: {spec!r} is neither a shipped HuggingFace config nor an existing path",
+            fix=f"use one of {_shipped_hint()}, or hf:DIR / hf:FILE.json with a transformers config.json",
+        )
+    file = path / "config.json" if path.is_dir() else path
+    if not file.is_file():
+        raise ModelError(f"model {name!r}: directory {str(path)!r} has no config.json",
+                         fix="give a directory holding a transformers config.json, or the file itself")
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelError(f"model {name!r}: {str(file)!r} is not readable JSON: {e}",
+                         fix="give a transformers config.json (a JSON object)") from None
+    if not isinstance(config, dict):
+        raise ModelError(f"model {name!r}: {str(file)!r} holds a JSON {type(config).__name__}, not an object",
+                         fix="give a transformers config.json (a JSON object)")
+    _check_config(name, config)
+    return config
+
+
+def _check_config(name: str, config: dict[str, Any]) -> None:
+    kind = config.get("model_type")
+    if kind not in SUPPORTED:
+        raise ModelError(
+            f"model {name!r}: architecture {kind!r} (model_type) is not supported",
+            fix=f"hybridplan builds model_type {list(SUPPORTED)} (decoder-only LMs); give a config.json of one of them",
+        )
+    sizes = (("vocab_size", "n_embd", "n_layer", "n_head") if kind == "gpt2" else
+             ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"))
+    for key in sizes:
+        value = config.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ModelError(f"model {name!r}: {key} is {value!r}, not a positive integer",
+                             fix=f"give {key} in the config.json as a positive integer")
+
+
+def hf_seq_len(config: dict[str, Any]) -> int:
+    """The training sequence length of a configuration (see :data:`DEFAULT_MAX_SEQ_LEN`)."""
+    limit = config.get("n_positions") if config.get("model_type") == "gpt2" else config.get("max_position_embeddings")
+    if not isinstance(limit, int) or limit < 1:
+        return DEFAULT_MAX_SEQ_LEN
+    return min(limit, DEFAULT_MAX_SEQ_LEN)
+
+
+def check_transformers() -> None:
+    """Check that transformers is installed, without importing it.
+
+    Raises:
+        ModelError: if it is not, saying how to install it under the torch pin.
+    """
+    if importlib.util.find_spec("transformers") is None:
+        raise ModelError(
+            "hf: models need the transformers package, which is not installed",
+            fix="install it with the torch pin kept: pip install -c constraints.txt 'hybridplan[hf]'"
+            " (or: pip install -c constraints.txt transformers)",
+        )
