@@ -64,3 +64,11 @@ def test_reset_peak_starts_at_the_current_levels():
     a.free("x")
     a.reset_peak()
     assert (a.peak_allocated, a.peak_reserved) == (0, 12 * MIB)
+
+
+def test_docstring_examples():
+    import doctest
+
+    from hybridplan.runtime import cuda_allocator
+
+    assert doctest.testmod(cuda_allocator).failed == 0

@@ -48,7 +48,7 @@ larger ones are assumed equal (on 4 x A100, NVIDIA/nccl#964 measured 544 MiB for
 for 4, so the assumption may be off by about 20% per communicator). A one-device plan creates none:
 the runtime does not synchronise a world of one rank (runtime/executor.py ``barrier``), so its
 estimate is 618.8 + 66 + 16 = 700.8 MiB for a GPT (the H100 run of the notes, whose barriers created a
-communicator, measured 1313-1333 MiB: 700.8 + 562 = 1262.8 MiB, 4-5% under; the rest is not isolated).
+communicator, measured 1313-1333 MiB: 700.8 + 562 = 1262.8 MiB, 3.8-5.3% under; the rest is not isolated).
 Not modelled: cuDNN's workspaces (allocated through the allocator by the algorithm cuDNN picks at run
 time, up to 166 MiB more on the notes' convolutional models, not isolated), and other processes on a
 shared GPU.
