@@ -138,7 +138,13 @@ def add_cluster(p: argparse.ArgumentParser, *, required: bool = True) -> None:
 def cluster_from(args: argparse.Namespace) -> Cluster:
     """The ``--cluster``; its devices are of the ``--device`` type where the command has that option (a CUDA
     run's devices are labelled "cuda" in its output and its layer-time profile, not "cpu")."""
-    return Cluster.parse(args.cluster, device_memory=args.device_memory, device_type=getattr(args, "device", "cpu"))
+    device = getattr(args, "device", "cpu")
+    cluster = Cluster.parse(args.cluster, device_memory=args.device_memory, device_type=device)
+    if device == "cuda":
+        from hybridplan.runtime.gpu_memory import check_cuda_capacity  # imports no torch
+
+        check_cuda_capacity(cluster)
+    return cluster
 
 
 def add_training(p: argparse.ArgumentParser) -> None:

@@ -56,7 +56,9 @@ shared GPU.
 
 from __future__ import annotations
 
+from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
+from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.cuda_allocator import AllocatorOutOfMemory, CachingAllocatorModel, round_size
 from hybridplan.runtime.routing import layout_of, route
 
@@ -70,6 +72,7 @@ __all__ = [
     "CudaDeviceModel",
     "AllocatorOutOfMemory",
     "cuda_block_bytes",
+    "check_cuda_capacity",
     "communicators_of",
     "estimate_overhead_bytes",
 ]
@@ -118,6 +121,24 @@ def cuda_block_bytes(nbytes: int) -> int:
     return round_size(nbytes)
 
 
+def check_cuda_capacity(cluster: Cluster) -> None:
+    """On CUDA a capacity is the device's whole memory: one that cannot even hold the CUDA context is a mistake,
+    not a plan that runs out. (Imports no torch: the CLI checks it before loading torch.)
+
+    Raises:
+        UsageError: naming the smallest such capacity and the context's measured size.
+    """
+    from hybridplan.units import format_bytes
+
+    small = [m for d in cluster.devices if (m := d.memory_bytes) is not None and m <= CUDA_CONTEXT_BYTES]
+    if small:
+        raise UsageError(
+            f"device memory {format_bytes(min(small))} cannot even hold a CUDA context ({format_bytes(CUDA_CONTEXT_BYTES)}"
+            " measured on an H100): on CUDA --device-memory is the whole device's memory, as nvidia-smi counts it",
+            fix="give the GPU's capacity, e.g. --device-memory 80GB",
+        )
+
+
 def _library_of(op: str) -> str | None:
     """The library whose kernels a CUDA run of aten op ``op`` (overload packet name) loads, if any."""
     if op in LIBRARY_OPS["cublas"]:
@@ -156,7 +177,8 @@ class CudaDeviceModel:
         self.base_bytes = CUDA_CONTEXT_BYTES + communicators * NCCL_COMMUNICATOR_BYTES
         """The context and the communicators: held from the start (the runtime creates its groups first)."""
         self.allocator = CachingAllocatorModel(None)
-        self._set_limit()
+        if capacity_bytes is not None:  # a capacity below this fails at the first allocation, as on a GPU
+            self.allocator.limit_bytes = max(0, capacity_bytes - self.outside_bytes)
 
     @property
     def outside_bytes(self) -> int:
@@ -169,8 +191,9 @@ class CudaDeviceModel:
         return self.allocator.peak_reserved + self.outside_bytes
 
     def _set_limit(self) -> None:
+        """A library just loaded outside the allocator: less is left for it (an error if what it holds no longer fits)."""
         if self.capacity_bytes is not None:
-            self.allocator.limit_bytes = self.capacity_bytes - self.outside_bytes
+            self.allocator.limit_bytes = max(0, self.capacity_bytes - self.outside_bytes)
             if self.allocator.reserved > self.allocator.limit_bytes:
                 raise AllocatorOutOfMemory(0, self.allocator.reserved, self.allocator.limit_bytes)
 
