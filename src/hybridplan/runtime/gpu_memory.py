@@ -56,6 +56,8 @@ shared GPU.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
@@ -161,9 +163,9 @@ class CudaDeviceModel:
 
     Example (a bias Linear's forward, then its backward's matmul, on another thread):
         >>> dev = CudaDeviceModel(None, communicators=0)
-        >>> [n >> 20 for n in dev.workspaces_for("addmm", bias=True, backward=False)]
-        [32, 1]
-        >>> [n >> 20 for n in dev.workspaces_for("mm", bias=False, backward=True)]
+        >>> dev.workspaces_for("addmm", bias=True, backward=False)
+        [(('workspace', 'cublas', 'forward'), 33554432), (('workspace', 'cublaslt', 'forward'), 1048576)]
+        >>> [n >> 20 for _, n in dev.workspaces_for("mm", bias=False, backward=True)]
         [32]
         >>> dev.workspaces_for("mm", bias=False, backward=True), dev.allocator.allocated >> 20
         ([], 65)
@@ -197,9 +199,9 @@ class CudaDeviceModel:
             if self.allocator.reserved > self.allocator.limit_bytes:
                 raise AllocatorOutOfMemory(0, self.allocator.reserved, self.allocator.limit_bytes)
 
-    def workspaces_for(self, op: str, *, bias: bool, backward: bool) -> list[int]:
+    def workspaces_for(self, op: str, *, bias: bool, backward: bool) -> list[tuple[Hashable, int]]:
         """Note that aten op ``op`` runs (on the backward thread or not); allocate the workspaces its first
-        use on that thread needs and load its library. Returns the bytes of each new workspace block.
+        use on that thread needs and load its library. Returns each new workspace's allocator key and block bytes.
 
         Raises:
             AllocatorOutOfMemory: if the device's memory cannot hold them.
@@ -213,14 +215,14 @@ class CudaDeviceModel:
         if library != "cublas":
             return []
         thread = "backward" if backward else "forward"
-        blocks = []
+        blocks: list[tuple[Hashable, int]] = []
         wanted = [("cublas", CUBLAS_WORKSPACE_BYTES)]
         if bias and op in ("addmm", "_addmm_activation"):
             wanted.append(("cublaslt", CUBLASLT_WORKSPACE_BYTES))
         for kind, nbytes in wanted:
             key = ("workspace", kind, thread)
             if self.allocator.block_of(key) == 0:
-                blocks.append(self.allocator.malloc(key, nbytes))
+                blocks.append((key, self.allocator.malloc(key, nbytes)))
         return blocks
 
 

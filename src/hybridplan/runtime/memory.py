@@ -312,8 +312,8 @@ class StorageTracker(TorchDispatchMode):
             blocks = self.device.workspaces_for(op, bias=bias, backward=backward)
         except AllocatorOutOfMemory as e:
             raise self._out_of_memory(e) from None
-        for i, nbytes in enumerate(blocks):
-            self._live[("workspace", op, backward, i, self.current)] = (nbytes, "workspace", None, nbytes)
+        for key, nbytes in blocks:  # held for the process's life, as PyTorch's handle-to-workspace map holds them
+            self._live[key] = (nbytes, "workspace", None, nbytes)
             self._count(nbytes, "workspace")
 
 
