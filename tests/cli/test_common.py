@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hybridplan.cli.common import check_output, positive_float, positive_int, write_output
+from hybridplan.cli.common import add_cluster, add_training, check_output, cluster_from, positive_float, positive_int, write_output
 from hybridplan.errors import UsageError
 
 
@@ -68,3 +68,13 @@ def test_write_output_replaces_atomically(tmp_path):
     target.write_text("old")
     write_output(target, "new", "--out")
     assert target.read_text() == "new" and os.listdir(tmp_path) == ["r.json"]
+
+
+@pytest.mark.parametrize("argv, device", [([], "cpu"), (["--device", "cuda"], "cuda")])
+def test_the_cluster_of_a_command_has_its_device_type(argv, device):
+    """What labels a run's devices and ``profile --time``'s layer times: the --device of the command."""
+    p = argparse.ArgumentParser()
+    add_cluster(p)
+    add_training(p)
+    cluster = cluster_from(p.parse_args(["--cluster", "1x2", *argv]))
+    assert [d.type for d in cluster.devices] == [device, device]

@@ -82,6 +82,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{RUN} --device-memory lots", "is not a size"),
         Case(f"{RUN} --device-memory 0", "is not a capacity"),
         Case(f"{RUN} --device-memory=-1GiB", "is not a size"),
+        Case(f"{RUN} --backend sim --device cuda --device-memory 200MiB", "cannot even hold a CUDA context"),
         Case(f"{PLAN} --device-memory 1KiB", "the lowest-memory plan does not fit"),
         Case("plan --db profile.sqlite --cluster 8x4", "use fewer devices"),
         Case("plan --db profile.sqlite --cluster 1000x1000", "use fewer devices"),

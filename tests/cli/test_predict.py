@@ -41,3 +41,29 @@ def test_the_plans_batch_and_schedule_are_the_targets(files, tmp_path, capsys):
     assert main(["predict", "--db", str(files / "p.sqlite"), "--plan", str(tmp_path / "p.json"), "--json",
                  "--method", "capture"]) == 0
     assert json.loads(capsys.readouterr().out) == _predicted(files, plan, "capture").to_dict()
+
+
+def test_a_cuda_profile_adds_the_memory_outside_the_allocator(files, tmp_path, capsys):
+    """A profile taken on simulated CUDA devices: each device also gets the memory outside the allocator (the H100's
+    context 618.8 MiB, the libraries' 84 MiB, 562 MiB per NCCL communicator: ../shared/notes/gpu-h100-facts.md)
+    and the total that must fit; the reserved peak is not predicted."""
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+    from tests.cli.conftest import MLP
+
+    db = tmp_path / "cuda.sqlite"
+    with ProfileStore(db) as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4", device_type="cuda"), global_batch_size=32,
+                                num_microbatches=2, scenarios=(Scenario("none", 1), Scenario("tensor", 2)),
+                                run_options={"backend": "sim", "device_type": "cuda"}), store).run()
+    assert main(["predict", "--db", str(db), "--plan", str(files / "plan.json"), "--json"]) == 0
+    devices = json.loads(capsys.readouterr().out)["devices"]
+    mib = 2**20
+    communicators = {0: 3, 1: 3, 2: 4, 3: 2}  # MIXED, by hand: tests/runtime/test_gpu_memory.py
+    for d in devices:
+        assert d["overhead_bytes"] == round(618.8 * mib) + 84 * mib + communicators[d["device"]] * 562 * mib
+        assert d["total_bytes"] == d["peak_memory_bytes"] + d["overhead_bytes"] and d["reserved_peak_bytes"] is None
+    assert main(["predict", "--db", str(db), "--plan", str(files / "plan.json")]) == 0
+    assert "total (min)" in capsys.readouterr().out

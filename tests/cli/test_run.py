@@ -137,3 +137,21 @@ def test_a_finished_result_is_kept_when_its_output_path_fails(example, tmp_path,
     assert len(kept) == 1 and str(kept[0]) in err and str(out) in err
     result = json.loads(kept[0].read_text())
     assert result["status"] == "ok" and len(result["devices"]) == 4
+
+
+def test_a_simulated_cuda_run_shows_tensor_reserved_outside_and_total(example, tmp_path, capsys):
+    """On CUDA the table and the JSON give the tensor peak (max_memory_allocated), the allocator's reserved peak,
+    the memory outside it and the total nvidia-smi would show; the console names the devices "cuda"."""
+    plan = tmp_path / "one.json"
+    plan.write_text(json.dumps({"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2,
+                                "stages": [{"layers": [0, 10], "parallelism": "none", "degree": 1, "devices": [0]}]}))
+    out = tmp_path / "r.json"
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x1", "--plan", str(plan), "--backend", "sim",
+                 "--device", "cuda", "--iterations", "2", "--out", str(out)]) == 0
+    text = capsys.readouterr()
+    assert "running gpt-tiny on 1x1 cuda," in text.err
+    header = text.out.splitlines()[1].split()
+    assert header[-6:] == ["tensor", "peak", "static", "reserved", "outside", "total"]
+    d = json.loads(out.read_text())["devices"][0]
+    assert d["total_peak_bytes"] == d["reserved_peak_bytes"] + d["overhead_bytes"]
+    assert d["reserved_peak_bytes"] >= d["peak_memory_bytes"] > 0

@@ -12,6 +12,12 @@ def test_shorthand():
     assert c.memory_of(3) is None
 
 
+def test_shorthand_device_type_labels_the_devices():
+    """A CUDA run's devices are "cuda" in its reports (the console said "1x1 cpu" on an H100)."""
+    assert Cluster.parse("1x1", device_type="cuda").describe().startswith("1x1 cuda,")
+    assert Cluster.parse("1x1").devices[0].type == "cpu"
+
+
 def test_device_memory_override():
     c = Cluster.parse("1x2", device_memory="200MiB")
     assert c.memory_of(0) == c.memory_of(1) == 200 * 1024**2

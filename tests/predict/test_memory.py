@@ -136,3 +136,22 @@ def test_stages_the_profile_did_not_measure_in_kind_are_refused():
         plain.predict(recompute)
     # a profile taken with recompute predicts every stage as its runs ran: recomputed
     assert predictor(stats, recompute=True).predict(recompute).devices[0].peak_memory_bytes > 0
+
+
+def test_a_cuda_profile_predicts_the_memory_outside_the_allocator_and_the_total():
+    """[Note: predicting a CUDA device]: the tensor peak as from a CPU profile; outside the allocator the H100's
+    measured context (618.8 MiB) and libraries (66 + 16 + 2 MiB), plus 562 MiB per NCCL communicator."""
+    stats = {("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)]}
+    plan = Plan("1f1b", 32, 4, (StagePlan(0, 1, "none", 1, (0,)), StagePlan(1, 4, "none", 1, (1,))))
+    cpu = predictor(stats).predict(plan).devices
+    cuda = predictor(stats, device_type="cuda").predict(plan).devices
+    mib = 2**20
+    floor = round(618.8 * mib) + 84 * mib
+    # two devices: the world (its barriers) and the pair of the stage boundary
+    for c, g in zip(cpu, cuda):
+        assert c.overhead_bytes is None and c.total_bytes is None and c.needed_bytes == c.peak_memory_bytes
+        assert g.peak_memory_bytes == c.peak_memory_bytes and g.reserved_peak_bytes is None
+        assert g.overhead_bytes == floor + 2 * 562 * mib and g.total_bytes == g.needed_bytes == g.peak_memory_bytes + g.overhead_bytes
+    one = Plan("1f1b", 32, 4, (StagePlan(0, 4, "none", 1, (0,)),))  # one device: no communicator
+    assert predictor(stats, device_type="cuda").predict(one).devices[0].overhead_bytes == floor
+    assert predictor(stats, device_type="cuda").retargeted(global_batch_size=16).device_type == "cuda"

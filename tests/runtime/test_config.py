@@ -83,3 +83,14 @@ def test_zero_on_a_data_stage_is_accepted_and_on_a_tensor_split_refused():
     with pytest.raises(UsageError, match="stage 0 .* asks for ZeRO-2 sharding of a tensor-parallel stage, which this"
                                          " runtime does not run yet"):
         validate_config(RunConfig(model="gpt-tiny", plan=both, cluster=Cluster.parse("1x4")))
+
+
+def test_a_cuda_capacity_must_hold_at_least_the_cuda_context():
+    """On CUDA the capacity is the whole device; the context alone took 618.8 MiB on an H100."""
+    from hybridplan.runtime.config import RunConfig
+
+    plan = make_plan("1f1b", 8, 2, [(0, 10, "none", [0])])
+    with pytest.raises(UsageError, match="cannot even hold a CUDA context"):
+        RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x1", device_memory="600MiB"), device_type="cuda")
+    RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x1", device_memory="600MiB"))  # a CPU: tensors only
+    RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x1", device_memory="620MiB"), device_type="cuda")

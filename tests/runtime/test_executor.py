@@ -39,3 +39,19 @@ def test_conv_mixed(schedule, stages):
     """Wide-ResNet (convolutions, GroupNorm) with mixed stage kinds and degrees, both schedules."""
     cluster = "1x4" if max(d for *_, devs in stages for d in devs) < 4 else "1x5"
     assert_same_training("wresnet-tiny", make_plan(schedule, 16, 4, stages), cluster)
+
+
+@pytest.mark.parametrize("world, waits", [(1, 0), (2, 1)])
+def test_a_world_of_one_rank_does_not_synchronise(monkeypatch, world, waits):
+    """Under NCCL the first barrier creates a communicator (562 MiB on an H100, ../shared/notes/gpu-h100-facts.md):
+    a one-device plan has no one to wait for, so it must not call it."""
+    import torch.distributed as dist
+
+    from hybridplan.runtime.executor import barrier
+    from hybridplan.runtime.sim import fake_process_group
+
+    calls: list[int] = []
+    with fake_process_group(0, world):
+        monkeypatch.setattr(dist, "barrier", lambda *a, **k: calls.append(1))
+        barrier()
+    assert len(calls) == waits

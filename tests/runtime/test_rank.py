@@ -7,9 +7,9 @@ import torch
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.config import RunConfig
-from hybridplan.runtime.gpu_memory import cuda_block_bytes
+from hybridplan.runtime.gpu_memory import CUDA_CONTEXT_BYTES, NCCL_COMMUNICATOR_BYTES
 from hybridplan.runtime.memory import DeviceOutOfMemory, NullMeter, StorageTracker
-from hybridplan.runtime.rank import make_meter, process_group_backend, rank_failure
+from hybridplan.runtime.rank import make_meter, process_group_backend, process_group_device, rank_failure
 from hybridplan.runtime.result import EXIT_FAILED, EXIT_OOM
 from tests.runtime.util import make_plan
 
@@ -25,14 +25,23 @@ def test_meter_of_a_rank():
     assert isinstance(make_meter(cfg(track_memory=False), cpu, None, simulated=False), NullMeter)
     exact = make_meter(cfg(), cpu, 1000, simulated=False)
     assert isinstance(exact, StorageTracker) and exact.rounding is None
-    gpu_terms = make_meter(cfg(device_type="cuda", backend="sim"), cpu, None, simulated=True)
-    assert isinstance(gpu_terms, StorageTracker) and gpu_terms.rounding is cuda_block_bytes
+    gpu_terms = make_meter(cfg(device_type="cuda", backend="sim"), cpu, 10**11, simulated=True, rank=1)
+    assert isinstance(gpu_terms, StorageTracker) and gpu_terms.device is not None
+    # a modelled CUDA device of the whole capacity; rank 1 joins the world (2 ranks) and its pair with rank 0
+    assert gpu_terms.capacity_bytes == 10**11
+    assert gpu_terms.overhead_bytes() == CUDA_CONTEXT_BYTES + 2 * NCCL_COMMUNICATOR_BYTES
 
 
 def test_process_group_backend():
     assert (process_group_backend("cpu"), process_group_backend("cuda")) == ("gloo", "nccl")
     # NCCL refuses two ranks on one GPU ("Duplicate GPU detected"): ranks sharing one run on gloo
     assert process_group_backend("cuda", share_gpu=True) == process_group_backend("cpu", share_gpu=True) == "gloo"
+
+
+def test_process_group_device_names_the_gpu_on_cuda_only():
+    """init_process_group gets device_id on CUDA (else NCCL warns it is "Guessing device ID"), nothing for gloo."""
+    assert process_group_device(torch.device("cpu")) is None
+    assert process_group_device(torch.device("cuda", 3)) == torch.device("cuda", 3)  # a device object needs no GPU
 
 
 def test_failure_report_of_a_rank():

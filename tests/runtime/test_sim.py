@@ -28,7 +28,7 @@ from tests.runtime.util import make_plan
 EXAMPLE = make_plan("1f1b", 16, 4, [(0, 3, "tensor", [0, 1]), (3, 7, "none", [2]), (7, 10, "data", [3, 4])])
 REPORT_KEYS = {
     "status", "rank", "stage", "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data",
-    "breakdowns", "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds",
+    "breakdowns", "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds", "reserved_peaks",
 }  # fmt: skip
 
 
@@ -103,15 +103,45 @@ def test_tracker_counts_cuda_blocks_and_drops_host_tensors():
         del d
 
 
-def test_gpu_terms_round_every_level_and_estimate_overhead():
+def test_gpu_terms_round_every_level_and_report_reserved_outside_and_total():
     result = launch(config(device_type="cuda"))
     assert result.ok
     for d in result.devices:
         levels = [d.peak_memory_bytes, d.static_memory_bytes] + [t[k] for t in d.timeline for k in ("before", "peak", "after")]
         assert all(v % 512 == 0 for v in levels)
-        assert d.overhead_bytes == estimate_overhead_bytes(EXAMPLE, d.device) > CUDA_CONTEXT_BYTES
+        # a GPT runs matmuls (cuBLAS) and attention on every device; its communicators depend on the device
+        assert d.overhead_bytes == estimate_overhead_bytes(EXAMPLE, d.device, {"cublas", "attention"})
+        assert d.reserved_peak_bytes % (2 * 2**20) == 0 and d.reserved_peak_bytes >= d.peak_memory_bytes
+        assert d.total_peak_bytes == d.reserved_peak_bytes + d.overhead_bytes
+        assert d.peak_breakdown["workspace"] == 65 * 2**20  # ../shared/notes/gpu-h100-facts.md: 68,157,440 B
     cpu = launch(config())
     assert all(g.peak_memory_bytes >= c.peak_memory_bytes for g, c in zip(result.devices, cpu.devices))
+    assert all(c.reserved_peak_bytes is None and c.total_peak_bytes is None for c in cpu.devices)
+
+
+ONE_DEVICE = make_plan("1f1b", 8, 2, [(0, 10, "none", [0])])
+
+
+def test_gpt_tiny_on_one_simulated_h100_within_half_a_percent_of_the_measured_peak():
+    """../shared/notes/gpu-h100-facts.md: gpt-tiny fp32, B 8 / m 2, 1F1B on one H100 peaked at 77,225,472 bytes
+    (torch.cuda.max_memory_allocated); the issue's target is 0.5%. A one-device plan creates no NCCL
+    communicator: outside the allocator, the context, cuBLAS and attention (618.8 + 66 + 16 MiB, measured)."""
+    d = launch(config(ONE_DEVICE, "1x1", device_type="cuda", iterations=3)).devices[0]
+    assert abs(d.peak_memory_bytes - 77_225_472) / 77_225_472 < 0.005
+    assert d.overhead_bytes == round(618.8 * 2**20) + 82 * 2**20
+
+
+def test_a_cuda_capacity_is_the_whole_device_memory():
+    """--device-memory on CUDA bounds the total (reserved + outside the allocator), not the tensors alone."""
+    fits = launch(config(ONE_DEVICE, "1x1", device_type="cuda")).devices[0]
+    assert fits.total_peak_bytes > 700 * 2**20  # the context and libraries alone take 700.8 MiB
+    ok = launch(config(ONE_DEVICE, "1x1", device_type="cuda", memory=fits.total_peak_bytes))
+    assert ok.ok and ok.devices[0].total_peak_bytes == fits.total_peak_bytes
+    # too little for the tensors at their peak once the memory outside the allocator is taken
+    short = launch(config(ONE_DEVICE, "1x1", device_type="cuda", memory=fits.overhead_bytes + fits.peak_memory_bytes - 1))
+    assert short.status == "oom" and "DeviceOutOfMemory" in short.reason
+    # on a CPU the same capacity holds the tensors easily: it bounds tensor bytes only
+    assert launch(config(ONE_DEVICE, "1x1", memory=fits.peak_memory_bytes)).ok
 
 
 def test_communicators_of_the_example_plan():
@@ -168,12 +198,19 @@ def _mesh_plan(model: str, kind: str, batch: int, micro: int):
 )
 def test_paper_size_plans_on_a_4x4_mesh_of_40gb(model, kind, batch):
     """bf16 mixed precision, CUDA terms, 4 stages x data or tensor 4 on 16 x 40 GiB: they run and fit,
-    with every device's parameter, gradient and optimizer bytes exactly 2, 2 and 12 per parameter."""
+    with every device's parameter, gradient and optimizer bytes 2, 2 and 12 per parameter in allocator blocks."""
     from hybridplan.models.base import LayeredModel
     from hybridplan.models.zoo import get_model
 
     def blocks(nbytes_per_element: int, tensors: list[torch.Tensor]) -> int:
         return sum(cuda_block_bytes(nbytes_per_element * t.numel()) for t in tensors)
+
+    def within(got: int, nbytes_per_element: int, tensors: list[torch.Tensor], copies: int = 1) -> bool:
+        """The caching allocator hands a large block out whole when at most 1 MiB would remain
+        (runtime/cuda_allocator.py): each large block may hold up to 1 MiB more than its request."""
+        large = sum(cuda_block_bytes(nbytes_per_element * t.numel()) > 2**20 for t in tensors)
+        exact = copies * blocks(nbytes_per_element, tensors)
+        return exact <= got <= exact + copies * large * 2**20
 
     plan = _mesh_plan(model, kind, batch, 16)
     cfg = RunConfig(model=model, plan=plan, cluster=Cluster.parse("4x4", device_memory="40GiB"), iterations=2,
@@ -187,8 +224,8 @@ def test_paper_size_plans_on_a_4x4_mesh_of_40gb(model, kind, batch):
             tensors = [p for i in stage.layers for p in m.build_layer(i).parameters()]
         parts = d.peak_breakdown
         if kind == "data":  # each replica holds every parameter, each one its own CUDA block(s)
-            assert parts["parameters"] == parts["gradients"] == blocks(2, tensors)
-            assert parts["optimizer"] == 3 * blocks(4, tensors)  # master, exp_avg, exp_avg_sq
+            assert within(parts["parameters"], 2, tensors) and within(parts["gradients"], 2, tensors)
+            assert within(parts["optimizer"], 4, tensors, copies=3)  # master, exp_avg, exp_avg_sq
         else:  # shards, but norms, some biases and the gate stay whole: bounds only
             assert blocks(2, tensors) // stage.degree <= parts["parameters"] <= blocks(2, tensors)
         assert 2**30 < d.peak_memory_bytes < 40 * 2**30 and d.overhead_bytes > CUDA_CONTEXT_BYTES

@@ -132,11 +132,20 @@ def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, required:
 
 def add_cluster(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--cluster", required=required, help="NxK (N nodes of K devices) or a cluster TOML file")
-    p.add_argument("--device-memory", help="per-device memory capacity, e.g. 200MiB or 40GB (overrides the cluster's)")
+    p.add_argument("--device-memory", help="per-device memory capacity, e.g. 200MiB or 40GB (overrides the cluster's);"
+                   " on CUDA the device's whole memory, as nvidia-smi counts it")
 
 
 def cluster_from(args: argparse.Namespace) -> Cluster:
-    return Cluster.parse(args.cluster, device_memory=args.device_memory)
+    """The ``--cluster``; its devices are of the ``--device`` type where the command has that option (a CUDA
+    run's devices are labelled "cuda" in its output and its layer-time profile, not "cpu")."""
+    device = getattr(args, "device", "cpu")
+    cluster = Cluster.parse(args.cluster, device_memory=args.device_memory, device_type=device)
+    if device == "cuda":
+        from hybridplan.runtime.gpu_memory import check_cuda_capacity  # imports no torch
+
+        check_cuda_capacity(cluster)
+    return cluster
 
 
 def add_training(p: argparse.ArgumentParser) -> None:

@@ -48,8 +48,13 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(prediction.to_dict(), indent=1))
         return 0
     print(plan.describe())
-    print(f"{'device':>6} {'stage':>5} {'in-flight':>9} {'predicted peak':>15}")
+    # CUDA profiles: the tensor peak, the memory outside the allocator and their total (the reserved peak is not
+    # predicted: predict/memory.py [Note: predicting a CUDA device])
+    cuda = predictor.device_type == "cuda"
+    print(f"{'device':>6} {'stage':>5} {'in-flight':>9} {'predicted peak':>15}"
+          + (f" {'reserved':>12} {'outside':>12} {'total (min)':>12}" if cuda else ""))
     for d in prediction.devices:
-        print(f"{d.device:>6} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>15}")
+        print(f"{d.device:>6} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>15}"
+              + (f" {'-':>12} {format_bytes(d.overhead_bytes):>12} {format_bytes(d.total_bytes):>12}" if cuda else ""))
     print(f"plan peak: {format_bytes(prediction.peak_memory_bytes)}")
     return 0

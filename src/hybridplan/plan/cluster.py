@@ -142,12 +142,14 @@ class Cluster:
         )
 
     @classmethod
-    def parse(cls, spec: str | Path, *, device_memory: str | int | None = None) -> Cluster:
+    def parse(cls, spec: str | Path, *, device_memory: str | int | None = None, device_type: str = "cpu") -> Cluster:
         """A cluster from the shorthand ``"NxK"`` or a TOML file path.
 
         Args:
             spec: ``"2x4"`` or the path of a TOML cluster file.
             device_memory: if given ("200MiB"), overrides every device's memory capacity.
+            device_type: the devices' type for the shorthand (a run's ``--device``: "cpu" or "cuda"), which
+                labels them in reports and layer-time profiles; a TOML file names its own types.
 
         Raises:
             ClusterError: for a malformed shorthand or file.
@@ -155,7 +157,7 @@ class Cluster:
         text = str(spec)
         match = _SHORTHAND.match(text)
         if match:
-            cluster = cls.uniform(int(match.group(1)), int(match.group(2)))
+            cluster = cls.uniform(int(match.group(1)), int(match.group(2)), device_type=device_type)
         elif text.endswith(".toml") or Path(text).is_file():
             cluster = cls.from_toml(Path(text))
         else:

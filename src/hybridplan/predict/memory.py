@@ -55,13 +55,35 @@ _PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
 
 @dataclass
 class DevicePrediction:
-    """Predicted memory of one device."""
+    """Predicted memory of one device.
+
+    [Note: predicting a CUDA device] From a profile taken on (simulated or real) CUDA devices, the peak is in
+    the caching allocator's terms (blocks and cuBLAS workspaces: runtime/gpu_memory.py), what
+    ``max_memory_allocated`` shows. The memory outside the allocator is added from the plan
+    (``estimate_overhead_bytes``: the context, every library a zoo model may load, the device's NCCL
+    communicators), so ``total_bytes`` is what must fit the device. The allocator's RESERVED peak is not
+    predicted (``reserved_peak_bytes`` None): it depends on the order of every allocation of the whole
+    stage, which only a run replays (``validate --backend sim --device cuda`` reports it); the reserved
+    memory above the tensor peak ranged from 0.4 MiB to 1.5 GiB on the H100 runs of
+    ../shared/notes/gpu-h100-facts.md, so ``total_bytes`` is a lower bound by that much.
+    """
 
     device: int
     stage: int
     peak_memory_bytes: int
     in_flight: int
     quantities: dict[str, int] = field(default_factory=dict)
+    overhead_bytes: int | None = None
+    """CUDA: memory outside the caching allocator, estimated (runtime/gpu_memory.py); None on a CPU."""
+    reserved_peak_bytes: int | None = None
+    """The allocator's reserved peak: not predicted from a profile (see [Note: predicting a CUDA device])."""
+    total_bytes: int | None = None
+    """CUDA: ``peak_memory_bytes + overhead_bytes``, the device memory the plan needs at least; None on a CPU."""
+
+    @property
+    def needed_bytes(self) -> int:
+        """What must fit the device's capacity: the total on CUDA, the tensor peak on a CPU."""
+        return self.peak_memory_bytes if self.total_bytes is None else self.total_bytes
 
 
 @dataclass
@@ -157,6 +179,7 @@ class MemoryPredictor:
         stash: Mapping[tuple[str, int], Mapping[int, int]] | None = None,
         recompute: bool = False,
         recomputed: MemoryPredictor | None = None,
+        device_type: str = "cpu",
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -175,6 +198,8 @@ class MemoryPredictor:
         self.profile_schedule = profile_schedule
         self.stash = stash or {}
         self.recompute = recompute
+        self.device_type = device_type
+        """The profiled devices' type: "cuda" adds the memory outside the allocator ([Note: predicting a CUDA device])."""
         self.recomputed = recomputed
         """[Note: recompute chosen per stage] The predictor of a second profile of the same model and cluster, taken
         with recompute (``hybridplan profile --activation-checkpointing``): it predicts the stages a plan marks
@@ -269,6 +294,7 @@ class MemoryPredictor:
             profile_schedule=meta["schedule"],
             stash=db.weight_stash,
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
+            device_type=db.run_options.get("device_type", "cpu"),
         )
 
     @property
@@ -440,6 +466,7 @@ class MemoryPredictor:
             recompute=self.recompute,
             recomputed=None if self.recomputed is None else self.recomputed.retargeted(
                 schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
+            device_type=self.device_type,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -488,9 +515,23 @@ class MemoryPredictor:
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
             for d in stage.devices:
-                devices.append(DevicePrediction(d, i, int(round(value)), flight, breakdown))
+                peak = int(round(value))
+                outside = self.outside_bytes(plan, d)
+                devices.append(DevicePrediction(d, i, peak, flight, breakdown, overhead_bytes=outside,
+                                                total_bytes=None if outside is None else peak + outside))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
+
+    def outside_bytes(self, plan: Plan | None, device: int = 0) -> int | None:
+        """CUDA: the memory ``device`` of ``plan`` holds outside the allocator (plan None: without any NCCL
+        communicator, a floor for every plan); None for a CPU profile. See [Note: predicting a CUDA device]."""
+        if self.device_type != "cuda":
+            return None
+        from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, estimate_overhead_bytes, CUDA_CONTEXT_BYTES
+
+        if plan is None:
+            return CUDA_CONTEXT_BYTES + sum(LIBRARY_BYTES.values())
+        return estimate_overhead_bytes(plan, device, set(LIBRARY_BYTES))
 
     def _check_measured_kinds(self, plan: Plan) -> None:
         """Refuse stages the profile did not measure in kind: ZeRO sharding, or recompute asked of a stage when

@@ -23,8 +23,9 @@ A tour of its files in the order a run goes through them:
     if asked;
   - :mod:`~hybridplan.runtime.precision`: fp32 or mixed precision, and the optimizer;
   - :mod:`~hybridplan.runtime.memory`: the meters that count peak tensor memory (exact storage tracker,
-    CUDA allocator counters); :mod:`~hybridplan.runtime.gpu_memory`: GPU terms for simulated CUDA
-    devices;
+    CUDA allocator counters); :mod:`~hybridplan.runtime.gpu_memory`: a simulated CUDA device (tensor
+    peak, reserved peak, memory outside the allocator), over :mod:`~hybridplan.runtime.cuda_allocator`,
+    a replay of PyTorch's caching allocator;
   - :mod:`~hybridplan.runtime.executor`: the training loop of one rank: schedule actions, transfers
     between stages (:mod:`~hybridplan.runtime.routing`; staged through host memory when several ranks
     share a GPU, :mod:`~hybridplan.runtime.shared_gpu`), releasing sent outputs

@@ -18,6 +18,7 @@ from hybridplan.models.base import LayeredModel
 from hybridplan.models.zoo import resolve_model
 from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
+from hybridplan.runtime.gpu_memory import check_cuda_capacity
 from hybridplan.runtime.precision import Precision, check_precision
 
 __all__ = [
@@ -51,8 +52,8 @@ class RunConfig:
 
     Raises:
         UsageError: on construction, for a setting outside its choices (backend, device type, precision),
-            a loss scale that does not fit the precision, fewer than one iteration, or layer timing on
-            simulated devices.
+            a loss scale that does not fit the precision, fewer than one iteration, layer timing on
+            simulated devices, or a CUDA device capacity that cannot hold the CUDA context.
     """
 
     model: str | LayeredModel
@@ -109,6 +110,8 @@ class RunConfig:
         check_precision(self.precision, self.loss_scale)
         if self.iterations < 1:
             raise UsageError(f"--iterations must be at least 1, got {self.iterations}")
+        if self.device_type == "cuda":
+            check_cuda_capacity(self.cluster)
         if self.layer_timing and self.backend != "real":
             raise UsageError(
                 f"layer timing needs real devices, but the backend is {self.backend!r}: fake tensors take no time",

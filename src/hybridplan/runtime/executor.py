@@ -53,12 +53,22 @@ from hybridplan.runtime.sharding import optimizer_state, reduces_gradients
 from hybridplan.plan.schedule import Action, max_in_flight, stage_actions
 from hybridplan.runtime.weight_stash import WeightStash
 
-__all__ = ["StageExecutor", "IterationRecord", "data_seed"]
+__all__ = ["StageExecutor", "IterationRecord", "data_seed", "barrier"]
 
 
 def data_seed(seed: int, iteration: int) -> int:
     """Seed of the synthetic global batch of ``iteration`` (identical under every plan)."""
     return (seed * 7_368_787 + iteration * 104_729 + 1) % (2**63 - 1)
+
+
+def barrier() -> None:
+    """Wait for every rank of the default group; nothing to wait for in a world of one rank.
+
+    A one-rank world skips it: under NCCL the first barrier creates a communicator, 562 MiB of device
+    memory on an H100 (../shared/notes/gpu-h100-facts.md) that a one-device plan never needs.
+    """
+    if dist.get_world_size() > 1:
+        dist.barrier()
 
 
 @dataclass
@@ -75,6 +85,8 @@ class IterationRecord:
     """This rank's weighted share of the loss (0 off the last stage); None under fake tensors."""
     peak_breakdown: dict[str, int] = field(default_factory=dict)
     timeline: list[dict[str, Any]] = field(default_factory=list)
+    reserved_peak: int | None = None
+    """Peak bytes the CUDA caching allocator reserved (real or simulated CUDA device); None on a CPU."""
 
 
 class StageExecutor:
@@ -292,7 +304,7 @@ class StageExecutor:
         gc.collect()
         gc.disable()
         try:
-            dist.barrier()
+            barrier()
             start = time.perf_counter()
             self.optimizer.zero_grad(set_to_none=True)
             self.meter.reset_peak()
@@ -330,13 +342,14 @@ class StageExecutor:
             self._wait_sends()
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
-            peak, breakdown = self.meter.peak, dict(self.meter.peak_by_category)
-            dist.barrier()
+            peak, breakdown, reserved = self.meter.peak, dict(self.meter.peak_by_category), self.meter.reserved_peak
+            barrier()
             seconds = time.perf_counter() - start
         finally:
             gc.enable()
         return IterationRecord(
-            seconds=seconds, peak=peak, static=static, data=data, loss=loss, peak_breakdown=breakdown, timeline=timeline
+            seconds=seconds, peak=peak, static=static, data=data, loss=loss, peak_breakdown=breakdown, timeline=timeline,
+            reserved_peak=reserved,
         )
 
     def _retag_optimizer_state(self) -> None:

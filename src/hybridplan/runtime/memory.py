@@ -25,9 +25,12 @@ Two rules keep the count deterministic across runs:
 An allocation that takes the count over ``capacity_bytes`` raises :class:`DeviceOutOfMemory`, as a
 GPU's allocator would.
 
-In GPU terms (``StorageTracker(rounding=...)``, used by simulated CUDA devices, runtime/sim.py) every
-storage counts the bytes the CUDA caching allocator would hand out for it, and tensors a CUDA run
-keeps on the host (optimizer step counters) are not counted: see runtime/gpu_memory.py.
+In GPU terms (``StorageTracker(device=CudaDeviceModel(...))``, used by simulated CUDA devices,
+runtime/sim.py) every storage counts the block the CUDA caching allocator would hand out for it,
+replayed allocation by allocation with its reserved segments (runtime/cuda_allocator.py), the cuBLAS
+workspaces are allocated at each thread's first matmul, and tensors a CUDA run keeps on the host
+(optimizer step counters) are not counted: see runtime/gpu_memory.py. (``rounding=`` counts each storage
+as a given function of its size, without the allocator's history.)
 """
 
 from __future__ import annotations
@@ -42,12 +45,16 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from hybridplan.runtime.gpu_memory import AllocatorOutOfMemory, CudaDeviceModel
+
 __all__ = ["DeviceOutOfMemory", "StorageTracker", "CudaMemoryMeter", "NullMeter", "CATEGORIES", "storage_tensors"]
 
-CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "backward", "step", "other", "weight_stash")
+CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "backward", "step", "other", "weight_stash",
+              "workspace")
 """Where bytes are attributed: by the phase they were allocated in, except gradients (re-tagged when
 they are accumulated into ``param.grad``) and parameters/optimizer state (registered). "weight_stash" is
-PipeDream-2BW's second weight version (runtime/weight_stash.py); other schedules have none."""
+PipeDream-2BW's second weight version (runtime/weight_stash.py); other schedules have none. "workspace":
+the cuBLAS workspaces of a simulated CUDA device (runtime/gpu_memory.py [Note: cuBLAS workspaces])."""
 
 
 class DeviceOutOfMemory(RuntimeError):
@@ -89,16 +96,25 @@ class StorageTracker(TorchDispatchMode):
         (1024, 1024)
     """
 
-    def __init__(self, capacity_bytes: int | None = None, *, rounding: Callable[[int], int] | None = None) -> None:
+    def __init__(
+        self,
+        capacity_bytes: int | None = None,
+        *,
+        rounding: Callable[[int], int] | None = None,
+        device: CudaDeviceModel | None = None,
+    ) -> None:
         super().__init__()
-        self.capacity_bytes = capacity_bytes
+        self.capacity_bytes = capacity_bytes if device is None else device.capacity_bytes
         self.rounding = rounding
-        """Maps a storage's bytes to the bytes its allocation takes (GPU terms); None: exact bytes."""
+        """Maps a storage's bytes to the bytes its allocation takes; None: exact bytes (or ``device``'s)."""
+        self.device = device
+        """A simulated CUDA device whose allocator gives every storage its block (GPU terms); None: none."""
         self.current = 0
         self.peak = 0
         self.window_peak = 0
         self.phase = "other"
-        self._live: dict[int, tuple[int, str, Any]] = {}
+        self._live: dict[Any, tuple[int, str, Any, int]] = {}
+        """Per storage key: (bytes counted, category, weakref, the storage's own bytes)."""
         self._by_category = dict.fromkeys(CATEGORIES, 0)
         self.peak_by_category = dict(self._by_category)
         self._paused = 0
@@ -106,12 +122,37 @@ class StorageTracker(TorchDispatchMode):
         """Storages written through an ``out=`` argument, by key: a weakref each, re-measured at every op."""
 
     # ------------------------------------------------------------------ accounting
-    def _release(self, key: int, _ref: Any = None) -> None:
+    def _release(self, key: Any, _ref: Any = None) -> None:
         self._resizable.pop(key, None)
         entry = self._live.pop(key, None)
         if entry is not None:
             self.current -= entry[0]
             self._by_category[entry[1]] -= entry[0]
+            if self.device is not None:
+                self.device.allocator.free(key)
+
+    def _allocate(self, key: Any, nbytes: int) -> int:
+        """Bytes counted for a new storage of ``nbytes``: exact, rounded, or the simulated device's block."""
+        if self.device is not None:
+            try:
+                return self.device.allocator.malloc(key, nbytes)
+            except AllocatorOutOfMemory as e:
+                raise self._out_of_memory(e) from None
+        return nbytes if self.rounding is None else self.rounding(nbytes)
+
+    def _out_of_memory(self, e: AllocatorOutOfMemory) -> DeviceOutOfMemory:
+        assert self.device is not None and self.device.capacity_bytes is not None  # only a limited device runs out
+        needed = e.reserved + e.request + self.device.outside_bytes
+        return DeviceOutOfMemory(needed, self.device.capacity_bytes, self.phase)
+
+    def _count(self, delta: int, category: str) -> None:
+        self.current += delta
+        self._by_category[category] += delta
+        if self.current > self.window_peak:
+            self.window_peak = self.current
+        if self.current > self.peak:
+            self.peak = self.current
+            self.peak_by_category = dict(self._by_category)
 
     def track(self, t: Any, category: str | None = None) -> None:
         """Count ``t``'s storage (once) under ``category`` (default: the current phase)."""
@@ -120,22 +161,17 @@ class StorageTracker(TorchDispatchMode):
                 continue
             storage = plain.untyped_storage()
             key = storage._cdata
-            nbytes = storage.nbytes() if self.rounding is None else self.rounding(storage.nbytes())
+            size = storage.nbytes()
             entry = self._live.get(key)
             if entry is not None:
-                if entry[0] == nbytes:
+                if entry[3] == size:
                     continue
                 self._release(key)  # resized in place: count the new size
             cat = category or self.phase
-            self._live[key] = (nbytes, cat, weakref.ref(storage, functools.partial(self._release, key)))
-            self.current += nbytes
-            self._by_category[cat] += nbytes
-            if self.current > self.window_peak:
-                self.window_peak = self.current
-            if self.current > self.peak:
-                self.peak = self.current
-                self.peak_by_category = dict(self._by_category)
-            if self.capacity_bytes is not None and self.current > self.capacity_bytes:
+            nbytes = self._allocate(key, size)
+            self._live[key] = (nbytes, cat, weakref.ref(storage, functools.partial(self._release, key)), size)
+            self._count(nbytes, cat)
+            if self.device is None and self.capacity_bytes is not None and self.current > self.capacity_bytes:
                 raise DeviceOutOfMemory(self.current, self.capacity_bytes, self.phase)
 
     def _remeasure_resizable(self) -> None:
@@ -145,17 +181,13 @@ class StorageTracker(TorchDispatchMode):
             entry = self._live.get(key)
             if storage is None or entry is None:
                 continue
-            nbytes = storage.nbytes() if self.rounding is None else self.rounding(storage.nbytes())
-            if nbytes != entry[0]:
-                delta = nbytes - entry[0]
-                self._live[key] = (nbytes, entry[1], entry[2])
-                self.current += delta
-                self._by_category[entry[1]] += delta
-                if self.current > self.window_peak:
-                    self.window_peak = self.current
-                if self.current > self.peak:
-                    self.peak = self.current
-                    self.peak_by_category = dict(self._by_category)
+            size = storage.nbytes()
+            if size != entry[3]:
+                if self.device is not None:
+                    self.device.allocator.free(key)
+                nbytes = self._allocate(key, size)
+                self._live[key] = (nbytes, entry[1], entry[2], size)
+                self._count(nbytes - entry[0], entry[1])
 
     def track_all(self, objects: Iterable[Any], category: str) -> None:
         """Register pre-existing tensors: modules (parameters, gradients, buffers), optimizers (state), tensors."""
@@ -184,7 +216,7 @@ class StorageTracker(TorchDispatchMode):
             if entry is not None and entry[1] != category:
                 self._by_category[entry[1]] -= entry[0]
                 self._by_category[category] += entry[0]
-                self._live[key] = (entry[0], category, entry[2])
+                self._live[key] = (entry[0], category, entry[2], entry[3])
 
     def forget(self, t: Any) -> None:
         """Stop counting ``t``'s storage now (it is only kept alive for an in-flight send)."""
@@ -193,12 +225,17 @@ class StorageTracker(TorchDispatchMode):
 
     def host_resident(self, t: Any) -> None:
         """``t`` would live in host memory in a GPU run: in GPU terms, stop counting it (else no-op)."""
-        if self.rounding is not None:
+        if self.rounding is not None or self.device is not None:
             self.forget(t)
 
     def overhead_bytes(self) -> int | None:
-        """Device memory outside tensors: none on a CPU (for simulated GPUs see runtime/gpu_memory.py)."""
-        return None
+        """Device memory outside the allocator: the simulated CUDA device's (runtime/gpu_memory.py); None on a CPU."""
+        return None if self.device is None else self.device.outside_bytes
+
+    @property
+    def reserved_peak(self) -> int | None:
+        """Peak bytes the simulated CUDA device's allocator reserved in this window; None on a CPU."""
+        return None if self.device is None else self.device.allocator.peak_reserved
 
     def counts(self, t: Any) -> bool:
         """Whether ``t``'s storage is currently counted."""
@@ -210,6 +247,8 @@ class StorageTracker(TorchDispatchMode):
         self.peak = self.current
         self.window_peak = self.current
         self.peak_by_category = dict(self._by_category)
+        if self.device is not None:
+            self.device.allocator.reset_peak()
 
     def start_window(self) -> int:
         """Start a sub-window (for per-action peaks); returns the current level."""
@@ -258,7 +297,24 @@ class StorageTracker(TorchDispatchMode):
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
                     self.track(t)
+            if self.device is not None:
+                self._workspaces(func, args)
         return out
+
+    def _workspaces(self, func: Any, args: Any) -> None:
+        """Allocate the cuBLAS workspaces a CUDA run of ``func`` would (runtime/gpu_memory.py [Note: cuBLAS
+        workspaces]); the backward phase runs on autograd's own thread, whose handle has its own."""
+        assert self.device is not None
+        op = getattr(getattr(func, "overloadpacket", None), "__name__", "")
+        bias = bool(args) and isinstance(args[0], torch.Tensor) and args[0].dim() == 1
+        backward = self.phase == "backward"
+        try:
+            blocks = self.device.workspaces_for(op, bias=bias, backward=backward)
+        except AllocatorOutOfMemory as e:
+            raise self._out_of_memory(e) from None
+        for key, nbytes in blocks:  # held for the process's life, as PyTorch's handle-to-workspace map holds them
+            self._live[key] = (nbytes, "workspace", None, nbytes)
+            self._count(nbytes, "workspace")
 
 
 class _PassiveMeter:
@@ -294,6 +350,11 @@ class _PassiveMeter:
         """Device memory outside the tensor allocator (None: not measured)."""
         return None
 
+    @property
+    def reserved_peak(self) -> int | None:
+        """Peak bytes the allocator reserved in this window (None: not measured)."""
+        return None
+
     @contextmanager
     def in_phase(self, phase: str) -> Iterator[None]:
         yield
@@ -306,20 +367,23 @@ class _PassiveMeter:
 class CudaMemoryMeter(_PassiveMeter):
     """The same interface over the CUDA caching allocator's counters (``max_memory_allocated``).
 
-    The allocator sees every tensor by itself. A capacity is enforced with
-    ``torch.cuda.set_per_process_memory_fraction``.
+    The allocator sees every tensor by itself. A capacity (the device's whole memory, as nvidia-smi
+    counts it) is enforced with ``torch.cuda.set_per_process_memory_fraction``, which limits what the
+    allocator reserves: to the capacity less ``outside_bytes``, the memory expected outside the
+    allocator (runtime/gpu_memory.py ``estimate_overhead_bytes``).
     """
 
-    def __init__(self, device: torch.device, capacity_bytes: int | None = None) -> None:
+    def __init__(self, device: torch.device, capacity_bytes: int | None = None, *, outside_bytes: int = 0) -> None:
         self.device = device
         self.capacity_bytes = capacity_bytes
         self._earlier_peak = 0  # peak of the windows closed since reset_peak
+        self._earlier_reserved = 0
         self.phase = "other"
         self.peak_by_category: dict[str, int] = {}
         self.by_category: dict[str, int] = {}
         if capacity_bytes is not None:
             total = torch.cuda.get_device_properties(device).total_memory
-            torch.cuda.set_per_process_memory_fraction(min(1.0, capacity_bytes / total), device)
+            torch.cuda.set_per_process_memory_fraction(max(0.0, min(1.0, (capacity_bytes - outside_bytes) / total)), device)
 
     @property
     def current(self) -> int:
@@ -334,15 +398,22 @@ class CudaMemoryMeter(_PassiveMeter):
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.max_memory_allocated(self.device))
 
+    @property
+    def reserved_peak(self) -> int | None:
+        """``max_memory_reserved`` over the windows since :meth:`reset_peak`."""
+        return max(self._earlier_reserved, int(torch.cuda.max_memory_reserved(self.device)))
+
     def reset_peak(self) -> None:
         torch.cuda.synchronize(self.device)
         torch.cuda.reset_peak_memory_stats(self.device)
         self._earlier_peak = 0
+        self._earlier_reserved = 0
 
     def start_window(self) -> int:
         """Close the running window (keeping its peak) and open a new one: the allocator's peak counter
         is global, so per-action peaks need a reset at each action."""
         self._earlier_peak = max(self._earlier_peak, self.window_peak)
+        self._earlier_reserved = max(self._earlier_reserved, int(torch.cuda.max_memory_reserved(self.device)))
         torch.cuda.reset_peak_memory_stats(self.device)
         return self.current
 

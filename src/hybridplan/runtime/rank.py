@@ -24,8 +24,8 @@ from hybridplan.models.tensor_parallel import TensorParallelGroup
 from hybridplan.models.zoo import resolve_model
 from hybridplan.plan import Plan
 from hybridplan.runtime.config import DeviceType, RunConfig
-from hybridplan.runtime.executor import IterationRecord, StageExecutor
-from hybridplan.runtime.gpu_memory import cuda_block_bytes, estimate_overhead_bytes
+from hybridplan.runtime.executor import IterationRecord, StageExecutor, barrier
+from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, CudaDeviceModel, communicators_of, estimate_overhead_bytes
 from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
 from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
@@ -33,7 +33,7 @@ from hybridplan.runtime.sharding import shard_stage, zero1_optimizer
 from hybridplan.runtime.result import RankFailure, RankReport
 from hybridplan.runtime.stage import build_stage_module, unsplit_state
 
-__all__ = ["run_rank", "make_meter", "rank_failure", "process_group_backend"]
+__all__ = ["run_rank", "make_meter", "rank_failure", "process_group_backend", "process_group_device"]
 
 Meter = CudaMemoryMeter | StorageTracker | NullMeter
 """A rank's memory meter (runtime/memory.py)."""
@@ -45,15 +45,25 @@ def process_group_backend(device_type: DeviceType, *, share_gpu: bool = False) -
     return "nccl" if device_type == "cuda" and not share_gpu else "gloo"
 
 
-def make_meter(cfg: RunConfig, device: torch.device, capacity: int | None, *, simulated: bool) -> Meter:
-    """The memory meter of a rank: the CUDA allocator's counters on a real GPU, else the exact storage
-    tracker, in GPU terms (allocation rounding) when a simulated rank stands for a CUDA device."""
+def process_group_device(device: torch.device, *, share_gpu: bool = False) -> torch.device | None:
+    """The ``device_id`` to give ``init_process_group``: the rank's GPU on CUDA (NCCL then binds its
+    communicators to it instead of warning that it is "Guessing device ID"), None on a CPU or when ranks share
+    a GPU (both gloo, which takes no device)."""
+    return device if device.type == "cuda" and not share_gpu else None
+
+
+def make_meter(cfg: RunConfig, device: torch.device, capacity: int | None, *, simulated: bool, rank: int = 0) -> Meter:
+    """The memory meter of ``rank``: the CUDA allocator's counters on a real GPU, else the exact storage
+    tracker, in GPU terms (a simulated CUDA device: its caching allocator, workspaces and memory outside
+    the allocator, runtime/gpu_memory.py) when a simulated rank stands for a CUDA device. On CUDA the
+    capacity is the device's whole memory."""
     if not cfg.track_memory:
         return NullMeter()
     if device.type == "cuda":
-        return CudaMemoryMeter(device, capacity)
-    gpu_terms = simulated and cfg.device_type == "cuda"
-    return StorageTracker(capacity, rounding=cuda_block_bytes if gpu_terms else None)
+        return CudaMemoryMeter(device, capacity, outside_bytes=estimate_overhead_bytes(cfg.plan, rank, set(LIBRARY_BYTES)))
+    if simulated and cfg.device_type == "cuda":
+        return StorageTracker(device=CudaDeviceModel(capacity, communicators=len(communicators_of(cfg.plan, rank))))
+    return StorageTracker(capacity)
 
 
 def run_rank(
@@ -96,7 +106,7 @@ def run_rank(
     checkpointing = cfg.activation_checkpointing or stage.recompute == "full"
     collectives.stage_through_host(cfg.share_gpu)  # gloo on a shared GPU: runtime/shared_gpu.py
 
-    meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated)
+    meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated, rank=rank)
     specs = specs if specs is not None else boundary_specs(model, stop=stage.stop)
     with meter:
         with meter.in_phase("parameters"):
@@ -156,12 +166,11 @@ def run_rank(
         weights, grads = unsplit_state(module, stage.start)
         if index_in_stage == 0:
             torch.save({"weights": weights, "grads": grads}, Path(cfg.save_weights_dir) / f"stage{stage_index}.pt")
-    dist.barrier()
+    barrier()
     tracked = cfg.track_memory
-    # On a shared GPU, memory outside the allocator is every rank's together: not this device's.
+    # On a shared GPU, memory outside the allocator is every rank's together: not this device's. A simulated
+    # CUDA device's is its model's (runtime/gpu_memory.py).
     overhead = meter.overhead_bytes() if tracked and not cfg.share_gpu else None
-    if simulated and tracked and cfg.device_type == "cuda":
-        overhead = estimate_overhead_bytes(plan, rank)
     return RankReport(
         rank=rank,
         stage=stage_index,
@@ -169,6 +178,7 @@ def run_rank(
         node=cfg.cluster.node_of(rank),
         in_flight=executor.in_flight,
         iteration_peaks=[r.peak for r in records] if tracked else [],
+        reserved_peaks=[r.reserved_peak for r in records if r.reserved_peak is not None] if tracked else [],
         static=[r.static for r in records] if tracked else [],
         data=[r.data for r in records] if tracked else [],
         breakdowns=[r.peak_breakdown for r in records] if tracked else [],

@@ -104,9 +104,12 @@ class RankReport:
     timeline: list[dict[str, Any]]
     """Per action of the last iteration: ``{"action", "before", "peak", "after"}`` bytes."""
     overhead_bytes: int | None
-    """GPU memory outside tensors (runtime/gpu_memory.py): measured or estimated for CUDA, else None."""
+    """GPU memory outside the caching allocator (runtime/gpu_memory.py): measured on a real CUDA device,
+    modelled on a simulated one; None on a CPU."""
     layer_seconds: list[dict[str, list[list[float]]]]
     """With ``RunConfig.layer_timing``: per iteration, per-layer seconds of every micro-batch; else empty."""
+    reserved_peaks: list[int] = field(default_factory=list)
+    """CUDA only (real or simulated): peak bytes the caching allocator reserved in every iteration; else empty."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``{"status": "ok", "rank": ..., ...}`` (one key per field)."""
@@ -202,9 +205,15 @@ class DeviceResult:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     """Per action of the last iteration: {"action", "before", "peak", "after"} bytes."""
     overhead_bytes: int | None = None
-    """GPU memory outside tensors (CUDA context, NCCL buffers): measured on a real CUDA run, estimated on
-    a simulated one (runtime/gpu_memory.py); not part of ``peak_memory_bytes`` nor of the capacity
-    check. None on CPU."""
+    """GPU memory outside the caching allocator (CUDA context, libraries' kernels, NCCL buffers): measured
+    on a real CUDA run, modelled on a simulated one (runtime/gpu_memory.py); not part of
+    ``peak_memory_bytes``. None on CPU."""
+    reserved_peak_bytes: int | None = None
+    """CUDA: peak bytes the caching allocator reserved (``max_memory_reserved``; simulated: its replay), the
+    highest of the measured iterations. None on CPU."""
+    total_peak_bytes: int | None = None
+    """CUDA: the device memory in use at the peak as nvidia-smi shows it, ``reserved_peak_bytes +
+    overhead_bytes``; a plan fits a CUDA device when this does. None on CPU."""
     layer_seconds: list[dict[str, list[list[float]]]] = field(default_factory=list)
     """With ``RunConfig.layer_timing``: per iteration (warm-up first), ``{"forward": rows, "backward": rows}``
     with one row of per-layer seconds per micro-batch (runtime/layer_timer.py); else empty."""
@@ -295,16 +304,19 @@ class RunResult:
         if self.losses:
             lines.append("losses: " + ", ".join(f"{v:.6f}" for v in self.losses))
         if self.devices:
-            overhead = any(d.overhead_bytes is not None for d in self.devices)
+            # CUDA devices: the tensor peak (max_memory_allocated), the allocator's reserved peak, the memory
+            # outside it and their total (what nvidia-smi shows, what must fit the device)
+            cuda = any(d.overhead_bytes is not None for d in self.devices)
             lines.append(
-                f"{'device':>6} {'node':>4} {'stage':>5} {'in-flight':>9} {'peak memory':>14} {'static':>12}"
-                + (f" {'overhead':>12}" if overhead else "")
+                f"{'device':>6} {'node':>4} {'stage':>5} {'in-flight':>9} {'tensor peak' if cuda else 'peak memory':>14}"
+                f" {'static':>12}" + (f" {'reserved':>12} {'outside':>12} {'total':>12}" if cuda else "")
             )
             for d in sorted(self.devices, key=lambda d: d.device):
                 lines.append(
                     f"{d.device:>6} {d.node:>4} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>14}"
                     f" {format_bytes(d.static_memory_bytes):>12}"
-                    + (f" {format_bytes(d.overhead_bytes):>12}" if overhead else "")
+                    + (f" {format_bytes(d.reserved_peak_bytes):>12} {format_bytes(d.overhead_bytes):>12}"
+                       f" {format_bytes(d.total_peak_bytes):>12}" if cuda else "")
                 )
         return "\n".join(lines)
 
@@ -346,10 +358,13 @@ def aggregate(cfg: RunConfig, reports: Sequence[RankReport], *, wall_seconds: fl
     devices = []
     for rep in reports:
         peaks = rep.iteration_peaks
-        peak = best = None
+        peak = best = reserved = total = None
         if peaks:
             best = max(measured, key=lambda it: peaks[it])
             peak = peaks[best]
+        if rep.reserved_peaks:
+            reserved = max(rep.reserved_peaks[it] for it in measured)
+            total = reserved + rep.overhead_bytes if rep.overhead_bytes is not None else None
         devices.append(
             DeviceResult(
                 device=rep.rank,
@@ -366,6 +381,8 @@ def aggregate(cfg: RunConfig, reports: Sequence[RankReport], *, wall_seconds: fl
                 timeline=rep.timeline,
                 overhead_bytes=rep.overhead_bytes,
                 layer_seconds=rep.layer_seconds,
+                reserved_peak_bytes=reserved,
+                total_peak_bytes=total,
             )
         )
     return RunResult(

@@ -14,12 +14,13 @@ The storage tracker counts the fake storages as it counts real ones, so a simula
 breakdowns and per-action timeline equal the real CPU runtime's (tests/runtime/test_sim_agreement.py).
 What needs values is skipped: there are no losses, and times are not measured (``iteration_seconds`` is
 None; a report's ``seconds`` are the simulation's own wall times). For ``device_type="cuda"`` the tracker
-counts in GPU terms and each device gets an overhead estimate (runtime/gpu_memory.py).
+counts in GPU terms: each device is a model of a CUDA device (runtime/gpu_memory.py) whose tensor peak,
+reserved peak and memory outside the allocator are reported, and whose capacity is its whole memory.
 
 [Note: simulating one device per stage] Devices of one stage do provably identical work in memory
 terms, so :func:`simulate` runs the first device of each stage and copies its report to the others
-(renaming rank, index in stage and node, and re-estimating the GPU overhead, which depends on the
-device's peers): the replicas of a data-parallel stage hold equal-sized row shards of every
+(renaming rank, index in stage and node, and re-counting the NCCL communicators in the memory a
+CUDA device holds outside its allocator, which depend on the device's peers): the replicas of a data-parallel stage hold equal-sized row shards of every
 micro-batch (a plan's data-parallel degree divides its micro-batch size) and equal copies of the
 parameters; the ranks of a tensor-parallel stage hold equal-sized shards (a split is valid only if the
 degree divides the dimension) and all rows; every rank of a stage runs the same action list; a
@@ -50,7 +51,7 @@ from hybridplan.errors import UsageError
 from hybridplan.models.boundaries import BoundarySpec, boundary_specs
 from hybridplan.models.zoo import resolve_model
 from hybridplan.runtime.config import RunConfig, validate_config
-from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
+from hybridplan.runtime.gpu_memory import NCCL_COMMUNICATOR_BYTES, communicators_of
 from hybridplan.runtime.memory import DeviceOutOfMemory
 from hybridplan.runtime.rank import run_rank
 from hybridplan.runtime.result import RankReport, RunResult, aggregate, failed_result
@@ -91,7 +92,7 @@ def simulate_stage(
 
     The report is a real rank's (runtime/rank.py ``run_rank``), except: ``seconds`` are the simulation's
     wall time per iteration, not a device time; ``losses`` are empty; ``overhead_bytes`` is the GPU
-    estimate for ``device_type="cuda"``, else None; ``layer_seconds`` are empty (layer timing needs real
+    memory a modelled CUDA device holds outside its allocator for ``device_type="cuda"``, else None; ``layer_seconds`` are empty (layer timing needs real
     devices). The first iteration is the warm-up (the optimizer state appears in its step), so
     ``iterations`` must be at least 2 for a steady-state peak. The plan is not validated here (a
     profiling campaign calls this many times): use :func:`~hybridplan.runtime.config.validate_config`
@@ -169,6 +170,14 @@ def simulate(
             if rank not in reports:
                 reports[rank] = _as_rank(cfg, reports[stage.devices[0]], rank)
     ordered = [reports[rank] for rank in range(plan.num_devices)]
+    for rep in ordered:  # a copied CUDA device may join more communicators than the one simulated
+        capacity = cfg.cluster.memory_of(rep.rank)
+        if capacity is not None and rep.reserved_peaks and rep.overhead_bytes is not None:
+            total = max(rep.reserved_peaks) + rep.overhead_bytes
+            if total > capacity:
+                reason = (f"device {rep.rank} (stage {rep.stage}): DeviceOutOfMemory: {total} bytes of device memory"
+                          f" in use at the peak (reserved + outside the allocator), capacity {capacity} bytes")
+                return failed_result(cfg, "oom", reason, time.perf_counter() - started)
     return aggregate(cfg, ordered, wall_seconds=time.perf_counter() - started)
 
 
@@ -177,8 +186,9 @@ def _as_rank(cfg: RunConfig, report: RankReport, rank: int) -> RankReport:
     plan = cfg.plan
     stage = plan.stages[plan.stage_of_device(rank)]
     overhead = report.overhead_bytes
-    if cfg.device_type == "cuda" and cfg.track_memory:
-        overhead = estimate_overhead_bytes(plan, rank)
+    if overhead is not None:  # a simulated CUDA device: the same libraries, its own communicators
+        joined = len(communicators_of(plan, rank)) - len(communicators_of(plan, report.rank))
+        overhead += joined * NCCL_COMMUNICATOR_BYTES
     return replace(
         report, rank=rank, rank_in_stage=stage.devices.index(rank), node=cfg.cluster.node_of(rank), overhead_bytes=overhead
     )

@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from hybridplan.runtime.config import config_from_json
-from hybridplan.runtime.rank import process_group_backend, rank_failure, run_rank
+from hybridplan.runtime.rank import process_group_backend, process_group_device, rank_failure, run_rank
 from hybridplan.runtime.result import RankReport, aggregate
 
 __all__ = ["main"]
@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m hybridplan.run
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(process_group_backend(cfg.device_type, share_gpu=cfg.share_gpu),
-                            timeout=timedelta(seconds=cfg.timeout_s))
+                            timeout=timedelta(seconds=cfg.timeout_s),
+                            device_id=process_group_device(device, share_gpu=cfg.share_gpu))
     try:
         report = run_rank(rank, cfg, device=device)
     except BaseException as exc:

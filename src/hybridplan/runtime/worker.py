@@ -25,7 +25,7 @@ import torch.distributed as dist
 from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.lifeline import tie_to_launcher
-from hybridplan.runtime.rank import process_group_backend, rank_failure, run_rank
+from hybridplan.runtime.rank import process_group_backend, process_group_device, rank_failure, run_rank
 from hybridplan.runtime.result import EXIT_OK, RankFailure, RankReport
 
 __all__ = ["spawn_entry"]
@@ -56,7 +56,8 @@ def spawn_entry(
         device = torch.device(cfg.device_type, rank % max(1, torch.cuda.device_count())) if cfg.device_type == "cuda" else torch.device("cpu")
         backend = process_group_backend(cfg.device_type, share_gpu=cfg.share_gpu)
         dist.init_process_group(backend, store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=cfg.timeout_s))
+                                timeout=timedelta(seconds=cfg.timeout_s),
+                                device_id=process_group_device(device, share_gpu=cfg.share_gpu))
         report = run_rank(rank, cfg, device=device, specs=specs)
         code = EXIT_OK
     except BaseException as exc:  # every failure must reach the launcher as a report

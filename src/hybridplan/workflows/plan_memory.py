@@ -118,8 +118,9 @@ def plan_memory(
         capacity = cluster.memory_of(0)
         if capacity is None:
             raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
-        found = fewest_devices(model, cluster, L, capacity=capacity, pipeline_only=pipeline_only, composite=composite,
-                               progress=progress)
+        outside = predictor.outside_bytes(None)  # CUDA: the floor outside the allocator (communicators come with a plan)
+        found = fewest_devices(model, cluster, L, capacity=capacity - (outside or 0), pipeline_only=pipeline_only,
+                               composite=composite, progress=progress)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite)
@@ -146,17 +147,18 @@ def _check_fits(prediction: PlanPrediction, cluster: Cluster, predictor: MemoryP
         PlanError: naming the device most over its capacity, by how much, and what would lower the peak.
     """
     over = [(d, cap) for d in prediction.devices
-            if (cap := cluster.memory_of(d.device)) is not None and d.peak_memory_bytes > cap]
+            if (cap := cluster.memory_of(d.device)) is not None and d.needed_bytes > cap]
     if not over:
         return
-    worst, capacity = max(over, key=lambda dc: dc[0].peak_memory_bytes - dc[1])
+    worst, capacity = max(over, key=lambda dc: dc[0].needed_bytes - dc[1])
     uniform = len({cluster.memory_of(i) for i in range(cluster.num_devices)}) == 1
     claim = ("so no plan of this search fits" if optimal and uniform else
              "(this search does not weigh per-device capacities: --objective throughput keeps only plans that fit)"
              if not uniform else "(the bayesian search may miss lower plans: try --mode exact)")
     raise PlanError(
         f"the lowest-memory plan does not fit: device {worst.device} (stage {worst.stage}) needs"
-        f" {format_bytes(worst.peak_memory_bytes)}, {format_bytes(worst.peak_memory_bytes - capacity)} more than its"
+        f" {format_bytes(worst.needed_bytes)}" + ("" if worst.total_bytes is None else " (CUDA: tensors and what the"
+        " allocator leaves out)") + f", {format_bytes(worst.needed_bytes - capacity)} more than its"
         f" {format_bytes(capacity)}" + (f", and {len(over) - 1} more device(s) exceed theirs" if len(over) > 1 else "")
         + f"; {claim}",
         fix=_remedies(predictor),

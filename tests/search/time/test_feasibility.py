@@ -50,3 +50,14 @@ def test_model_rules_without_a_predictor():
     assert not fit(_plan((0, 5, "tensor", (0, 1, 2, 3)))) and fit.invalid == 1
     assert "cannot be tensor-parallel at degree 4" in fit.reasons["invalid"]
     assert fit.peak_memory(PIPELINE) == 0.0
+
+
+def test_a_cuda_capacity_holds_the_memory_outside_the_allocator_too():
+    """On CUDA --device-memory is the whole device: the predicted total (tensors + outside the allocator) must fit."""
+    predictor = _predictor("1f1b", "1f1b")
+    predictor.device_type = "cuda"
+    totals = [d.total_bytes for d in predictor.predict(PIPELINE).devices]
+    assert all(t is not None for t in totals)
+    peak = predictor.predict(PIPELINE).peak_memory_bytes
+    assert not Feasibility(Cluster.parse("1x4", device_memory=peak), predictor)(PIPELINE)
+    assert Feasibility(Cluster.parse("1x4", device_memory=max(totals)), predictor)(PIPELINE)

@@ -157,10 +157,10 @@ class Feasibility:
             return False
         for d in prediction.devices:
             capacity = self.cluster.memory_of(d.device)
-            if capacity is not None and d.peak_memory_bytes > capacity:
+            if capacity is not None and d.needed_bytes > capacity:  # on CUDA with what the allocator leaves out
                 self.too_large += 1
                 self.reasons.setdefault(
-                    "too_large", f"device {d.device} would need {d.peak_memory_bytes} bytes, it has {capacity}"
+                    "too_large", f"device {d.device} would need {d.needed_bytes} bytes, it has {capacity}"
                 )
                 return False
         return True
