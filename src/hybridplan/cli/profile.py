@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from typing import TYPE_CHECKING
 
 from hybridplan.cli.common import (
     add_cluster,
@@ -22,6 +25,10 @@ from hybridplan.plan import SCHEDULES
 from hybridplan.plan.cluster import Cluster
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
+from hybridplan.runtime.hosts import Hosts, check_launcher, parse_hosts
+
+if TYPE_CHECKING:
+    from hybridplan.profiling.campaign import Campaign
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +47,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                   "hybridplan profile --model gpt3-1.3b --cluster 4x4 --global-batch-size 1024 --num-microbatches 64 "
                   "--backend sim --device cuda --precision bf16 --device-memory 40GiB --db gpt3.sqlite",
                   "hybridplan profile --model gpt-tiny --cluster 1x4 --global-batch-size 64 --num-microbatches 4 "
-                  "--db profile.sqlite --time"],
+                  "--db profile.sqlite --time",
+                  "hybridplan profile --model gpt-tiny --cluster 2x4 --global-batch-size 64 --num-microbatches 4 "
+                  "--db profile.sqlite --hosts node1,node2   # from node1; or --hosts slurm in a SLURM allocation"],
     )
     add_model(p)
     add_cluster(p)
@@ -64,7 +73,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
     t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
     t.add_argument("--time-max-layers", type=positive_int, help="at most this many consecutive layers per timing run (default: all)")
+    m = p.add_argument_group("several machines (docs/runtime.md, Multi-node)")
+    m.add_argument("--hosts", help="run every profiling run with torchrun across these machines, one per node of --cluster, "
+                   "node 0 first: host names (node1,node2), a SLURM node list (gpu[01-04]), or 'slurm' (this allocation's nodes)")
+    m.add_argument("--launcher", help="how this command starts its agent on each host: ssh (default), srun (default with "
+                   "--hosts slurm), local (every host is this machine), or a template with {host}, e.g. 'ssh -p 2222 {host}'")
+    m.add_argument("--master-addr", help="address of the first host that every host reaches (default: the first host)")
+    m.add_argument("--master-port", type=_port, help="torchrun's rendezvous port on the first host (default 29500)")
     p.set_defaults(handler=handle)
+
+
+_DEFAULT_PORT = 29500
+"""torchrun's own default --master-port."""
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1 to 65535), got {text!r}")
+    return value
+
+
+def _hosts(args: argparse.Namespace, cluster: Cluster) -> Hosts | None:
+    """The machines of ``--hosts`` and its companions, checked against the cluster (None: this machine)."""
+    if args.hosts is None:
+        given = [o for o, v in (("--launcher", args.launcher), ("--master-addr", args.master_addr),
+                                ("--master-port", args.master_port)) if v is not None]
+        if given:
+            raise UsageError(f"{', '.join(given)} need --hosts", fix="list the machines with --hosts, or drop them")
+        return None
+    if args.time:
+        raise UsageError("--hosts runs the memory campaign on several machines; --time measures layers on this one",
+                         fix="drop --hosts for --time (layer times do not depend on the number of nodes)")
+    if args.backend == "sim":
+        raise UsageError("--hosts starts real processes on several machines; simulated devices (--backend sim) run in"
+                         " this process", fix="drop --hosts or --backend sim")
+    hosts = parse_hosts(args.hosts, os.environ)
+    if len(hosts) != cluster.num_nodes:
+        raise UsageError(f"--hosts names {len(hosts)} host(s) ({','.join(hosts[:8])}{',...' if len(hosts) > 8 else ''}) but"
+                         f" cluster {cluster.describe()} has {cluster.num_nodes} node(s)",
+                         fix="give one host per node of --cluster")
+    launcher = args.launcher or ("srun" if args.hosts.strip() == "slurm" else "ssh")
+    return Hosts(hosts=tuple(hosts), launcher=check_launcher(launcher), master_addr=args.master_addr or hosts[0],
+                 master_port=args.master_port or _DEFAULT_PORT)
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -88,16 +142,18 @@ def handle(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_output(args.db, "--db")
     cluster = cluster_from(args)
+    hosts = _hosts(args, cluster)
     batch_sizes = _ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None
     scenarios = tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None
 
     with ProfileStore(":memory:" if args.dry_run else args.db) as store:  # a file that is no database fails here
-        return _campaign(args, cluster, batch_sizes, scenarios, store)
+        return _campaign(args, cluster, batch_sizes, scenarios, store, hosts)
 
 
 def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int, ...] | None,
-              scenarios: tuple[Scenario, ...] | None, store: ProfileStore) -> int:
+              scenarios: tuple[Scenario, ...] | None, store: ProfileStore, hosts: Hosts | None) -> int:
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.runtime.multinode import MultiNode
 
     cfg = CampaignConfig(
         model=args.model,
@@ -113,7 +169,16 @@ def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int
         timeout_s=args.timeout,
         run_options=training_options(args),
     )
-    campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        nodes = None
+        if hosts is not None and not args.dry_run:  # the agents start (and the hosts are checked) before any run
+            nodes = stack.enter_context(MultiNode(hosts, devices_per_node=cluster.devices_per_node, on_event=say))
+        campaign = Campaign(cfg, store, progress=say, launch=nodes.launch if nodes is not None else None)
+        return _run_campaign(args, campaign)
+
+
+def _run_campaign(args: argparse.Namespace, campaign: Campaign) -> int:
     if args.dry_run:
         runs = campaign.dry_run()
         for batch, scenario, run in runs:
@@ -126,7 +191,7 @@ def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int
               f" (CAPTURE's Description 1: {campaign.L + 1} per scenario and batch size)")
         return 0
     print(
-        f"profiling {args.model} ({campaign.L} layers) for {cfg.cluster.describe()}: scenarios "
+        f"profiling {args.model} ({campaign.L} layers) for {campaign.cfg.cluster.describe()}: scenarios "
         f"{', '.join(s.name for s in campaign.scenarios)} at global batch sizes {campaign.batch_sizes}",
         file=sys.stderr,
     )
