@@ -100,21 +100,14 @@ def _port(text: str) -> int:
 def _hosts(args: argparse.Namespace, cluster: Cluster) -> Hosts | None:
     """The machines of ``--hosts`` and its companions, checked against the cluster (None: this machine)."""
     if args.hosts is None:
-        given = [o for o, v in (("--launcher", args.launcher), ("--master-addr", args.master_addr),
-                                ("--master-port", args.master_port)) if v is not None]
-        if given:
-            raise UsageError(f"{', '.join(given)} need --hosts", fix="list the machines with --hosts, or drop them")
         return None
-    if args.time:
-        raise UsageError("--hosts runs the memory campaign on several machines; --time measures layers on this one",
-                         fix="drop --hosts for --time (layer times do not depend on the number of nodes)")
     if args.backend == "sim":
         raise UsageError("--hosts starts real processes on several machines; simulated devices (--backend sim) run in"
                          " this process", fix="drop --hosts or --backend sim")
     hosts = parse_hosts(args.hosts, os.environ)
     if len(hosts) != cluster.num_nodes:
         raise UsageError(f"--hosts names {len(hosts)} host(s) ({','.join(hosts[:8])}{',...' if len(hosts) > 8 else ''}) but"
-                         f" cluster {cluster.describe()} has {cluster.num_nodes} node(s)",
+                         f" cluster {cluster.shape} has {cluster.num_nodes} node(s)",
                          fix="give one host per node of --cluster")
     launcher = args.launcher or ("srun" if args.hosts.strip() == "slurm" else "ssh")
     return Hosts(hosts=tuple(hosts), launcher=check_launcher(launcher), master_addr=args.master_addr or hosts[0],
@@ -135,6 +128,14 @@ def handle(args: argparse.Namespace) -> int:
     if args.global_batch_size % args.num_microbatches:
         raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into {args.num_microbatches}"
                          " equal micro-batches", fix="choose a micro-batch count that divides the global batch size")
+    given = [o for o, v in (("--launcher", args.launcher), ("--master-addr", args.master_addr),
+                            ("--master-port", args.master_port)) if v is not None]
+    if given and args.hosts is None:
+        raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --hosts",
+                         fix="list the machines with --hosts, or drop them")
+    if args.time and args.hosts is not None:
+        raise UsageError("--hosts runs the memory campaign on several machines; --time measures layers on this one",
+                         fix="drop --hosts for --time (layer times do not depend on the number of nodes)")
     if args.time:
         return _time(args)
     if args.time_out or args.time_degrees or args.time_micro_batch_sizes or args.time_max_layers:

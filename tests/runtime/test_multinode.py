@@ -1,0 +1,63 @@
+"""Runs on several machines from one head (runtime/multinode.py and its node agent, runtime/node.py), with
+two "nodes" on this machine (``--launcher local``, rendezvous on 127.0.0.1): a failed run is reported as the
+local launcher reports it; hosts that cannot serve are refused before any run. A whole campaign on two
+nodes, equal to a local one and resumed after a kill: tests/cli/test_profile.py."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from hybridplan.errors import LaunchError
+from hybridplan.plan.cluster import Cluster
+from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.hosts import LAUNCHERS, Hosts
+from hybridplan.runtime.launch import launch
+from hybridplan.runtime.multinode import MultiNode
+from tests.runtime.util import make_plan
+
+MLP = "tests.cli.user_models:mlp"
+PLAN = make_plan("1f1b", 8, 2, [(0, 2, "none", [0]), (2, 5, "none", [1])])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def two_nodes(port: int, launcher: str = LAUNCHERS["local"]) -> MultiNode:
+    return MultiNode(Hosts(hosts=("127.0.0.1", "127.0.0.1"), launcher=launcher, master_addr="127.0.0.1", master_port=port),
+                     devices_per_node=1)
+
+
+@pytest.mark.distributed
+def test_a_run_that_runs_out_of_memory_on_the_second_node_is_reported_as_locally():
+    """Stage 1 (on node 1) needs more than 20 KiB: the same status and reason as the local launcher's, which
+    name the device, its stage and the bytes; a run is a run of the campaign, so it is then recorded as a
+    local failure is (profiling/campaign.py)."""
+    cfg = RunConfig(model=MLP, plan=PLAN, cluster=Cluster.parse("1x2", device_memory="20KiB"), iterations=2)
+    local = launch(cfg)
+    assert local.status == "oom" and local.reason is not None and local.reason.startswith("device 1 (stage 1)")
+    with two_nodes(free_port()) as nodes:
+        result = nodes.launch(cfg)
+    assert (result.status, result.reason) == (local.status, local.reason)
+    assert result.devices == []
+
+
+def test_a_taken_rendezvous_port_is_refused_before_any_run():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(LaunchError, match=f"port {port} on .* is not free"):
+            with two_nodes(port):
+                pytest.fail("started with the port taken")
+
+
+def test_a_host_the_launcher_cannot_reach_is_refused_before_any_run():
+    """A launcher that fails as ssh fails for an unknown host (exit code 255)."""
+    with pytest.raises(LaunchError, match="the agent on host '127.0.0.1' ended with code 255 before answering"):
+        with two_nodes(free_port(), launcher="sh -c 'exit 255' {host}"):
+            pytest.fail("started without agents")
