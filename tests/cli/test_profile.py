@@ -4,6 +4,7 @@ simulated devices written to the database and resumed, and options it refuses; a
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -135,3 +136,20 @@ def test_a_taken_rendezvous_port_exits_2_before_any_run(tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"port {port} on " in err and "is not free" in err and "Traceback" not in err
     assert _runs_in(tmp_path / "p.sqlite") == 0
+
+
+@pytest.mark.slow  # four torchrun launches, about a minute on 2 cores; benchmarks/multinode_profiling runs it too
+@pytest.mark.distributed
+def test_tensor_groups_across_two_nodes_of_two_devices_write_the_local_database(tmp_path, monkeypatch, capsys):
+    """2x2: each run's tensor pair is devices 1 and 2, one on each node, and node 1 runs one rank of two."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    args = [*TWO_NODES[:4], "2x2", *TWO_NODES[5:], "--scenarios", "tensor2"]
+    local, multi = tmp_path / "local.sqlite", tmp_path / "multi.sqlite"
+    assert main([*args, "--db", str(local)]) == 0
+    assert main([*args, "--db", str(multi), "--hosts", "127.0.0.1,127.0.0.1", "--launcher", "local",
+                 "--master-port", str(free_port())]) == 0
+    assert "started 3 processes on 2 hosts" in capsys.readouterr().err
+    with sqlite3.connect(multi) as conn:
+        plans = [json.loads(p) for (p,) in conn.execute("SELECT plan FROM runs")]
+    assert [[s["devices"] for s in p["stages"]] for p in plans] == [[[0], [1, 2]]] * 2
+    assert _rows(multi) == _rows(local)

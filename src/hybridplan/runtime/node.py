@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hybridplan.runtime.node")
     parser.add_argument("--check-port", type=int, help="refuse to start if this TCP port is taken here (node 0)")
     args = parser.parse_args(argv)
+    # Ctrl-C in the head's terminal reaches this process too (``--launcher local``): let the head end
+    # the agents by closing their stdin instead, after it has stopped.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
     threading.Thread(target=_read_head, args=(messages,), name="hybridplan-head", daemon=True).start()
     error = _port_taken(args.check_port) if args.check_port is not None else None
@@ -104,7 +107,8 @@ def _run(message: dict[str, Any]) -> dict[str, Any]:
                "-m", "hybridplan.runtime.torchrun", "--config", str(config), "--report-dir", str(reports)]
         env = {**os.environ, _LAUNCHER_PID: str(os.getpid())}
         with log.open("wb") as out:
-            _current = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env)
+            _current = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)  # the agent alone ends it (a terminal's Ctrl-C does not)
             timed_out = False
             try:
                 code = _current.wait(timeout=float(message["timeout_s"]))
@@ -131,8 +135,12 @@ def _end(proc: subprocess.Popen[bytes] | None) -> None:
 
 
 def _say(message: dict[str, Any]) -> None:
-    sys.stdout.write(PREFIX + json.dumps(message) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(PREFIX + json.dumps(message) + "\n")
+        sys.stdout.flush()
+    except BrokenPipeError:  # the head is gone: the reader thread is ending torchrun and this process
+        _end(_current)
+        os._exit(0)
 
 
 if __name__ == "__main__":
