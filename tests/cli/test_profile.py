@@ -19,8 +19,7 @@ import pytest
 from hybridplan.cli import main
 from hybridplan.profiling.database import ProfileDB
 from tests.cli.conftest import MLP
-from tests.runtime.test_multinode import free_port
-from tests.runtime.util import cmdline, descendants, running
+from tests.runtime.util import cmdline, descendants, free_port, running
 
 BASE = ["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2",
         "--scenarios", "pipeline"]

@@ -15,16 +15,10 @@ from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.hosts import LAUNCHERS, Hosts
 from hybridplan.runtime.launch import launch
 from hybridplan.runtime.multinode import MultiNode
-from tests.runtime.util import make_plan
+from tests.runtime.util import free_port, make_plan
 
 MLP = "tests.cli.user_models:mlp"
 PLAN = make_plan("1f1b", 8, 2, [(0, 2, "none", [0]), (2, 5, "none", [1])])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def two_nodes(port: int, launcher: str = LAUNCHERS["local"]) -> MultiNode:

@@ -141,3 +141,12 @@ def cmdline(pid: int) -> str:
         return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100]
     except OSError:
         return "?"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the rendezvous of a multi-node test)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
