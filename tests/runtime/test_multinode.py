@@ -1,6 +1,6 @@
 """Runs on several machines from one head (runtime/multinode.py and its node agent, runtime/node.py), with
 two "nodes" on this machine (``--launcher local``, rendezvous on 127.0.0.1): a failed run is reported as the
-local launcher reports it; hosts that cannot serve are refused before any run. A whole campaign on two
+local launcher reports it (out of memory, timed out); hosts that cannot serve are refused before any run. A whole campaign on two
 nodes, equal to a local one and resumed after a kill: tests/cli/test_profile.py."""
 
 from __future__ import annotations
@@ -55,3 +55,15 @@ def test_a_host_the_launcher_cannot_reach_is_refused_before_any_run():
     with pytest.raises(LaunchError, match="the agent on host '127.0.0.1' ended with code 255 before answering"):
         with two_nodes(free_port(), launcher="sh -c 'exit 255' {host}"):
             pytest.fail("started without agents")
+
+
+@pytest.mark.distributed
+def test_a_run_past_its_timeout_is_ended_on_every_node_and_reported_as_locally():
+    """Layer 5, the first of stage 1 (node 1), hangs; each agent ends its torchrun at the timeout, and the result says
+    what the local launcher says of a run that timed out: which ranks had not finished (all)."""
+    plan = make_plan("1f1b", 8, 2, [(0, 5, "none", [0]), (5, 10, "none", [1])])
+    cfg = RunConfig(model="tests.runtime.faulty_models:hanging_gpt", plan=plan, cluster=Cluster.parse("1x2"), iterations=2, timeout_s=10)
+    with two_nodes(free_port()) as nodes:
+        result = nodes.launch(cfg)
+    assert (result.status, result.reason) == ("failed", "timed out after 10 s (ranks still running: [0, 1])")
+    assert result.wall_seconds is not None and 10 <= result.wall_seconds < 10 + 30
