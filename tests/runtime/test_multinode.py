@@ -6,6 +6,7 @@ nodes, equal to a local one and resumed after a kill: tests/cli/test_profile.py.
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
@@ -67,3 +68,40 @@ def test_a_run_past_its_timeout_is_ended_on_every_node_and_reported_as_locally()
         result = nodes.launch(cfg)
     assert (result.status, result.reason) == ("failed", "timed out after 10 s (ranks still running: [0, 1])")
     assert result.wall_seconds is not None and 10 <= result.wall_seconds < 10 + 30
+
+
+_FAKE_AGENT = '''
+import json, sys
+node0 = "--check-port" in sys.argv[-1]  # the head asks node 0 alone to check the port
+say = lambda m: print("hybridplan-node: " + json.dumps(m), flush=True)
+say(dict(hello="fake", pid=0, error=None))
+for line in sys.stdin:
+    run = json.loads(line)["run"]
+    if sys.argv[1] == "rendezvous":  # torchrun fails before any rank runs
+        say(dict(run=run, exit_code=1, timed_out=False, reports=[], log_tail="DistNetworkError: connect timed out\\n"))
+    elif node0:  # rank 0 loses its peer, whose process was killed before it wrote its report
+        lost = dict(status="failed", rank=0, reason="device 0: RuntimeError: Connection closed by peer", time=1.0, traceback="")
+        say(dict(run=run, exit_code=1, timed_out=False, reports=[lost], log_tail="ChildFailedError\\n"))
+    else:
+        say(dict(run=run, exit_code=1, timed_out=False, reports=[], log_tail="Signal 9 (SIGKILL) received by PID 7\\n"))
+'''
+
+
+@pytest.mark.parametrize("case", ["rendezvous", "killed"])
+def test_what_the_agents_report_becomes_the_runs_result_or_stops_the_campaign(tmp_path, case):
+    """Node agents stood in for by a script answering as agents do (runtime/node.py) without torch: a rank
+    that died without a report on node 1 is the root cause, named with its host and torchrun's last line;
+    a run no rank of which started (the rendezvous failed) is no failure of the plan but stops the command,
+    so that a campaign does not record every run as failed."""
+    fake = tmp_path / "agent.py"
+    fake.write_text(_FAKE_AGENT)
+    cfg = RunConfig(model=MLP, plan=PLAN, cluster=Cluster.parse("1x2"), iterations=2)
+    with two_nodes(free_port(), launcher=f"{sys.executable} {fake} {case} {{host}}") as nodes:
+        if case == "rendezvous":
+            with pytest.raises(LaunchError, match="no rank of the run started \\(torchrun: 127.0.0.1: DistNetworkError"):
+                nodes.launch(cfg)
+            return
+        result = nodes.launch(cfg)
+    assert (result.status, result.reason) == (
+        "failed", "device 1 (stage 1) ended on host '127.0.0.1' (torchrun exited with code 1: Signal 9 (SIGKILL)"
+        " received by PID 7) without a report")

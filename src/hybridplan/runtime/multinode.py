@@ -91,7 +91,7 @@ class MultiNode:
             LaunchError: if a host's agent ends or says nothing within :data:`_START_S`, or node 0's port is taken.
         """
         for node, host in enumerate(self.hosts.hosts):
-            check = f" --check-port {self.hosts.master_port}" if node == 0 else ""
+            check = f" --check-port {self.hosts.master_port} --check-addr {shlex.quote(self.hosts.master_addr)}" if node == 0 else ""
             argv = launcher_argv(self.hosts.launcher, host, _agent_command() + check)
             try:
                 agent = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
@@ -111,7 +111,8 @@ class MultiNode:
                                   fix="check that the host is reachable by the launcher and runs this Python"
                                   f" ({sys.executable}) with hybridplan installed; its error is printed above")
             if hello.get("error"):
-                raise LaunchError(f"host {host!r}: {hello['error']}", fix="choose another --master-port")
+                raise LaunchError(f"host {host!r}: {hello['error']}",
+                                  fix="give --master-addr an address of the first host and a free --master-port")
         self.say(f"node agents ready on {len(self._agents)} hosts: {', '.join(self.hosts.hosts)}")
 
     def _listen(self, node: int, stream: IO[str]) -> None:
@@ -179,7 +180,14 @@ class MultiNode:
         lost = [self.hosts.hosts[n] for n, a in answers.items() if a is None or a.get("run") != self._runs]
         if lost:
             raise LaunchError(f"lost the agent on host(s) {lost} during a run", fix="check the hosts; run the command again to resume")
-        return self._result(cfg, {n: a for n, a in answers.items() if a is not None}, wall)
+        got = {n: a for n, a in answers.items() if a is not None}
+        if not any(a["reports"] or a["timed_out"] for a in got.values()):
+            # No rank reached its training code on any node: the rendezvous failed (a firewall, an address
+            # other nodes cannot reach), not the plan. Recording it would fail every run of the campaign.
+            said = "; ".join(f"{self.hosts.hosts[n]}: {_last_line(a['log_tail'])}" for n, a in sorted(got.items()))
+            raise LaunchError(f"no rank of the run started (torchrun: {said})",
+                              fix="check that every host reaches --master-addr:--master-port; run the command again to resume")
+        return self._result(cfg, got, wall)
 
     def _send(self, node: int, message: dict[str, Any]) -> None:
         agent = self._agents[node]
@@ -209,9 +217,8 @@ class MultiNode:
         def crashed(rank: int) -> tuple[str, int | None]:
             node = rank // k
             answer = answers[node]
-            last = next((line for line in reversed(answer["log_tail"].splitlines()) if line.strip()), "")
             return (f"ended on host {self.hosts.hosts[node]!r} (torchrun exited with code {answer['exit_code']}:"
-                    f" {last.strip()[:300]})"), None
+                    f" {_last_line(answer['log_tail'])})"), None
 
         return root_cause(cfg, reports, wall, failed=failed, crashed=crashed)
 
@@ -223,3 +230,8 @@ def _agent_command() -> str:
     if os.environ.get("PYTHONPATH"):
         parts += ["env", shlex.quote(f"PYTHONPATH={os.environ['PYTHONPATH']}")]
     return " ".join([*parts, shlex.quote(sys.executable), "-m", "hybridplan.runtime.node"])
+
+
+def _last_line(log: str) -> str:
+    """The last non-empty line of torchrun's output, shortened: usually the error."""
+    return next((line.strip()[:300] for line in reversed(log.splitlines()) if line.strip()), "(no output)")

@@ -29,6 +29,7 @@ Deliberately torch-free: the agent starts in a fraction of a second, and the hea
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import os
 import queue
@@ -59,13 +60,14 @@ def main(argv: list[str] | None = None) -> None:
     """Serve the head until its messages end (module docstring)."""
     parser = argparse.ArgumentParser(prog="python -m hybridplan.runtime.node")
     parser.add_argument("--check-port", type=int, help="refuse to start if this TCP port is taken here (node 0)")
+    parser.add_argument("--check-addr", default="", help="... or if this address is not one of this machine's")
     args = parser.parse_args(argv)
     # Ctrl-C in the head's terminal reaches this process too (``--launcher local``): let the head end
     # the agents by closing their stdin instead, after it has stopped.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     messages: queue.Queue[dict[str, Any] | None] = queue.Queue()
     threading.Thread(target=_read_head, args=(messages,), name="hybridplan-head", daemon=True).start()
-    error = _port_taken(args.check_port) if args.check_port is not None else None
+    error = _cannot_listen(args.check_addr, args.check_port) if args.check_port is not None else None
     _say({"hello": socket.gethostname(), "pid": os.getpid(), "error": error})
     if error is not None:
         return
@@ -82,14 +84,21 @@ def _read_head(messages: queue.Queue[dict[str, Any] | None]) -> None:
     os._exit(0)  # the main thread may be waiting for torchrun: do not wait for it
 
 
-def _port_taken(port: int) -> str | None:
-    """Why the rendezvous can not listen on ``port`` here, or None if it can."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+def _cannot_listen(addr: str, port: int) -> str | None:
+    """Why the rendezvous can not listen at ``addr:port`` here, or None if it can: the port is taken, or
+    the address (``--master-addr``) is not this machine's, where no other node would find the rendezvous."""
+    try:
+        family, kind, proto, _, where = socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        return f"--master-addr {addr!r} does not resolve on {socket.gethostname()} ({e.strerror})"
+    with socket.socket(family, kind, proto) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as torch's TCPStore: a closed connection's TIME_WAIT is no owner
         try:
-            s.bind(("", port))
+            s.bind(where)
             s.listen()
         except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                return f"--master-addr {addr!r} is not an address of {socket.gethostname()}, the first host"
             return f"port {port} on {socket.gethostname()} is not free ({e.strerror})"
     return None
 
