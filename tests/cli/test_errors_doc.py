@@ -128,7 +128,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --pipeline-only --space extended", "contradict each other"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
     )),
-    ("Several machines (profile --hosts)", (
+    ("Several machines (profile --hosts, run --hosts)", (
         Case(f"{PROFILE2} --hosts ,", "host list ',' has an empty item"),
         Case(f"{PROFILE2} --hosts gpu[01-02", "unbalanced brackets in 'gpu[01-02'"),
         Case(f"{PROFILE2} --hosts gpu[2-1]", "'2-1' in [2-1] is not a number or a rising range"),
@@ -139,6 +139,9 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PROFILE2} --hosts n1,n2 --time", "--time measures layers on this one"),
         Case(f"{PROFILE2} --master-port 29500", "--master-port needs --hosts"),
         Case(f"{PROFILE2} --hosts n1,n2 --master-port 70000", "must be a TCP port (1 to 65535), got '70000'"),
+        Case("run --model gpt-tiny --cluster 2x2 --plan gpt_plan.json --hosts n1,n2 --write-config run.json",
+             "--write-config writes a configuration to start with torchrun by hand; --hosts starts it"),
+        Case("run --model gpt-tiny --cluster 2x2 --plan gpt_plan.json --hosts n1", "--hosts names 1 host(s) (n1) but"),
     )),
 )
 

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import sys
 from typing import TYPE_CHECKING
 
 from hybridplan.cli.common import (
     add_cluster,
+    add_hosts,
     add_command,
     add_model,
     add_training,
+    check_host_options,
     check_output,
     cluster_from,
+    hosts_from,
     positive_float,
     positive_int,
     training_options,
@@ -25,10 +27,10 @@ from hybridplan.plan import SCHEDULES
 from hybridplan.plan.cluster import Cluster
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
-from hybridplan.runtime.hosts import Hosts, check_launcher, parse_hosts
 
 if TYPE_CHECKING:
     from hybridplan.profiling.campaign import Campaign
+    from hybridplan.runtime.hosts import Hosts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -73,45 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
     t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
     t.add_argument("--time-max-layers", type=positive_int, help="at most this many consecutive layers per timing run (default: all)")
-    m = p.add_argument_group("several machines (docs/runtime.md, Multi-node)")
-    m.add_argument("--hosts", help="run every profiling run with torchrun across these machines, one per node of --cluster, "
-                   "node 0 first: host names (node1,node2), a SLURM node list (gpu[01-04]), or 'slurm' (this allocation's nodes)")
-    m.add_argument("--launcher", help="how this command starts its agent on each host: ssh (default), srun (default with "
-                   "--hosts slurm), local (every host is this machine), or a template with {host}, e.g. 'ssh -p 2222 {host}'")
-    m.add_argument("--master-addr", help="address of the first host that every host reaches (default: the first host)")
-    m.add_argument("--master-port", type=_port, help="torchrun's rendezvous port on the first host (default 29500)")
+    add_hosts(p, "run every profiling run")
     p.set_defaults(handler=handle)
-
-
-_DEFAULT_PORT = 29500
-"""torchrun's own default --master-port."""
-
-
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if not 1 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"must be a TCP port (1 to 65535), got {text!r}")
-    return value
-
-
-def _hosts(args: argparse.Namespace, cluster: Cluster) -> Hosts | None:
-    """The machines of ``--hosts`` and its companions, checked against the cluster (None: this machine)."""
-    if args.hosts is None:
-        return None
-    if args.backend == "sim":
-        raise UsageError("--hosts starts real processes on several machines; simulated devices (--backend sim) run in"
-                         " this process", fix="drop --hosts or --backend sim")
-    hosts = parse_hosts(args.hosts, os.environ)
-    if len(hosts) != cluster.num_nodes:
-        raise UsageError(f"--hosts names {len(hosts)} host(s) ({','.join(hosts[:8])}{',...' if len(hosts) > 8 else ''}) but"
-                         f" cluster {cluster.shape} has {cluster.num_nodes} node(s)",
-                         fix="give one host per node of --cluster")
-    launcher = args.launcher or ("srun" if args.hosts.strip() == "slurm" else "ssh")
-    return Hosts(hosts=tuple(hosts), launcher=check_launcher(launcher), master_addr=args.master_addr or hosts[0],
-                 master_port=args.master_port or _DEFAULT_PORT)
 
 
 def _ints(text: str, what: str) -> tuple[int, ...]:
@@ -128,11 +93,7 @@ def handle(args: argparse.Namespace) -> int:
     if args.global_batch_size % args.num_microbatches:
         raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into {args.num_microbatches}"
                          " equal micro-batches", fix="choose a micro-batch count that divides the global batch size")
-    given = [o for o, v in (("--launcher", args.launcher), ("--master-addr", args.master_addr),
-                            ("--master-port", args.master_port)) if v is not None]
-    if given and args.hosts is None:
-        raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --hosts",
-                         fix="list the machines with --hosts, or drop them")
+    check_host_options(args)
     if args.time and args.hosts is not None:
         raise UsageError("--hosts runs the memory campaign on several machines; --time measures layers on this one",
                          fix="drop --hosts for --time (layer times do not depend on the number of nodes)")
@@ -143,7 +104,7 @@ def handle(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_output(args.db, "--db")
     cluster = cluster_from(args)
-    hosts = _hosts(args, cluster)
+    hosts = hosts_from(args, cluster)
     batch_sizes = _ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None
     scenarios = tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None
 
