@@ -14,6 +14,7 @@ __all__ = [
     "ModelError",
     "ProfileError",
     "UsageError",
+    "LaunchError",
 ]
 
 
@@ -52,3 +53,8 @@ class ProfileError(HybridPlanError):
 
 class UsageError(HybridPlanError):
     """A command-line option has a bad value or a bad combination of values."""
+
+
+class LaunchError(HybridPlanError):
+    """The machines of a multi-node run cannot be used: a host the launcher cannot reach, a rendezvous port
+    already taken, an agent lost during a run (runtime/multinode.py)."""

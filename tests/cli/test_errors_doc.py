@@ -38,6 +38,7 @@ class Case:
 RUN = "run --model gpt-tiny --cluster 1x4 --plan gpt_plan.json"
 PLAN = "plan --db profile.sqlite --cluster 1x4"
 PROFILE = "profile --model gpt-tiny --cluster 1x4 --global-batch-size 16 --num-microbatches 2 --db new.sqlite"
+PROFILE2 = PROFILE.replace("1x4", "2x2")
 CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
     ("Arguments", (
         Case("run --model gpt-tiny --plan gpt_plan.json", "the following arguments are required: --cluster"),
@@ -137,6 +138,21 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{RUN} --backend sim --share-gpu", "simulated devices share nothing", before_torch=False),
         Case(f"{PROFILE} --time --share-gpu", "not representative"),
     )),
+    ("Several machines (profile --hosts, run --hosts)", (
+        Case(f"{PROFILE2} --hosts ,", "host list ',' has an empty item"),
+        Case(f"{PROFILE2} --hosts gpu[01-02", "unbalanced brackets in 'gpu[01-02'"),
+        Case(f"{PROFILE2} --hosts gpu[2-1]", "'2-1' in [2-1] is not a number or a rising range"),
+        Case(f"{PROFILE2} --hosts gpu[1-3]", "--hosts names 3 host(s) (gpu1,gpu2,gpu3) but cluster 2x2 has 2 node(s)"),
+        Case(f"{PROFILE2} --hosts slurm", "not inside a SLURM allocation"),
+        Case(f"{PROFILE2} --hosts n1,n2 --launcher rsh", "--launcher 'rsh' has no {host}"),
+        Case(f"{PROFILE2} --hosts n1,n2 --backend sim", "simulated devices (--backend sim) run in this process"),
+        Case(f"{PROFILE2} --hosts n1,n2 --time", "--time measures layers on this one"),
+        Case(f"{PROFILE2} --master-port 29500", "--master-port needs --hosts"),
+        Case(f"{PROFILE2} --hosts n1,n2 --master-port 70000", "must be a TCP port (1 to 65535), got '70000'"),
+        Case("run --model gpt-tiny --cluster 2x2 --plan gpt_plan.json --hosts n1,n2 --write-config run.json",
+             "--write-config writes a configuration to start with torchrun by hand; --hosts starts it"),
+        Case("run --model gpt-tiny --cluster 2x2 --plan gpt_plan.json --hosts n1", "--hosts names 1 host(s) (n1) but"),
+    )),
 )
 
 
@@ -206,7 +222,8 @@ class Outcome:
 
 
 def _run(case: Case, folder: Path) -> Outcome:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2])] + sys.path)}
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},  # as outside an allocation
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2])] + sys.path)}
     proc = subprocess.run([sys.executable, "-c", _PROBE, *case.args.split()], cwd=folder, capture_output=True,
                           text=True, timeout=120, env=env)
     lines = proc.stderr.rstrip("\n").splitlines()

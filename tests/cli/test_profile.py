@@ -1,13 +1,25 @@
 """``hybridplan profile`` as a user calls it: the runs of a campaign listed without running them, a campaign on
-simulated devices written to the database and resumed, and options it refuses."""
+simulated devices written to the database and resumed, and options it refuses; a campaign on two "nodes"
+(--hosts) equal to a local one, resumed after a kill."""
 
 from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from hybridplan.cli import main
 from hybridplan.profiling.database import ProfileDB
 from tests.cli.conftest import MLP
+from tests.runtime.util import cmdline, descendants, free_port, running
 
 BASE = ["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2",
         "--scenarios", "pipeline"]
@@ -66,3 +78,98 @@ def test_a_huggingface_model_is_profiled_planned_predicted_and_validated(tmp_pat
     validation = json.loads(capsys.readouterr().out)
     assert validation["status"] == "ok" and validation["predicted_peak_bytes"] == predicted
     assert validation["max_abs_relative_error"] <= 0.05
+
+
+# ---------------------------------------------------------------------------------------------- several machines
+MLP2 = "tests.cli.user_models:mlp2"
+TWO_NODES = ["profile", "--model", MLP2, "--cluster", "2x1", "--global-batch-size", "8", "--num-microbatches", "2"]
+"""Two runs (batch 2 and 4), each of two stages, one on each node."""
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rows(db: Path) -> dict[str, list[tuple]]:
+    """Every row of every table but the seconds a run took and when it ended."""
+    with sqlite3.connect(db) as conn:
+        tables = [t for (t,) in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        out = {}
+        for t in tables:
+            cols = [c[1] for c in conn.execute(f"PRAGMA table_info({t})") if c[1] not in ("wall_seconds", "finished_at")]
+            out[t] = sorted(conn.execute(f"SELECT {', '.join(cols)} FROM {t}").fetchall(), key=repr)
+    return out
+
+
+def _runs_in(db: Path) -> int:
+    try:
+        with sqlite3.connect(db) as conn:
+            return int(conn.execute("SELECT COUNT(*) FROM runs").fetchone()[0])
+    except sqlite3.Error:  # not created yet
+        return 0
+
+
+@pytest.mark.distributed
+def test_a_campaign_on_two_nodes_writes_the_local_database_and_resumes_after_a_kill(tmp_path, monkeypatch, capsys):
+    """Each run on two "nodes" (torchrun --nnodes 2, rendezvous on 127.0.0.1); the head is killed (SIGKILL)
+    during the second run: nothing it started survives, the first run is in the database; the command
+    run again resumes, and the database equals, row for row, the one a local campaign writes."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    local, multi = tmp_path / "local.sqlite", tmp_path / "multi.sqlite"
+    assert main([*TWO_NODES, "--db", str(local)]) == 0
+    assert "done: 2 runs executed" in capsys.readouterr().out
+    hosts = ["--hosts", "127.0.0.1,127.0.0.1", "--launcher", "local", "--master-port", str(free_port())]
+    cmd = [sys.executable, "-m", "hybridplan", *TWO_NODES, "--db", str(multi), *hosts]
+    with (tmp_path / "head.log").open("w") as log:
+        head = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    seen: set = set()
+    try:
+        deadline = time.monotonic() + 240
+        while _runs_in(multi) < 1 or not any("hybridplan.runtime.torchrun" in cmdline(p) for p, _ in descendants(head.pid)):
+            assert head.poll() is None, (tmp_path / "head.log").read_text()
+            assert time.monotonic() < deadline, (tmp_path / "head.log").read_text()
+            time.sleep(0.2)
+        seen.update(descendants(head.pid))  # agents, torchrun on each node, their ranks
+        head.kill()
+        head.wait()
+        gone_by = time.monotonic() + 15
+        while (left := [p for p in seen if running(p)]) and time.monotonic() < gone_by:
+            time.sleep(0.1)
+        assert not left, [cmdline(p) for p, _ in left]
+    finally:
+        for proc in seen | set(descendants(head.pid) if head.poll() is None else []):
+            if running(proc):
+                os.kill(proc[0], signal.SIGKILL)
+        if head.poll() is None:
+            head.kill()
+    assert _runs_in(multi) == 1
+    assert main([*TWO_NODES, "--db", str(multi), *hosts]) == 0
+    assert "done: 1 runs executed, 1 resumed from the database, 0 failed" in capsys.readouterr().out
+    assert _rows(multi) == _rows(local)
+
+
+def test_a_taken_rendezvous_port_exits_2_before_any_run(tmp_path, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = main([*TWO_NODES, "--db", str(tmp_path / "p.sqlite"), "--hosts", "127.0.0.1,127.0.0.1", "--launcher", "local",
+                     "--master-port", str(port)])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert f"port {port} on " in err and "is not free" in err and "Traceback" not in err
+    assert _runs_in(tmp_path / "p.sqlite") == 0
+
+
+@pytest.mark.slow  # four torchrun launches, about a minute on 2 cores; benchmarks/multinode_profiling runs it too
+@pytest.mark.distributed
+def test_tensor_groups_across_two_nodes_of_two_devices_write_the_local_database(tmp_path, monkeypatch, capsys):
+    """2x2: each run's tensor pair is devices 1 and 2, one on each node, and node 1 runs one rank of two."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    args = [*TWO_NODES[:4], "2x2", *TWO_NODES[5:], "--scenarios", "tensor2"]
+    local, multi = tmp_path / "local.sqlite", tmp_path / "multi.sqlite"
+    assert main([*args, "--db", str(local)]) == 0
+    assert main([*args, "--db", str(multi), "--hosts", "127.0.0.1,127.0.0.1", "--launcher", "local",
+                 "--master-port", str(free_port())]) == 0
+    assert "started 3 processes on 2 hosts" in capsys.readouterr().err
+    with sqlite3.connect(multi) as conn:
+        plans = [json.loads(p) for (p,) in conn.execute("SELECT plan FROM runs")]
+    assert [[s["devices"] for s in p["stages"]] for p in plans] == [[[0], [1, 2]]] * 2
+    assert _rows(multi) == _rows(local)

@@ -155,3 +155,29 @@ def test_a_simulated_cuda_run_shows_tensor_reserved_outside_and_total(example, t
     d = json.loads(out.read_text())["devices"][0]
     assert d["total_peak_bytes"] == d["reserved_peak_bytes"] + d["overhead_bytes"]
     assert d["reserved_peak_bytes"] >= d["peak_memory_bytes"] > 0
+
+
+@pytest.mark.distributed
+def test_a_run_on_two_nodes_measures_what_a_local_run_measures(tmp_path, monkeypatch, capsys):
+    """--hosts with two "nodes" of this machine (torchrun --nnodes 2, rendezvous on 127.0.0.1), stage 1 on node 1:
+    the same losses and per-device memory as local processes (runtime/multinode.py)."""
+    from tests.runtime.util import free_port
+
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])))
+    plan = {"schedule": "gpipe", "global_batch_size": 8, "num_microbatches": 2, "stages": [
+        {"layers": [0, 2], "parallelism": "none", "degree": 1, "devices": [0]},
+        {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [1]}]}
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(plan))
+    args = ["run", "--model", "tests.cli.user_models:mlp", "--cluster", "2x1", "--plan", str(f), "--iterations", "2", "--json"]
+    assert main(args) == 0
+    local = json.loads(capsys.readouterr().out)
+    assert main([*args, "--hosts", "127.0.0.1,127.0.0.1", "--launcher", "local", "--master-port", str(free_port())]) == 0
+    captured = capsys.readouterr()
+    multi = json.loads(captured.out)
+    assert "started 2 processes on 2 hosts" in captured.err
+    assert multi["status"] == local["status"] == "ok"
+    assert multi["losses"] == local["losses"] and len(local["losses"]) == 2
+    keep = ("device", "stage", "node", "peak_memory_bytes", "static_memory_bytes", "data_bytes", "peak_breakdown",
+            "iteration_peaks", "timeline")
+    assert [{k: d[k] for k in keep} for d in multi["devices"]] == [{k: d[k] for k in keep} for d in local["devices"]]

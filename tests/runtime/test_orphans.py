@@ -19,44 +19,13 @@ from pathlib import Path
 import pytest
 
 from tests.paths import GPT_PLAN as PLAN
-from tests.runtime.util import proc_stat
+from tests.runtime.util import Process, cmdline as _cmdline, descendants as _descendants, proc_stat, running as _running
 
 pytestmark = pytest.mark.distributed
 
 _REPO = Path(__file__).resolve().parents[2]
 _GONE_WITHIN_S = 10.0
 _START_WITHIN_S = 60.0
-
-
-Process = tuple[int, int]
-"""A process as (pid, start time in clock ticks since boot): the pair is never reused."""
-
-
-def _descendants(root: int) -> list[Process]:
-    """Every living descendant of ``root``, at any depth."""
-    parents: dict[int, list[Process]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and (st := proc_stat(int(entry))) is not None and st[0] != "Z":
-            parents.setdefault(st[1], []).append((int(entry), st[2]))
-    found: list[Process] = []
-    todo = [root]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child[0])
-    return found
-
-
-def _running(proc: Process) -> bool:
-    st = proc_stat(proc[0])
-    return st is not None and st[2] == proc[1] and st[0] != "Z"
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100]
-    except OSError:
-        return "?"
 
 
 def _grandchildren(root: int) -> list[Process]:

@@ -1,4 +1,4 @@
-"""The real-process backend (runtime/processes.py): results, memory behaviour, failures and their root cause."""
+"""The real-process backend (runtime/processes.py): results, memory behaviour, failures (their root cause: tests/runtime/test_result.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import PlanError
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
-from hybridplan.runtime.processes import _read_report, _root_cause
-from hybridplan.runtime.result import EXIT_OOM, RankFailure, RankReport
+from hybridplan.runtime.processes import _read_report
+from hybridplan.runtime.result import RankReport
 from tests.runtime.faulty_models import FaultyGPT
 from tests.runtime.util import alive, make_plan
 
@@ -128,40 +128,6 @@ def test_uniform_hybrid_plan_on_8_devices():
     assert all(peaks[i] == peaks[i + 1] for i in range(0, 8, 2))  # the two ranks of a stage hold the same
     assert [d.in_flight for d in result.devices[::2]] == [4, 3, 2, 1]
     assert not any(alive(p) for p in pids)
-
-
-# ---------------------------------------------------------------------------------------------- root cause
-class _Exited:
-    """A stand-in for a joined rank process: only its exit code is read."""
-
-    def __init__(self, exitcode: int) -> None:
-        self.exitcode = exitcode
-
-
-def _failure(rank: int, status: str, reason: str, at: float) -> RankFailure:
-    return RankFailure(status=status, rank=rank, reason=f"device {rank}: {reason}", time=at, traceback="")
-
-
-def _cause(reports, failed, codes=None):
-    cfg = RunConfig(model="gpt-tiny", plan=EXAMPLE, cluster=Cluster.parse("1x4"))
-    procs = [_Exited(c) for c in (codes or [1, 1, 1, 1])]
-    return _root_cause(cfg, procs, reports, 1.5, failed=failed)
-
-
-def test_root_cause_prefers_out_of_memory_then_a_crash_then_the_earliest_real_failure():
-    lost = _failure(0, "failed", "RuntimeError: Connection closed by peer", at=1.0)
-    boom = _failure(3, "failed", "RuntimeError: boom", at=2.0)
-    oom = _failure(2, "oom", "DeviceOutOfMemory: out of memory", at=3.0)
-    result = _cause([lost, None, oom, boom], failed=[0, 1, 2, 3])
-    assert (result.status, result.reason) == ("oom", "device 2 (stage 1): DeviceOutOfMemory: out of memory")
-    assert result.devices == [] and result.wall_seconds == 1.5
-    crashed = _cause([lost, None, None, boom], failed=[0, 1, 3], codes=[1, -9, 0, 1])
-    assert crashed.reason == "device 1 (stage 0) was killed by signal 9 without a report"
-    assert _cause([None] * 4, failed=[2], codes=[0, 0, EXIT_OOM, 0]).status == "oom"  # died before writing it
-    earliest = _cause([lost, None, None, boom], failed=[0, 3])
-    assert (earliest.status, earliest.reason) == ("failed", "device 3 (stage 2): RuntimeError: boom")
-    only_lost = _cause([lost, None, None, None], failed=[0])
-    assert only_lost.reason == "device 0 (stage 0): RuntimeError: Connection closed by peer"
 
 
 def test_report_files_are_read_back_typed(tmp_path):

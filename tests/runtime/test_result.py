@@ -20,6 +20,7 @@ from hybridplan.runtime.result import (
     aggregate,
     failed_result,
     report_from_dict,
+    root_cause,
 )
 from tests.runtime.util import make_plan
 
@@ -121,3 +122,34 @@ def test_failed_result_has_no_devices():
     result = failed_result(cfg(), "oom", "device 2 (stage 1): out of memory", 3.5)
     assert (result.status, result.reason, result.wall_seconds) == ("oom", "device 2 (stage 1): out of memory", 3.5)
     assert result.devices == [] and result.losses == [] and result.iteration_seconds is None and not result.ok
+
+
+# ---------------------------------------------------------------------------------------------- root cause
+EXAMPLE = make_plan("1f1b", 32, 8, [(0, 3, "tensor", [0, 1]), (3, 7, "none", [2]), (7, 10, "data", [3])])
+
+
+def _failure(rank: int, status: str, reason: str, at: float) -> RankFailure:
+    return RankFailure(status=status, rank=rank, reason=f"device {rank}: {reason}", time=at, traceback="")
+
+
+def _cause(reports, failed, codes=None):
+    config = RunConfig(model="gpt-tiny", plan=EXAMPLE, cluster=Cluster.parse("1x4"))
+    codes = codes or [1, 1, 1, 1]
+    how = lambda r: (f"was killed by signal {-codes[r]}" if codes[r] < 0 else f"exited with code {codes[r]}", codes[r])  # noqa: E731
+    return root_cause(config, reports, 1.5, failed=failed, crashed=how)
+
+
+def test_root_cause_prefers_out_of_memory_then_a_crash_then_the_earliest_real_failure():
+    lost = _failure(0, "failed", "RuntimeError: Connection closed by peer", at=1.0)
+    boom = _failure(3, "failed", "RuntimeError: boom", at=2.0)
+    oom = _failure(2, "oom", "DeviceOutOfMemory: out of memory", at=3.0)
+    result = _cause([lost, None, oom, boom], failed=[0, 1, 2, 3])
+    assert (result.status, result.reason) == ("oom", "device 2 (stage 1): DeviceOutOfMemory: out of memory")
+    assert result.devices == [] and result.wall_seconds == 1.5
+    crashed = _cause([lost, None, None, boom], failed=[0, 1, 3], codes=[1, -9, 0, 1])
+    assert crashed.reason == "device 1 (stage 0) was killed by signal 9 without a report"
+    assert _cause([None] * 4, failed=[2], codes=[0, 0, EXIT_OOM, 0]).status == "oom"  # died before writing it
+    earliest = _cause([lost, None, None, boom], failed=[0, 3])
+    assert (earliest.status, earliest.reason) == ("failed", "device 3 (stage 2): RuntimeError: boom")
+    only_lost = _cause([lost, None, None, None], failed=[0])
+    assert only_lost.reason == "device 0 (stage 0): RuntimeError: Connection closed by peer"

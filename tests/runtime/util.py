@@ -111,3 +111,43 @@ def proc_stat(pid: int) -> tuple[str, int, int] | None:
         return None
     fields = text.rpartition(")")[2].split()  # the name before ')' may hold spaces
     return fields[0], int(fields[1]), int(fields[19])
+
+
+Process = tuple[int, int]
+"""A process as (pid, start time in clock ticks since boot): the pair is never reused."""
+
+
+def descendants(root: int) -> list[Process]:
+    """Every living descendant of ``root``, at any depth."""
+    parents: dict[int, list[Process]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (st := proc_stat(int(entry))) is not None and st[0] != "Z":
+            parents.setdefault(st[1], []).append((int(entry), st[2]))
+    found: list[Process] = []
+    todo = [root]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child[0])
+    return found
+
+
+def running(proc: Process) -> bool:
+    st = proc_stat(proc[0])
+    return st is not None and st[2] == proc[1] and st[0] != "Z"
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")[:100]
+    except OSError:
+        return "?"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (the rendezvous of a multi-node test)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

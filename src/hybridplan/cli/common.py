@@ -20,6 +20,7 @@ from hybridplan.errors import UsageError
 
 if TYPE_CHECKING:
     from hybridplan.plan import Plan
+    from hybridplan.runtime.hosts import Hosts
     from hybridplan.predict.memory import MemoryPredictor
 
 
@@ -198,3 +199,59 @@ def output_plan(args: argparse.Namespace, plan: Plan) -> bool:
         print(plan.to_json(), end="")
         return True
     return False
+
+
+# ---------------------------------------------------------------------------------------------- several machines
+_DEFAULT_PORT = 29500
+"""torchrun's own default --master-port."""
+
+
+def add_hosts(p: argparse.ArgumentParser, what: str) -> None:
+    """``--hosts`` and its companions: ``what`` ("run every profiling run") with torchrun across machines
+    (runtime/multinode.py; docs/runtime.md, "Multi-node")."""
+    m = p.add_argument_group("several machines (docs/runtime.md, Multi-node)")
+    m.add_argument("--hosts", help=f"{what} with torchrun across these machines, one per node of --cluster, node 0 first:"
+                   " host names (node1,node2), a SLURM node list (gpu[01-04]), or 'slurm' (this allocation's nodes)")
+    m.add_argument("--launcher", help="how this command starts its agent on each host: ssh (default), srun (default with "
+                   "--hosts slurm), local (every host is this machine), or a template with {host}, e.g. 'ssh -p 2222 {host}'")
+    m.add_argument("--master-addr", help="address of the first host that every host reaches (default: the first host)")
+    m.add_argument("--master-port", type=_port, help="torchrun's rendezvous port on the first host (default 29500)")
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a TCP port (1 to 65535), got {text!r}")
+    return value
+
+
+def check_host_options(args: argparse.Namespace) -> None:
+    """Refuse :func:`add_hosts`'s companions without ``--hosts``."""
+    given = [o for o, v in (("--launcher", args.launcher), ("--master-addr", args.master_addr),
+                            ("--master-port", args.master_port)) if v is not None]
+    if given and args.hosts is None:
+        raise UsageError(f"{', '.join(given)} {'needs' if len(given) == 1 else 'need'} --hosts",
+                         fix="list the machines with --hosts, or drop them")
+
+
+def hosts_from(args: argparse.Namespace, cluster: Cluster) -> Hosts | None:
+    """The machines of ``--hosts`` and its companions, checked against the cluster (None: this machine)."""
+    from hybridplan.runtime.hosts import Hosts, check_launcher, parse_hosts
+
+    check_host_options(args)
+    if args.hosts is None:
+        return None
+    if args.backend == "sim":
+        raise UsageError("--hosts starts real processes on several machines; simulated devices (--backend sim) run in"
+                         " this process", fix="drop --hosts or --backend sim")
+    hosts = parse_hosts(args.hosts, os.environ)
+    if len(hosts) != cluster.num_nodes:
+        raise UsageError(f"--hosts names {len(hosts)} host(s) ({','.join(hosts[:8])}{',...' if len(hosts) > 8 else ''}) but"
+                         f" cluster {cluster.shape} has {cluster.num_nodes} node(s)",
+                         fix="give one host per node of --cluster")
+    launcher = args.launcher or ("srun" if args.hosts.strip() == "slurm" else "ssh")
+    return Hosts(hosts=tuple(hosts), launcher=check_launcher(launcher), master_addr=args.master_addr or hosts[0],
+                 master_port=args.master_port or _DEFAULT_PORT)

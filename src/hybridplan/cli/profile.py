@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
+from typing import TYPE_CHECKING
 
 from hybridplan.cli.common import (
     add_cluster,
+    add_hosts,
     add_command,
     add_model,
     add_training,
+    check_host_options,
     check_output,
     cluster_from,
+    hosts_from,
     positive_float,
     positive_int,
     training_options,
@@ -22,6 +27,10 @@ from hybridplan.plan import SCHEDULES
 from hybridplan.plan.cluster import Cluster
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.store import ProfileStore
+
+if TYPE_CHECKING:
+    from hybridplan.profiling.campaign import Campaign
+    from hybridplan.runtime.hosts import Hosts
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -40,7 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                   "hybridplan profile --model gpt3-1.3b --cluster 4x4 --global-batch-size 1024 --num-microbatches 64 "
                   "--backend sim --device cuda --precision bf16 --device-memory 40GiB --db gpt3.sqlite",
                   "hybridplan profile --model gpt-tiny --cluster 1x4 --global-batch-size 64 --num-microbatches 4 "
-                  "--db profile.sqlite --time"],
+                  "--db profile.sqlite --time",
+                  "hybridplan profile --model gpt-tiny --cluster 2x4 --global-batch-size 64 --num-microbatches 4 "
+                  "--db profile.sqlite --hosts node1,node2   # from node1; or --hosts slurm in a SLURM allocation"],
     )
     add_model(p)
     add_cluster(p)
@@ -64,6 +75,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
     t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
     t.add_argument("--time-max-layers", type=positive_int, help="at most this many consecutive layers per timing run (default: all)")
+    add_hosts(p, "run every profiling run")
     p.set_defaults(handler=handle)
 
 
@@ -81,6 +93,10 @@ def handle(args: argparse.Namespace) -> int:
     if args.global_batch_size % args.num_microbatches:
         raise UsageError(f"--global-batch-size {args.global_batch_size} does not split into {args.num_microbatches}"
                          " equal micro-batches", fix="choose a micro-batch count that divides the global batch size")
+    check_host_options(args)
+    if args.time and args.hosts is not None:
+        raise UsageError("--hosts runs the memory campaign on several machines; --time measures layers on this one",
+                         fix="drop --hosts for --time (layer times do not depend on the number of nodes)")
     if args.time:
         return _time(args)
     if args.time_out or args.time_degrees or args.time_micro_batch_sizes or args.time_max_layers:
@@ -88,16 +104,18 @@ def handle(args: argparse.Namespace) -> int:
     if not args.dry_run:
         check_output(args.db, "--db")
     cluster = cluster_from(args)
+    hosts = hosts_from(args, cluster)
     batch_sizes = _ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None
     scenarios = tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None
 
     with ProfileStore(":memory:" if args.dry_run else args.db) as store:  # a file that is no database fails here
-        return _campaign(args, cluster, batch_sizes, scenarios, store)
+        return _campaign(args, cluster, batch_sizes, scenarios, store, hosts)
 
 
 def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int, ...] | None,
-              scenarios: tuple[Scenario, ...] | None, store: ProfileStore) -> int:
+              scenarios: tuple[Scenario, ...] | None, store: ProfileStore, hosts: Hosts | None) -> int:
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.runtime.multinode import MultiNode
 
     cfg = CampaignConfig(
         model=args.model,
@@ -113,7 +131,16 @@ def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int
         timeout_s=args.timeout,
         run_options=training_options(args),
     )
-    campaign = Campaign(cfg, store, progress=lambda msg: print(msg, file=sys.stderr, flush=True))
+    say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
+    with contextlib.ExitStack() as stack:
+        nodes = None
+        if hosts is not None and not args.dry_run:  # the agents start (and the hosts are checked) before any run
+            nodes = stack.enter_context(MultiNode(hosts, devices_per_node=cluster.devices_per_node, on_event=say))
+        campaign = Campaign(cfg, store, progress=say, launch=nodes.launch if nodes is not None else None)
+        return _run_campaign(args, campaign)
+
+
+def _run_campaign(args: argparse.Namespace, campaign: Campaign) -> int:
     if args.dry_run:
         runs = campaign.dry_run()
         for batch, scenario, run in runs:
@@ -126,7 +153,7 @@ def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int
               f" (CAPTURE's Description 1: {campaign.L + 1} per scenario and batch size)")
         return 0
     print(
-        f"profiling {args.model} ({campaign.L} layers) for {cfg.cluster.describe()}: scenarios "
+        f"profiling {args.model} ({campaign.L} layers) for {campaign.cfg.cluster.describe()}: scenarios "
         f"{', '.join(s.name for s in campaign.scenarios)} at global batch sizes {campaign.batch_sizes}",
         file=sys.stderr,
     )

@@ -1,4 +1,5 @@
-"""``hybridplan run``: train a model with a plan on local processes (or simulated devices) and measure it."""
+"""``hybridplan run``: train a model with a plan on local processes (or simulated devices, or on several
+machines with --hosts) and measure it."""
 
 from __future__ import annotations
 
@@ -8,16 +9,19 @@ import sys
 
 from hybridplan.cli.common import (
     add_cluster,
+    add_hosts,
     add_command,
     add_model,
     add_training,
     check_output,
     cluster_from,
+    hosts_from,
     positive_float,
     positive_int,
     training_options,
     write_output,
 )
+from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
 
 
@@ -26,13 +30,15 @@ def register(sub: argparse._SubParsersAction) -> None:
         sub, "run",
         help="train with a plan and measure per-device peak memory and iteration time",
         description="Train MODEL for N iterations with PLAN, one process per device (gloo on CPU, NCCL on GPU), or on "
-        "simulated devices (--backend sim: fake tensors, exact memory, no time). The first iteration is a warm-up; "
+        "simulated devices (--backend sim: fake tensors, exact memory, no time); with --hosts, on several machines through "
+        "torchrun. The first iteration is a warm-up; "
         "peak memory and time are measured on the others. A run that exceeds --device-memory ends with status 'oom' "
         "(exit code 1).",
         reads="the plan JSON (--plan); a cluster TOML if --cluster names one.",
         writes="the result JSON to --out (status, losses, iteration time, per-device peak memory and breakdown); a "
         "table to the terminal (or the JSON with --json). With --write-config, only a run configuration for torchrun.",
         examples=["hybridplan run --model gpt-tiny --cluster 1x4 --plan plan.json --iterations 3 --out result.json",
+                  "hybridplan run --model gpt-tiny --cluster 2x4 --plan plan.json --hosts node1,node2",
                   "hybridplan run --model gpt3-1.3b --cluster 4x4 --plan plan.json --backend sim --device cuda "
                   "--precision bf16"],
     )
@@ -52,6 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         metavar="FILE",
         help="only write the run configuration for 'torchrun -m hybridplan.runtime.torchrun --config FILE' and exit",
     )
+    add_hosts(p, "run")
     p.set_defaults(handler=handle)
 
 
@@ -62,6 +69,10 @@ def handle(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     cluster = cluster_from(args)
     plan.validate(cluster=cluster)
+    hosts = hosts_from(args, cluster)
+    if hosts is not None and args.write_config:
+        raise UsageError("--write-config writes a configuration to start with torchrun by hand; --hosts starts it",
+                         fix="drop one of them")
 
     from hybridplan.runtime.config import RunConfig, config_to_json, validate_config
     from hybridplan.runtime.launch import launch
@@ -85,7 +96,14 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     print(f"running {cfg.model_name()} on {cfg.cluster.describe()}", file=sys.stderr)
     print(cfg.plan.describe(), file=sys.stderr)
-    result = launch(cfg, on_event=lambda msg: print(msg, file=sys.stderr))
+    say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+    if hosts is None:
+        result = launch(cfg, on_event=say)
+    else:
+        from hybridplan.runtime.multinode import MultiNode
+
+        with MultiNode(hosts, devices_per_node=cluster.devices_per_node, on_event=say) as nodes:
+            result = nodes.launch(cfg)
     print(json.dumps(result.to_dict(), indent=1) if args.json else result.summary())
     if args.out:
         write_output(args.out, json.dumps(result.to_dict(), indent=1) + "\n", "--out")

@@ -23,7 +23,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
@@ -36,6 +36,9 @@ from hybridplan.profiling.execution import failed_stage, measurements_of, run_pl
 from hybridplan.profiling.statistics import anchor_of, statistics_of
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.models.boundaries import boundary_specs
+
+if TYPE_CHECKING:
+    from hybridplan.runtime.config import RunConfig
 
 __all__ = ["CampaignConfig", "Campaign", "CampaignSummary", "default_scenarios"]
 
@@ -121,8 +124,10 @@ class Campaign:
         cfg: the campaign.
         store: the database (resumed if it holds this campaign already).
         progress: called with one line per event.
-        execute: runs a plan and returns the run result (default: the runtime's launcher); tests and
-            the simulator substitute their own.
+        execute: runs a plan and returns the run result (default: ``launch`` of a RunConfig); tests
+            and the simulator substitute their own.
+        launch: runs a RunConfig (default: the runtime's front door, runtime/launch.py, on this machine;
+            runtime/multinode.py's ``MultiNode.launch`` runs it on several).
     """
 
     def __init__(
@@ -132,6 +137,7 @@ class Campaign:
         *,
         progress: Callable[[str], None] | None = None,
         execute: Callable[[Plan, Cluster], Any] | None = None,
+        launch: Callable[[RunConfig], Any] | None = None,
     ) -> None:
         from hybridplan.models.zoo import resolve_model
 
@@ -140,6 +146,7 @@ class Campaign:
         self.say = progress or (lambda _msg: None)
         self.model = resolve_model(cfg.model)
         self.execute = execute or self._launch
+        self._launcher = launch
         self._specs: list[Any] | None = None
         self.L = self.model.num_layers
         self.batch_sizes = self._batch_sizes()
@@ -447,7 +454,7 @@ class Campaign:
             model=self.cfg.model, plan=plan, cluster=cluster, iterations=self.cfg.iterations, seed=self.cfg.seed,
             timeout_s=self.cfg.timeout_s, **self.cfg.run_options,
         )
-        return launch(cfg)
+        return (self._launcher or launch)(cfg)
 
     def _refresh_statistics(self, batch: int, scenario: Scenario) -> None:
         units = self._units(scenario)

@@ -14,7 +14,10 @@ A tour of its files in the order a run goes through them:
   - :mod:`~hybridplan.runtime.sim`: simulated devices, one after the other in this process, on fake
     tensors and torch's fake process group;
   - :mod:`~hybridplan.runtime.torchrun`: the entry point of processes torchrun starts on several
-    machines (``hybridplan run --write-config``).
+    machines (``hybridplan run --write-config``);
+  - :mod:`~hybridplan.runtime.multinode`: runs on several machines from one head (``hybridplan
+    profile --hosts``): a node agent per host (:mod:`~hybridplan.runtime.node`) starts torchrun there for
+    each run; :mod:`~hybridplan.runtime.hosts` reads host lists, SLURM node lists and launcher templates.
 
 - :mod:`~hybridplan.runtime.rank`: what every rank does, whoever started it: build the stage, train
   it, return its report.
@@ -34,7 +37,8 @@ A tour of its files in the order a run goes through them:
     :mod:`~hybridplan.runtime.layer_timer` times every layer if asked.
 
 - :mod:`~hybridplan.runtime.result`: the typed reports ranks end with, their exit codes, and
-  ``aggregate``, which makes the ``RunResult`` (one JSON form for both backends).
+  ``aggregate``, which makes the ``RunResult`` (one JSON form for both backends), or ``root_cause``
+  for a failed run.
 
 The tensors that cross a stage's boundaries are the model's (models/boundaries.py), as is the zoo that
 resolves a model's name (models/zoo.py). Imports run one way through these files: nothing imports

@@ -5,7 +5,8 @@
   is counted exactly (runtime/sim.py).
 
 Both return the same :class:`~hybridplan.runtime.result.RunResult`. Runs on several machines are started
-by torchrun instead (runtime/torchrun.py).
+by torchrun instead (runtime/torchrun.py), by hand or from a head node (runtime/multinode.py, whose
+``MultiNode.launch`` returns the same result).
 
 Example::
 

@@ -38,13 +38,13 @@ from hybridplan.models.boundaries import boundary_specs
 from hybridplan.models.zoo import resolve_model
 from hybridplan.runtime.config import RunConfig, validate_config
 from hybridplan.runtime.result import (
-    EXIT_OOM,
     RankFailure,
     RankReport,
     RunResult,
     aggregate,
     failed_result,
     report_from_dict,
+    root_cause,
 )
 from hybridplan.runtime.shared_gpu import with_shared_gpu_if_needed
 from hybridplan.runtime.worker import spawn_entry
@@ -55,8 +55,6 @@ _GRACE_S = 2.0
 """Seconds a terminated rank gets to exit after SIGTERM before SIGKILL."""
 _SETTLE_S = 0.5
 """Seconds to wait after a failure for ranks failing at the same time (see :func:`_watch`)."""
-_CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "pair.cc")
-"""gloo's messages of a rank whose peer went away: a consequence of another rank's failure, not a cause."""
 
 
 def run_processes(
@@ -108,7 +106,7 @@ def run_processes(
         running = [r for r, rep in enumerate(reports) if rep is None]
         return failed_result(cfg, "failed", f"timed out after {cfg.timeout_s:.0f} s (ranks still running: {running})", wall)
     if isinstance(outcome, list):
-        return _root_cause(cfg, procs, reports, wall, failed=outcome)
+        return root_cause(cfg, reports, wall, failed=outcome, crashed=lambda rank: _how_it_ended(procs[rank]))
     finished = [rep for rep in reports if isinstance(rep, RankReport)]
     if len(finished) < world:  # every rank exited 0, so each wrote a finished report: a guard, not a case
         missing = [r for r, rep in enumerate(reports) if not isinstance(rep, RankReport)]
@@ -176,39 +174,8 @@ def _read_report(path: Path) -> RankReport | RankFailure | None:
         return None
 
 
-def _root_cause(
-    cfg: RunConfig,
-    procs: list[ForkServerProcess],
-    reports: list[RankReport | RankFailure | None],
-    wall: float,
-    *,
-    failed: list[int],
-) -> RunResult:
-    """The failure to report, from the ranks that ended badly before the launcher stopped the rest.
-
-    In order: an out-of-memory report (it makes its peers fail too); a rank that died without a report
-    (a crash: its peers then see closed connections); a failure report that is not merely a peer's
-    lost connection; any failure report.
-    """
-    failures: list[RankFailure] = [rep for r in failed if isinstance(rep := reports[r], RankFailure)]
-    ooms = [rep for rep in failures if rep.status == "oom"]
-    if ooms:
-        return _from_report(cfg, min(ooms, key=lambda rep: rep.time), wall)
-    crashed = [r for r in failed if not isinstance(reports[r], RankFailure)]
-    if crashed:
-        rank = crashed[0]
-        code = procs[rank].exitcode
-        assert code is not None  # _watch joined every rank it reports as failed
-        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-        status = "oom" if code == EXIT_OOM else "failed"
-        return failed_result(cfg, status, f"device {rank} (stage {cfg.plan.stage_of_device(rank)}) {how} without a report", wall)
-    causes = [rep for rep in failures if not any(c in rep.reason for c in _CONSEQUENCES)]
-    return _from_report(cfg, min(causes or failures, key=lambda rep: rep.time), wall)
-
-
-def _from_report(cfg: RunConfig, report: RankFailure, wall: float) -> RunResult:
-    """The run's result from the failure report that caused it, with the device's stage added."""
-    rank = report.rank
-    stage = cfg.plan.stage_of_device(rank)
-    reason = report.reason.replace(f"device {rank}:", f"device {rank} (stage {stage}):", 1)
-    return failed_result(cfg, report.status, reason, wall)
+def _how_it_ended(proc: ForkServerProcess) -> tuple[str, int | None]:
+    """How a rank that left no report ended, for :func:`~hybridplan.runtime.result.root_cause`."""
+    code = proc.exitcode
+    assert code is not None  # _watch joined every rank it reports as failed
+    return (f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"), code

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
@@ -45,6 +45,8 @@ __all__ = [
     "report_from_dict",
     "aggregate",
     "failed_result",
+    "root_cause",
+    "save_report",
     "EXIT_OK",
     "EXIT_FAILED",
     "EXIT_OOM",
@@ -66,6 +68,9 @@ EXIT_OOM = 3
 """Exit code of a rank that ran out of device memory; also read from a rank that died without a report."""
 EXIT_LAUNCHER_GONE = 4
 """Exit code of a rank ended because its launcher died (runtime/lifeline.py; no one reads it: the launcher is gone)."""
+
+_CONSEQUENCES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "pair.cc")
+"""gloo's messages of a rank whose peer went away: a consequence of another rank's failure, not a cause."""
 
 FailureStatus = Literal["oom", "failed"]
 """How a rank failed: out of device memory, or anything else."""
@@ -178,6 +183,15 @@ def report_from_dict(data: dict[str, Any]) -> RankReport | RankFailure:
         ValueError: if ``data`` is neither.
     """
     return RankReport.from_dict(data) if data.get("status") == RankReport.status else RankFailure.from_dict(data)
+
+
+def save_report(report: RankReport | RankFailure, report_dir: str | Path) -> None:
+    """Write a rank's report to ``rank<N>.json`` in ``report_dir``, atomically: a launcher that reads the
+    file never sees half of it."""
+    path = Path(report_dir) / f"rank{report.rank}.json"
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(report.to_dict()))
+    tmp.replace(path)
 
 
 @dataclass
@@ -396,3 +410,47 @@ def aggregate(cfg: RunConfig, reports: Sequence[RankReport], *, wall_seconds: fl
         wall_seconds=wall_seconds,
         iteration_seconds_representative=not cfg.share_gpu,
     )
+
+
+def root_cause(
+    cfg: RunConfig,
+    reports: Sequence[RankReport | RankFailure | None],
+    wall: float,
+    *,
+    failed: Sequence[int],
+    crashed: Callable[[int], tuple[str, int | None]],
+) -> RunResult:
+    """The result of a failed run: the failure that caused it, from the ranks that ended badly.
+
+    In order: an out-of-memory report (it makes its peers fail too); a rank that died without a report
+    (a crash: its peers then see closed connections); a failure report that is not merely a peer's
+    lost connection; any failure report.
+
+    Args:
+        cfg: the run.
+        reports: each rank's report, None where a rank wrote none.
+        wall: the run's wall-clock seconds.
+        failed: the ranks that ended badly, in the order the launcher saw them.
+        crashed: how a failed rank without a report ended: a phrase ("exited with code 1", "was killed by
+            signal 9") and its exit code where known (:data:`EXIT_OOM` makes the run "oom").
+    """
+    failures: list[RankFailure] = [rep for r in failed if isinstance(rep := reports[r], RankFailure)]
+    ooms = [rep for rep in failures if rep.status == "oom"]
+    if ooms:
+        return _from_report(cfg, min(ooms, key=lambda rep: rep.time), wall)
+    without = [r for r in failed if not isinstance(reports[r], RankFailure)]
+    if without:
+        rank = without[0]
+        how, code = crashed(rank)
+        status = "oom" if code == EXIT_OOM else "failed"
+        return failed_result(cfg, status, f"device {rank} (stage {cfg.plan.stage_of_device(rank)}) {how} without a report", wall)
+    causes = [rep for rep in failures if not any(c in rep.reason for c in _CONSEQUENCES)]
+    return _from_report(cfg, min(causes or failures, key=lambda rep: rep.time), wall)
+
+
+def _from_report(cfg: RunConfig, report: RankFailure, wall: float) -> RunResult:
+    """The run's result from the failure report that caused it, with the device's stage added."""
+    rank = report.rank
+    stage = cfg.plan.stage_of_device(rank)
+    reason = report.reason.replace(f"device {rank}:", f"device {rank} (stage {stage}):", 1)
+    return failed_result(cfg, report.status, reason, wall)

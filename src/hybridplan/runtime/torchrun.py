@@ -8,7 +8,14 @@
 torchrun sets up the rendezvous (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, the store); each process runs
 its rank (runtime/rank.py), then rank 0 gathers every rank's report and writes the result, as the local
 launcher does (runtime/result.py ``aggregate``). There is no watchdog here: torchrun ends the other
-processes when one fails. ``python -m hybridplan.runtime.worker`` is this entry point's former name and
+processes when one fails.
+
+Started by hybridplan's own multi-node launcher (runtime/multinode.py, through the node agent of
+runtime/node.py), each rank also writes its report to ``--report-dir`` (as a locally launched rank does,
+so that the launcher finds a failed run's root cause the same way) and ends with the exit code of
+runtime/result.py; and it ends itself when the node agent, named by ``HYBRIDPLAN_LAUNCHER_PID``, dies
+(runtime/lifeline.py): torchrun starts its ranks in sessions of their own, which a signal to torchrun's
+process group does not reach. ``python -m hybridplan.runtime.worker`` is this entry point's former name and
 still runs it.
 """
 
@@ -27,9 +34,13 @@ import torch.distributed as dist
 
 from hybridplan.runtime.config import config_from_json
 from hybridplan.runtime.rank import process_group_backend, process_group_device, rank_failure, run_rank
-from hybridplan.runtime.result import RankReport, aggregate
+from hybridplan.runtime.lifeline import tie_to_launcher
+from hybridplan.runtime.result import RankReport, aggregate, save_report
 
-__all__ = ["main"]
+__all__ = ["main", "LAUNCHER_PID"]
+
+LAUNCHER_PID = "HYBRIDPLAN_LAUNCHER_PID"
+"""Environment variable naming the process whose death ends every rank (runtime/node.py sets it)."""
 
 
 def main(argv: list[str] | None = None, *, prog: str = "python -m hybridplan.runtime.torchrun") -> NoReturn:
@@ -40,8 +51,13 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m hybridplan.run
     """
     parser = argparse.ArgumentParser(prog=prog)
     parser.add_argument("--config", required=True, help="run configuration written by 'hybridplan run --write-config'")
-    parser.add_argument("--out", required=True, help="result JSON (written by rank 0)")
+    parser.add_argument("--out", help="result JSON (written by rank 0)")
+    parser.add_argument("--report-dir", help="folder on this machine where each of its ranks writes rank<N>.json")
     args = parser.parse_args(argv)
+    if not (args.out or args.report_dir):
+        parser.error("give --out (the result, written by rank 0), --report-dir (each rank's report), or both")
+    if os.environ.get(LAUNCHER_PID):
+        tie_to_launcher(int(os.environ[LAUNCHER_PID]))
     cfg = config_from_json(Path(args.config).read_text())
     if cfg.backend != "real":
         parser.error(f"{args.config} asks for backend {cfg.backend!r}; torchrun runs real devices only"
@@ -61,12 +77,19 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m hybridplan.run
         report = run_rank(rank, cfg, device=device)
     except BaseException as exc:
         failure = rank_failure(rank, exc)
-        if rank == 0:
+        if rank == 0 and args.out:
             Path(args.out).write_text(json.dumps({"status": failure.status, "reason": failure.reason}))
-        raise
+        if not args.report_dir:
+            raise
+        save_report(failure, args.report_dir)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(failure.exit_code)  # torchrun sees the failure and ends the other ranks
+    if args.report_dir:
+        save_report(report, args.report_dir)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, report.to_dict())
-    if rank == 0:
+    if rank == 0 and args.out:
         aggregate(cfg, [RankReport.from_dict(d) for d in gathered], wall_seconds=None).save(args.out)
     dist.barrier()  # every rank has finished the gather before any rank's sockets close
     sys.stdout.flush()

@@ -13,11 +13,9 @@ hybridplan.runtime.worker --config ... --out ...``, that entry point's former na
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from datetime import timedelta
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -26,7 +24,7 @@ from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.lifeline import tie_to_launcher
 from hybridplan.runtime.rank import process_group_backend, process_group_device, rank_failure, run_rank
-from hybridplan.runtime.result import EXIT_OK, RankFailure, RankReport
+from hybridplan.runtime.result import EXIT_OK, RankFailure, RankReport, save_report
 
 __all__ = ["spawn_entry"]
 
@@ -47,7 +45,6 @@ def spawn_entry(
     """
     tie_to_launcher(launcher_pid)
     torch.set_num_threads(1)
-    path = Path(report_dir) / f"rank{rank}.json"
     report: RankReport | RankFailure
     try:
         store = dist.TCPStore("127.0.0.1", store_port, world + 1, is_master=False, timeout=timedelta(seconds=cfg.timeout_s))
@@ -63,9 +60,7 @@ def spawn_entry(
     except BaseException as exc:  # every failure must reach the launcher as a report
         report = rank_failure(rank, exc)
         code = report.exit_code
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(report.to_dict()))
-    tmp.replace(path)
+    save_report(report, report_dir)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # skip interpreter teardown: peers may be gone and gloo's destructors can block
