@@ -26,8 +26,9 @@ import json, sys
 import torch
 import torch.distributed as tdist
 from torch.testing._internal.distributed.fake_pg import FakeStore
-import deepspeed.comm.torch
-deepspeed.comm.torch.build_shm_op = lambda: None
+import importlib
+# the submodule itself: the name deepspeed.comm.torch is torch (deepspeed/comm re-exports it)
+importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 import deepspeed.comm as dist
 from deepspeed.pipe import LayerSpec, PipelineModule
 from deepspeed.runtime.config import DeepSpeedConfig
@@ -80,10 +81,11 @@ def _check(tmp_path, plan) -> dict:
     path.write_text(export_plan(plan, "deepspeed", GPT_TINY).text)
     script = tmp_path / "check.py"
     script.write_text(CHECK)
-    env = {**os.environ, "LOCAL_RANK": "0"}
+    env = {**os.environ, "LOCAL_RANK": "0", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
     done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, env=env, timeout=300)
     lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
+    assert not (tmp_path / "ext").exists(), "DeepSpeed compiled an extension (minutes): its switch-off failed"
     return json.loads(lines[-1][len("RESULT "):])
 
 
@@ -107,5 +109,6 @@ def test_the_check_can_fail(tmp_path):
     script = tmp_path / "check.py"
     script.write_text(CHECK)
     done = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True,
-                          env={**os.environ, "LOCAL_RANK": "0"}, timeout=300)
+                          env={**os.environ, "LOCAL_RANK": "0", "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")},
+                          timeout=300)
     assert done.returncode != 0 and "train_batch_size is not equal" in done.stderr
