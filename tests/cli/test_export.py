@@ -46,12 +46,16 @@ def test_bad_input_exits_2(tmp_path, capsys):
     plan = tmp_path / "p.json"
     plan.write_text(json.dumps(MIXED_GPT))
     (tmp_path / "bad.json").write_text("{")
+    (tmp_path / "tp8.json").write_text(json.dumps({"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 1,
+        "stages": [{"layers": [0, 10], "parallelism": "tensor", "degree": 8, "devices": list(range(8))}]}))
     cases = [
         (["--plan", str(plan), "--to", "jax"], "invalid choice: 'jax'"),
         (["--plan", str(tmp_path / "bad.json"), "--to", "megatron"], "is not valid JSON"),
         (["--plan", str(plan), "--to", "megatron", "--model", "wresnet-tiny"], "wresnet-tiny has 7"),
         (["--plan", str(plan), "--to", "megatron", "--nearest", "--out", str(tmp_path / "no" / "a.txt")], "cannot be written"),
         (["--plan", str(plan), "--to", "megatron", "--nearest-plan", str(tmp_path / "n.json")], "add --nearest"),
+        # gpt-tiny's 4 heads do not split 8 ways (checked against the model when it is named)
+        (["--plan", str(tmp_path / "tp8.json"), "--to", "megatron", "--model", "gpt-tiny"], "at degree 8"),
     ]
     for args, message in cases:
         assert main(["export"] + args) == 2, args

@@ -86,4 +86,7 @@ def _layers(model: str | None, plan: Plan) -> ModelLayers:
     from hybridplan.models.zoo import get_model  # imports torch: only when a model is named
 
     m = get_model(model)
-    return ModelLayers.of(model, [m.layer_name(i) for i in range(m.num_layers)], m.config())
+    layers = ModelLayers.of(model, [m.layer_name(i) for i in range(m.num_layers)], m.config())
+    layers.check(plan)
+    plan.validate(model=m)  # tensor-parallel support of the layers, sample granularity
+    return layers
