@@ -60,3 +60,18 @@ def test_bad_input_exits_2(tmp_path, capsys):
     for args, message in cases:
         assert main(["export"] + args) == 2, args
         assert message in capsys.readouterr().err, args
+
+
+def test_the_nearest_grid_splits_the_named_model(tmp_path, capsys):
+    """gpt-tiny's width 64 does not split 3 ways: the nearest grid of 3 devices per stage is passed over."""
+    plan = tmp_path / "p.json"
+    plan.write_text(json.dumps({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 4, "stages": [
+        {"layers": [0, 2], "parallelism": "data", "degree": 2, "devices": [0, 1]},
+        {"layers": [2, 10], "parallelism": "tensor", "degree": 4, "devices": [2, 3, 4, 5]}]}))
+    near = tmp_path / "near.json"
+    assert main(["export", "--plan", str(plan), "--to", "megatron", "--nearest", "--nearest-plan", str(near)]) == 0
+    assert {s.tensor_degree for s in Plan.load(near).stages} == {3}  # no model named: the closest grid
+    assert main(["export", "--plan", str(plan), "--to", "megatron", "--model", "gpt-tiny", "--nearest",
+                 "--nearest-plan", str(near)]) == 0
+    assert {s.tensor_degree for s in Plan.load(near).stages} == {2}
+    assert "--tensor-model-parallel-size 2" in capsys.readouterr().out

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from hybridplan.cli.common import add_command, add_model, check_output, write_output
 from hybridplan.plan import Plan
 from hybridplan.workflows.export import ENGINES, ModelLayers, NotExpressible, export_plan
 from hybridplan.workflows.export.torchtitan import DEFAULT_BASE
+
+if TYPE_CHECKING:
+    from hybridplan.models.base import LayeredModel
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -51,15 +56,23 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--nearest-plan writes the nearest plan of --nearest, which was not given",
                          fix="add --nearest, or drop --nearest-plan")
     plan = Plan.load(args.plan)
-    layers = _layers(args.model or _zoo_model_of(plan), plan)
+    layers, model = _layers(args.model or _zoo_model_of(plan), plan)
     try:
         exported = export_plan(plan, args.to, layers, nearest=args.nearest, torchtitan_base=args.torchtitan_base,
-                               source=args.plan)
+                               source=args.plan, accept=None if model is None else _runs_on(model))
     except NotExpressible as e:  # the nearest plan first, then the error (the CLI's last lines)
         print(f"the nearest plan {args.to} runs:\n" + "\n".join("  " + line for line in e.nearest.describe().splitlines()),
               file=sys.stderr)
         raise
     if exported.changes:
+        if model is not None:  # the engine's grid may ask a layer for a tensor degree it does not split into
+            from hybridplan.errors import PlanError
+
+            try:
+                exported.plan.validate(model=model)
+            except PlanError as e:
+                raise PlanError(f"the nearest plan {args.to} runs cannot run {layers.name}: {e.message}",
+                                fix="change the plan's degrees or batch so that a uniform grid fits the model") from None
         print(f"exporting the nearest plan {args.to} runs: " + "; ".join(exported.changes), file=sys.stderr)
         if args.nearest_plan:
             write_output(args.nearest_plan, exported.plan.to_json(), "--nearest-plan")
@@ -71,6 +84,20 @@ def handle(args: argparse.Namespace) -> int:
     return 0
 
 
+def _runs_on(model: LayeredModel) -> Callable[[Plan], bool]:
+    """Whether ``model`` runs a plan (the nearest plan's grid must split the model's layers)."""
+    from hybridplan.errors import PlanError
+
+    def accept(plan: Plan) -> bool:
+        try:
+            plan.validate(model=model)
+        except PlanError:
+            return False
+        return True
+
+    return accept
+
+
 def _zoo_model_of(plan: Plan) -> str | None:
     """The plan's ``model`` annotation (``hybridplan plan`` writes it) when it is a zoo name: a file may name a zoo
     model, never code to import (models/names.py)."""
@@ -80,13 +107,13 @@ def _zoo_model_of(plan: Plan) -> str | None:
     return name if isinstance(name, str) and is_zoo_name(name) else None
 
 
-def _layers(model: str | None, plan: Plan) -> ModelLayers:
+def _layers(model: str | None, plan: Plan) -> tuple[ModelLayers, LayeredModel | None]:
     if model is None:
-        return ModelLayers.assumed_decoder(plan.num_layers)
+        return ModelLayers.assumed_decoder(plan.num_layers), None
     from hybridplan.models.zoo import get_model  # imports torch: only when a model is named
 
     m = get_model(model)
     layers = ModelLayers.of(model, [m.layer_name(i) for i in range(m.num_layers)], m.config())
     layers.check(plan)
     plan.validate(model=m)  # tensor-parallel support of the layers, sample granularity
-    return layers
+    return layers, m

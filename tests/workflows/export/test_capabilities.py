@@ -70,3 +70,17 @@ def test_a_data_degree_must_divide_the_microbatch():
     near, _ = nearest_plan(plan, "deepspeed")  # data 2 does not divide 3: one device per stage is left
     assert [(s.data_degree, s.tensor_degree) for s in near.stages] == [(1, 1), (1, 1)]
     assert near.num_devices == 2
+
+
+def test_grids_the_model_refuses_are_passed_over():
+    plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 4, "stages": [
+        {"layers": [0, 2], "parallelism": "data", "degree": 2, "devices": [0, 1]},
+        {"layers": [2, 10], "parallelism": "tensor", "degree": 4, "devices": [2, 3, 4, 5]}]})
+    # 6 devices / 2 stages = 3 per stage: data 3 does not divide the micro-batch of 4, so tensor x3; by hand, the
+    # 2-device pairs weigh 2 layers x (1 + 1) + 8 layers x (0 + 1) = 12 for tensor x2, 8 x (1 + 2) = 24 for data x2
+    near, _ = nearest_plan(plan, "megatron")
+    assert {(s.data_degree, s.tensor_degree) for s in near.stages} == {(1, 3)}
+    near, changes = nearest_plan(plan, "megatron", accept=lambda p: p.stages[0].tensor_degree != 3)
+    assert {(s.data_degree, s.tensor_degree) for s in near.stages} == {(1, 2)} and "2 device(s) left idle" in changes[0]
+    near, _ = nearest_plan(plan, "megatron", accept=lambda p: p.stages[0].tensor_degree == 1 and p.stages[0].data_degree == 1)
+    assert {(s.data_degree, s.tensor_degree) for s in near.stages} == {(1, 1)}

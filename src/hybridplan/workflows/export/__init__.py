@@ -11,6 +11,7 @@ It reads the plan and the model's layer names only, and imports no torch (tests/
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hybridplan.errors import PlanError
@@ -43,8 +44,10 @@ class Exported:
 
 
 def export_plan(plan: Plan, engine: Engine, layers: ModelLayers, *, nearest: bool = False,
-                torchtitan_base: str = DEFAULT_BASE, source: str = "") -> Exported:
-    """What ``engine`` takes to run ``plan`` (or, with ``nearest``, the nearest plan it runs).
+                torchtitan_base: str = DEFAULT_BASE, source: str = "",
+                accept: Callable[[Plan], bool] | None = None) -> Exported:
+    """What ``engine`` takes to run ``plan`` (or, with ``nearest``, the nearest plan it runs; ``accept`` as
+    :func:`~.capabilities.nearest_plan`'s).
 
     Raises:
         PlanError: for a plan that does not match the model, or breaks a plan rule.
@@ -61,7 +64,7 @@ def export_plan(plan: Plan, engine: Engine, layers: ModelLayers, *, nearest: boo
         raise PlanError(f"{engine} runs decoder-only transformers cut at block boundaries ([embedding, blocks..., norm"
                         f" + head]), and {layers.name}'s layers are not: {', '.join(layers.layer_names[:4])}, ...",
                         fix="export a GPT, MoE or hf: model, or use --to deepspeed (any list of layers)")
-    near, changes = nearest_plan(plan, engine)
+    near, changes = nearest_plan(plan, engine, accept=accept)
     if changes and not nearest:
         raise NotExpressible(
             f"{engine} cannot run this plan as it is: " + "; ".join(changes),

@@ -27,6 +27,7 @@ ZeRO-3 -> ZeRO-1 or 2 -> 1 step; check the nearest plan with ``hybridplan predic
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Literal, get_args
 
@@ -62,8 +63,12 @@ CAPABILITIES: dict[Engine, Capabilities] = {
 }
 
 
-def nearest_plan(plan: Plan, engine: Engine) -> tuple[Plan, list[str]]:
-    """The plan closest to ``plan`` that ``engine`` runs, and what was changed (empty: ``plan`` itself)."""
+def nearest_plan(plan: Plan, engine: Engine, *, accept: Callable[[Plan], bool] | None = None) -> tuple[Plan, list[str]]:
+    """The plan closest to ``plan`` that ``engine`` runs, and what was changed (empty: ``plan`` itself).
+
+    ``accept`` says whether the model runs a grid (its layers' tensor-parallel support, checked by the caller,
+    who has the model): grids it refuses are passed over for the next closest (``data x1 tensor x1`` is taken
+    last whatever it says)."""
     cap = CAPABILITIES[engine]
     changes: list[str] = []
     schedule = plan.schedule
@@ -76,11 +81,14 @@ def nearest_plan(plan: Plan, engine: Engine) -> tuple[Plan, list[str]]:
     if needs_grid:
         pp = plan.num_stages
         per_stage = plan.num_devices // pp
-        d, t = _grid(plan, per_stage, tensor=cap.tensor)
-        devices = sorted(dev for s in plan.stages for dev in s.devices)[: pp * d * t]
-        stages = tuple(StagePlan.of(s.start, s.stop, devices[k * d * t:(k + 1) * d * t], data_degree=d,
-                                    tensor_degree=t, zero=s.zero if d > 1 else 0, recompute=s.recompute)
-                       for k, s in enumerate(plan.stages))
+        everyone = sorted(dev for s in plan.stages for dev in s.devices)
+        for d, t in _grids(plan, per_stage, tensor=cap.tensor):
+            devices = everyone[: pp * d * t]
+            stages = tuple(StagePlan.of(s.start, s.stop, devices[k * d * t:(k + 1) * d * t], data_degree=d,
+                                        tensor_degree=t, zero=s.zero if d > 1 else 0, recompute=s.recompute)
+                           for k, s in enumerate(plan.stages))
+            if accept is None or (d, t) == (1, 1) or accept(replace(out, stages=stages)):
+                break
         out = replace(out, stages=stages)
         why = ("stages of different degrees " + ", ".join(f"{dd}x{tt}" for dd, tt in sorted(degrees))
                if len(degrees) > 1 else f"{engine}'s pipeline has no tensor parallelism (without Megatron-LM)")
@@ -104,16 +112,16 @@ def nearest_plan(plan: Plan, engine: Engine) -> tuple[Plan, list[str]]:
     return out, changes
 
 
-def _grid(plan: Plan, per_stage: int, *, tensor: bool) -> tuple[int, int]:
-    """The (data, tensor) pair of ``k <= per_stage`` devices (largest ``k`` first) closest to the plan's stages,
-    weighted by their layers, whose data degree divides the micro-batch (``k = 1`` always has one)."""
+def _grids(plan: Plan, per_stage: int, *, tensor: bool) -> list[tuple[int, int]]:
+    """The (data, tensor) pairs of ``k <= per_stage`` devices whose data degree divides the micro-batch, largest
+    ``k`` first, then closest to the plan's stages (weighted by their layers); ends with ``(1, 1)``."""
+    def distance(pair: tuple[int, int]) -> float:
+        d, t = pair
+        return sum(s.num_layers * (abs(math.log2(s.data_degree / d)) + abs(math.log2(s.tensor_degree / t)))
+                   for s in plan.stages)
+
+    out: list[tuple[int, int]] = []
     for k in range(per_stage, 0, -1):
         pairs = [(k // t, t) for t in range(1, k + 1) if k % t == 0 and (tensor or t == 1)]
-        pairs = [(d, t) for d, t in pairs if plan.microbatch_size % d == 0]
-        if pairs:
-            def distance(pair: tuple[int, int]) -> float:
-                d, t = pair
-                return sum(s.num_layers * (abs(math.log2(s.data_degree / d)) + abs(math.log2(s.tensor_degree / t)))
-                           for s in plan.stages)
-            return min(pairs, key=lambda p: (distance(p), -p[1]))
-    return 1, 1
+        out += sorted(((d, t) for d, t in pairs if plan.microbatch_size % d == 0), key=lambda p: (distance(p), -p[1]))
+    return out
