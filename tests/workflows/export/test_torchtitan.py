@@ -63,6 +63,9 @@ def test_pipeline_of_data_replicas(recipes):
     assert (p.pipeline_parallel_degree, p.data_parallel_replicate_degree, p.data_parallel_shard_degree,
             p.tensor_parallel_degree) == (2, 2, 1, 1)
     assert p.pipeline_parallel_schedule == "GPipe"
+    from torch.distributed.pipelining.schedules import ScheduleGPipe, get_schedule_class
+
+    assert get_schedule_class(p.pipeline_parallel_schedule) is ScheduleGPipe  # the name torchtitan looks up
     assert p.module_fqns_per_model_part == [["tok_embeddings", "layers.0", "layers.1"],
                                             [f"layers.{i}" for i in range(2, 8)] + ["norm", "lm_head"]]
     # 32 samples in 8 micro-batches of 4, split over 2 replicas: 16 per replica per step, 2 per micro-batch
