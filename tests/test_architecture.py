@@ -181,7 +181,8 @@ def test_every_package_declares_its_public_names():
 
 
 @pytest.mark.parametrize("module", ["hybridplan.plan", "hybridplan.models.names", "hybridplan.errors", "hybridplan.units",
-                                    "hybridplan.profiling.store", "hybridplan.predict.memory"])
+                                    "hybridplan.profiling.store", "hybridplan.predict.memory",
+                                    "hybridplan.workflows.export"])
 def test_torch_free_modules(module):
     code = f"import sys, {module}; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

@@ -19,7 +19,8 @@ from hybridplan.errors import HybridPlanError
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("models", "run", "profile", "predict", "estimate", "plan", "validate", "demo", "report")
+_COMMANDS = ("models", "run", "profile", "predict", "estimate", "estimate-memory", "plan", "validate", "export", "demo",
+             "report")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -41,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
     for name in _COMMANDS:
-        importlib.import_module(f"hybridplan.cli.{name}").register(sub)
+        importlib.import_module(f"hybridplan.cli.{name.replace('-', '_')}").register(sub)
     return parser
 
 

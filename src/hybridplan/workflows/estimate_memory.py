@@ -1,0 +1,179 @@
+"""A one-shot memory estimate: the per-device peak of a plan (or of the best few plans) from simulated devices,
+without a profiling campaign.
+
+``hybridplan estimate-memory`` answers "will it fit?" in seconds for a small model and in minutes for a paper-size
+one. Each DISTINCT stage of the plans is simulated once on fake tensors (runtime/sim.py: the rank's real work,
+every storage counted, no memory needed), through :class:`~hybridplan.workflows.stage_cache.StageCache` ([Note: what
+a simulated stage's memory depends on]); a plan with ZeRO-sharded stages, whose replicas hold different shares, is
+simulated whole. With ``device_type="cuda"`` the peaks are counted in CUDA allocator blocks and each device gets
+the estimated memory outside its tensors (runtime/gpu_memory.py ``estimate_overhead_bytes``).
+
+How it differs from a measured profile (``hybridplan profile`` then ``predict`` or ``validate``, the way to
+certainty): the simulator counts the tensors hybridplan's runtime allocates, exactly (byte-identical to the real
+CPU runtime on the tiny models, tests/runtime/test_sim_agreement.py), but on a GPU the allocator's fragmentation and
+cached blocks, the CUDA context, NCCL's buffers and library workspaces are modelled or estimated
+(runtime/gpu_memory.py), not measured; and the estimate is for hybridplan's runtime, not another engine's.
+
+Without a plan, the candidates are the uniform grids AMP searches (search/time/throughput.py
+``enumerate_degrees``: every ``pipeline x data x tensor`` of the mesh, tensor groups inside a node) with equal
+layer counts per stage (search/baselines.py ``equal_layers``), placed as Megatron-LM does; the ones the model
+cannot run (tensor-parallel support, sample granularity) are skipped, and the ``top`` with the lowest peak are
+returned.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridplan.errors import PlanError, UsageError
+from hybridplan.plan import Cluster, Plan
+from hybridplan.plan.schedule import Schedule
+from hybridplan.units import format_bytes
+from hybridplan.workflows.validate import DeviceMemory
+
+__all__ = ["DeviceEstimate", "PlanEstimate", "candidate_plans", "estimate_plans", "DIFFERS_FROM_PROFILE"]
+
+DIFFERS_FROM_PROFILE = (
+    "simulated on fake tensors: the exact tensor bytes of hybridplan's runtime, without a profile; on GPUs the "
+    "allocator's fragmentation, the CUDA context and NCCL buffers are modelled, not measured. For certainty: "
+    "'hybridplan profile' then 'hybridplan validate'."
+)
+
+
+@dataclass(frozen=True)
+class DeviceEstimate:
+    """One device: its stage, its simulated peak (tensor bytes; CUDA blocks for cuda) and, for cuda, the memory it
+    uses outside its tensors."""
+
+    device: int
+    stage: int
+    peak_memory_bytes: int
+    overhead_bytes: int | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        return self.peak_memory_bytes + (self.overhead_bytes or 0)
+
+
+@dataclass(frozen=True)
+class PlanEstimate:
+    """A plan and its devices' estimates."""
+
+    plan: Plan
+    devices: tuple[DeviceEstimate, ...]
+
+    @property
+    def peak_memory_bytes(self) -> int:
+        return max(d.peak_memory_bytes for d in self.devices)
+
+    def fits(self, cluster: Cluster) -> bool:
+        """Every device's peak plus overhead within its capacity (True where a capacity is not known)."""
+        return all((cap := cluster.memory_of(d.device)) is None or d.total_bytes <= cap for d in self.devices)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"plan": self.plan.to_dict(), "peak_memory_bytes": self.peak_memory_bytes,
+                "devices": [{"device": d.device, "stage": d.stage, "peak_memory_bytes": d.peak_memory_bytes,
+                             "overhead_bytes": d.overhead_bytes} for d in self.devices]}
+
+    def table(self, cluster: Cluster) -> str:
+        lines = [self.plan.describe(), f"{'device':>6} {'stage':>5} {'peak':>12} {'+overhead':>12} {'capacity':>12}"]
+        for d in self.devices:
+            cap = cluster.memory_of(d.device)
+            over = "  over capacity" if cap is not None and d.total_bytes > cap else ""
+            extra = "-" if d.overhead_bytes is None else format_bytes(d.overhead_bytes)
+            lines.append(f"{d.device:>6} {d.stage:>5} {format_bytes(d.peak_memory_bytes):>12} {extra:>12}"
+                         f" {format_bytes(cap):>12}{over}")
+        lines.append(f"estimated plan peak: {format_bytes(self.peak_memory_bytes)}")
+        return "\n".join(lines)
+
+
+def candidate_plans(model: str, cluster: Cluster, *, global_batch_size: int, num_microbatches: int,
+                    schedule: Schedule = "1f1b") -> list[Plan]:
+    """The uniform grids of the module docstring that the model can run on ``cluster``.
+
+    Raises:
+        PlanError: if none can (naming why the last one could not).
+    """
+    from hybridplan.models.zoo import resolve_model
+    from hybridplan.search.baselines import equal_layers
+    from hybridplan.search.time.rank_placement import megatron_placement
+    from hybridplan.search.time.throughput import divisors, enumerate_degrees
+
+    m = resolve_model(model)
+    if global_batch_size % num_microbatches:
+        raise PlanError(f"global batch {global_batch_size} does not split into {num_microbatches} equal micro-batches",
+                        fix="choose --num-microbatches dividing --global-batch-size")
+    microbatch = global_batch_size // num_microbatches
+    out: list[Plan] = []
+    problem = "no mesh shape"
+    for pp, dp, tp in enumerate_degrees(cluster.num_devices, m.num_layers, divisors(cluster.devices_per_node),
+                                        plan_expressible=False):
+        if microbatch % dp:
+            problem = f"data degree {dp} does not divide the micro-batch of {microbatch}"
+            continue
+        try:
+            plan = Plan.uniform(boundaries=equal_layers(m.num_layers, pp), data_degree=dp, tensor_degree=tp,
+                                micro_batch_size=microbatch // dp, global_batch_size=global_batch_size,
+                                devices=megatron_placement(cluster, pp, dp, tp), schedule=schedule)
+            plan.validate(model=m, cluster=cluster)
+        except PlanError as e:
+            problem = e.message
+            continue
+        out.append(plan)
+    if not out:
+        raise PlanError(f"no uniform plan of {m.name} runs on {cluster.shape}: {problem}",
+                        fix="change the batch or micro-batch count, or the cluster")
+    return out
+
+
+def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_options: dict[str, Any] | None = None,
+                   cache: str | Path | None = None,
+                   progress: Callable[[str], None] | None = None) -> list[PlanEstimate]:
+    """Every device's simulated peak of each plan, each distinct stage simulated once (module docstring).
+
+    Args:
+        model: zoo name or ``module:function``.
+        cluster: the mesh (its capacities are not enforced while simulating: every peak is measured).
+        plans: the plans (checked against the model and cluster first).
+        run_options: RunConfig fields (precision, device_type, activation_checkpointing, seed).
+        cache: a JSON file of simulated stages to reuse and extend (default: a temporary one).
+        progress: one line per simulated stage or plan.
+
+    Raises:
+        HybridPlanError: for a plan the model or cluster cannot run.
+    """
+    from hybridplan.runtime.config import RunConfig, validate_config
+    from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
+    from hybridplan.runtime.sim import simulate
+    from hybridplan.workflows.stage_cache import StageCache
+
+    options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
+    free = cluster.with_memory(None)
+    for plan in plans:
+        validate_config(RunConfig(model=model, plan=plan, cluster=free, backend="sim", **options))
+    say = progress or (lambda _msg: None)
+    cuda = options.get("device_type") == "cuda"
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        stages = StageCache(cache or Path(tmp) / "stages.json", model=model, cluster=free, run_options=options,
+                            progress=say)
+        for i, plan in enumerate(plans):
+            t0 = time.perf_counter()
+            if any(s.zero for s in plan.stages):  # uneven shares per replica: the whole plan (runtime/sim.py)
+                result = simulate(RunConfig(model=model, plan=plan, cluster=free, iterations=2, backend="sim", **options))
+                if not result.ok:
+                    raise UsageError(f"the simulation of plan {i + 1} ended {result.status}: {result.reason}")
+                measured = [DeviceMemory(d.device, d.stage, None, d.peak_memory_bytes) for d in result.devices]
+            else:
+                measured = stages.measure(plan)
+            devices = tuple(DeviceEstimate(d.device, d.stage, int(d.measured or 0),
+                                           estimate_overhead_bytes(plan, d.device) if cuda else None) for d in measured)
+            out.append(PlanEstimate(plan, devices))
+            say(f"plan {i + 1}/{len(plans)}: peak {format_bytes(out[-1].peak_memory_bytes)}"
+                f" ({time.perf_counter() - t0:.1f} s)")
+    return out

@@ -1,0 +1,64 @@
+"""The one-shot estimate: each device's peak must equal a whole-plan simulation of every device (runtime/sim.py
+``simulate(distinct_only=False)``, the reference the stage cache is an argument about), and the candidates are the
+uniform grids the model runs, counted by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridplan.plan import Cluster, Plan
+from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
+from hybridplan.runtime.sim import simulate
+from hybridplan.workflows.estimate_memory import candidate_plans, estimate_plans
+from tests.cli.conftest import MIXED, MLP
+
+CLUSTER = Cluster.parse("1x4")
+
+
+def _reference(plan: Plan, **options) -> dict[int, int]:
+    result = simulate(RunConfig(model=MLP, plan=plan, cluster=CLUSTER, iterations=2, backend="sim", **options),
+                      distinct_only=False)
+    return {d.device: d.peak_memory_bytes for d in result.devices}
+
+
+def test_a_plan_equals_its_whole_simulation():
+    plan = Plan.from_dict(MIXED)
+    lines: list[str] = []
+    [estimate] = estimate_plans(MLP, CLUSTER, [plan], progress=lines.append)
+    assert {d.device: d.peak_memory_bytes for d in estimate.devices} == _reference(plan)
+    assert sum("simulated stage" in line for line in lines) == 3  # 3 distinct stages, each once
+    assert estimate.peak_memory_bytes == max(_reference(plan).values())
+
+
+def test_cuda_terms_and_overhead():
+    plan = Plan.from_dict(MIXED)
+    [estimate] = estimate_plans(MLP, CLUSTER, [plan], run_options={"device_type": "cuda"})
+    assert {d.device: d.peak_memory_bytes for d in estimate.devices} == _reference(plan, device_type="cuda")
+    assert all(d.peak_memory_bytes % 512 == 0 for d in estimate.devices)  # CUDA blocks (runtime/gpu_memory.py)
+    assert [d.overhead_bytes for d in estimate.devices] == [estimate_overhead_bytes(plan, r) for r in range(4)]
+
+
+def test_zero_stages_are_simulated_whole():
+    plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 24, "num_microbatches": 2, "stages": [
+        {"layers": [0, 3], "parallelism": "data", "degree": 3, "devices": [0, 1, 2], "zero": 1},
+        {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [3]}]})
+    [estimate] = estimate_plans(MLP, CLUSTER, [plan])
+    assert {d.device: d.peak_memory_bytes for d in estimate.devices} == _reference(plan)
+
+
+def test_candidates_are_the_uniform_grids_the_model_runs():
+    plans = candidate_plans(MLP, CLUSTER, global_batch_size=16, num_microbatches=2)
+    grids = sorted((p.num_stages, p.stages[0].data_degree, p.stages[0].tensor_degree) for p in plans)
+    # pp x dp x tp = 4 with tp in {1, 2, 4}; tp 4 is out: the last Linear has 10 outputs, not divisible by 4
+    assert grids == [(1, 2, 2), (1, 4, 1), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    assert [p.boundaries for p in plans if p.num_stages == 4] == [(0, 2, 3, 4, 5)]  # 5 layers: 2, 1, 1, 1
+
+
+def test_no_candidate_names_why():
+    from hybridplan.errors import PlanError
+
+    # 7 devices: pipeline 1 x data 7 (a micro-batch of 1 sample does not split 7 ways) or tensor 7 (32 outputs
+    # do not split 7 ways); 7 stages exceed the 5 layers
+    with pytest.raises(PlanError, match="no uniform plan of .* runs on 1x7"):
+        candidate_plans(MLP, Cluster.parse("1x7"), global_batch_size=2, num_microbatches=2)
