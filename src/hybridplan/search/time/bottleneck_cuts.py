@@ -38,6 +38,7 @@ program and brute force, benchmarks/search_time times it.
 
 from __future__ import annotations
 
+import functools
 import heapq
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -96,6 +97,16 @@ def range_sums(values: Sequence[float], groups: Sequence[str | None] | None = No
     return np.triu(out, 1)
 
 
+@functools.lru_cache(maxsize=8)
+def _not_a_range(n: int) -> np.ndarray:
+    """``(n + 1) x (n + 1)``: -inf where ``a >= b`` (no range ``[a, b)``), 0 elsewhere; added to a matrix of
+    range values so that no search takes those entries."""
+    out = np.zeros((n + 1, n + 1))
+    out[np.tril_indices(n + 1)] = -np.inf
+    out.flags.writeable = False
+    return out
+
+
 class _Problem:
     """The fixed data of one cut problem: windows and sums per evaluation of ``S(P, Q)``."""
 
@@ -103,7 +114,7 @@ class _Problem:
                  cut_floors: Sequence[np.ndarray] | None, sync: SyncCosts | None) -> None:
         self.k, self.n = _check(stage_costs, cut_costs)
         n = self.n
-        lower = np.tril(np.ones((n + 1, n + 1), dtype=bool))  # a >= b: not a range
+        below = _not_a_range(n)
         # distinct stage cost vectors (identical devices share one), their prefix sums and range times
         self.kind: list[int] = []
         keys: dict[bytes, int] = {}
@@ -118,11 +129,15 @@ class _Problem:
                 keys[key] = len(self.prefix)
                 p = np.concatenate(([0.0], np.cumsum(c)))
                 self.prefix.append(p)
-                self.seg.append(np.where(lower, -np.inf, p[None, :] - p[:, None]))
+                self.seg.append(p[None, :] - p[:, None] + below)
             self.kind.append(keys[key])
         self.cuts = [np.asarray(e, dtype=float)[: n - 1] for e in cut_costs]
         self.floors = ([np.zeros(n - 1) for _ in cut_costs] if cut_floors is None
                        else [np.asarray(f, dtype=float)[: n - 1] for f in cut_floors])
+        # boundaries with the same costs and floors (links of the same kind) share their arrays per evaluation
+        link_keys: dict[bytes, int] = {}
+        self.link_kind = [0] + [link_keys.setdefault(e.tobytes() + fl.tobytes(), len(link_keys))
+                                for e, fl in zip(self.cuts, self.floors)]
         # sync: distinct factors share one matrix of seconds
         self.sync_kind: list[int] = []
         self.sync: list[np.ndarray] = []
@@ -133,15 +148,16 @@ class _Problem:
             for f in sync.factors:
                 if f not in fkeys:
                     fkeys[f] = len(self.sync)
-                    self.sync.append(np.where(lower, -np.inf, f * sync.range_bytes))
+                    self.sync.append(f * sync.range_bytes + below)
                 self.sync_kind.append(fkeys[f])
-        self.starts = np.arange(1, n + 2)[:, None]
+        self.upper = below == 0
         self.ends = np.arange(n + 1)
+        self.steps = max(1, int(np.ceil(np.log2(n + 1))))
 
     def candidates(self, p_range: tuple[float, float], q_max: float) -> tuple[np.ndarray, np.ndarray]:
         """Every value in ``p_range`` a stage's ``u`` can take, and every sync seconds up to ``q_max`` (sorted,
         without repeats)."""
-        upper = np.triu_indices(self.n + 1, 1)
+        low, high = p_range
         values = [self.seg[self.kind[0]][0, 1:]]
         seen: set[tuple[int, bytes]] = set()
         for j in range(1, self.k):
@@ -151,11 +167,24 @@ class _Problem:
             seen.add(key)
             floor = np.concatenate(([np.inf], self.floors[j - 1], [np.inf]))  # a = 0 and a = L start no stage j >= 1
             u = np.maximum(self.seg[self.kind[j]], floor[:, None])
-            values.append(u[upper][np.isfinite(u[upper])])
+            values.append(u[(u >= low) & (u <= high) & (u < np.inf) & self.upper])
         ps = np.concatenate(values)
-        ps = np.unique(ps[(ps >= p_range[0]) & (ps <= p_range[1])])
-        qs = np.concatenate([[0.0]] + [s[upper] for s in self.sync])
-        return ps, np.unique(qs[qs <= q_max])
+        qs = np.concatenate([[0.0]] + [s[(s <= q_max) & self.upper] for s in self.sync])
+        return np.unique(ps[(ps >= low) & (ps <= high)]), np.unique(qs)
+
+    def _first_starts(self, ranges: np.ndarray, cap: float) -> np.ndarray:
+        """For every end ``i``, the first start ``a`` with ``ranges[a, i] <= cap``: a binary search over all
+        ends at once. A range's time or bytes shrink as its start moves right (non-negative layer costs;
+        cumulative sums and differences of floats keep that order), so the allowed starts are ``[a, i - 1]``
+        (``ranges[i, i]`` is -inf: the search ends at ``i`` at the latest)."""
+        lo = np.zeros(self.n + 1, dtype=np.intp)
+        hi = self.ends.copy()
+        for _ in range(self.steps):
+            mid = (lo + hi) // 2
+            ok = ranges[mid, self.ends] <= cap
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid + 1)
+        return hi
 
     def value(self, cut: tuple[int, ...], g: float) -> tuple[float, float]:
         """The objective ``g max u + max sync + sum (t + e)`` of a cut, and its sum."""
@@ -182,38 +211,42 @@ class _Problem:
     def evaluate(self, cap_p: float, cap_q: float) -> tuple[float, tuple[int, ...] | None]:
         """``S(P, Q)`` and a cut reaching it (None where no cut fits the caps)."""
         n = self.n
-        # the first allowed start per end i: past every start whose range exceeds the cap (ranges grow as the
-        # start moves left, so the allowed starts are a window; taking the last violation keeps every accepted
-        # range within the cap even where rounding makes a sum of zeros wobble)
-        lo_p = [np.max((s > cap_p) * self.starts, axis=0) for s in self.seg]
-        lo_q = [np.max((s > cap_q) * self.starts, axis=0) for s in self.sync]
+        lo_p = [self._first_starts(s, cap_p) for s in self.seg]
+        lo_q = [self._first_starts(s, cap_q) for s in self.sync]
         windows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        links: dict[tuple[int, int], np.ndarray] = {}
 
         def window(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """Starts ``lo`` (window ``[lo[i], i - 1]``), reduceat indices, empty windows."""
+            """Starts ``lo`` (window ``[lo[i], i - 1]``), reduceat indices, and ``p_j`` with inf at the ends
+            whose window is empty."""
             key = (self.kind[j], self.sync_kind[j] if self.sync else 0)
             if key not in windows:
                 lo = np.maximum(lo_p[key[0]], lo_q[key[1]]) if self.sync else lo_p[key[0]]
                 lo = np.maximum(lo, 1)
                 pairs = np.empty(2 * (n + 1), dtype=np.intp)
                 pairs[0::2], pairs[1::2] = lo, self.ends
-                windows[key] = (lo, pairs, lo >= self.ends)
+                windows[key] = (lo, pairs, np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
             return windows[key]
+
+        def link(j: int) -> np.ndarray:
+            """What a start ``a`` adds before stage ``j``'s own time: ``e(a) - p_j(a)``, inf where the floor of the
+            boundary exceeds the cap."""
+            key = (self.kind[j], self.link_kind[j])
+            if key not in links:
+                links[key] = np.where(self.floors[j - 1] <= cap_p, self.cuts[j - 1] - self.prefix[key[0]][1:n], np.inf)
+            return links[key]
 
         p0 = self.prefix[self.kind[0]]
         f = np.where(np.maximum(lo_p[self.kind[0]], lo_q[self.sync_kind[0]] if self.sync else 0) == 0, p0, np.inf)
         f[0] = np.inf
-        hs = []
-        h = np.full(n + 2, np.inf)  # h[a] for a stage starting at layer a; h[n + 1]: padding for reduceat
+        fs = []
+        h = np.full(n + 2, np.inf)  # h[a] for a stage starting at layer a; h[0], h[n], h[n + 1] (padding) stay inf
         for j in range(1, self.k):
-            p = self.prefix[self.kind[j]]
-            h = np.full(n + 2, np.inf)
-            h[1:n] = np.where(self.floors[j - 1] <= cap_p, f[1:n] - p[1:n] + self.cuts[j - 1], np.inf)
-            _, pairs, empty = window(j)
+            np.add(f[1:n], link(j), out=h[1:n])
+            _, pairs, p = window(j)
+            fs.append(f)
             # every window's minimum in one pass: reduceat over [lo_i, i) pairs, the in-between results dropped
-            best = np.minimum.reduceat(h, pairs)[0::2]
-            f = p + np.where(empty, np.inf, best)
-            hs.append(h)
+            f = np.minimum.reduceat(h, pairs)[0::2] + p
         total = float(f[n])
         if not np.isfinite(total):
             return total, None
@@ -221,7 +254,7 @@ class _Problem:
         for j in range(self.k - 1, 0, -1):
             i = bounds[-1]
             lo = int(window(j)[0][i])
-            bounds.append(lo + int(np.argmin(hs[j - 1][lo:i])))
+            bounds.append(lo + int(np.argmin(fs[j - 1][lo:i] + link(j)[lo - 1 : i - 1])))
         bounds.append(0)
         return total, tuple(reversed(bounds))
 
