@@ -2,8 +2,9 @@
 
 For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
 dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
-cut the layers into ``pp`` stages with AMP's dynamic program (:mod:`hybridplan.search.time.stage_cuts`), and
-predict the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by
+cut the layers into ``pp`` stages so as to minimise the predicted iteration time, gradient sync included
+(:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of :mod:`hybridplan.search.time.stage_cuts`
+minimises the pipeline term alone, and stays as ``cuts="amp"``), and predict the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by
 simulated annealing over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is
 the candidates by predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
 
