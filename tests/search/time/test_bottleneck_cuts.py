@@ -108,3 +108,25 @@ def test_rejects_negative_layer_times_and_too_many_stages() -> None:
         bottleneck_assignment([np.array([1.0, -1.0])] * 2, [np.zeros(2)], 4)
     with pytest.raises(PlanError, match="cannot cut 2 layers into 3"):
         bottleneck_assignment([np.ones(2)] * 3, [np.zeros(2)] * 2, 4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 10), integers=st.booleans(), own_costs=st.booleans())
+def test_min_max_same_period_and_fill_as_the_reference(data: st.DataObject, num_layers: int, integers: bool,
+                                                       own_costs: bool) -> None:
+    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+    from hybridplan.search.time.stage_cuts import min_max_assignment
+
+    k = data.draw(st.integers(1, num_layers))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    floors = [_costs(data, num_layers, integers) / 2 for _ in range(k - 1)]
+    costs = [_costs(data, num_layers, integers) for _ in range(k - 1)] if own_costs else None
+    reference = min_max_assignment(stage_costs, floors, costs)
+    found = bottleneck_min_max(stage_costs, floors, costs)
+    assert found.objective == pytest.approx(reference.objective, rel=1e-9, abs=1e-12)
+
+    def fill(b: tuple[int, ...]) -> float:
+        e = costs if costs is not None else floors
+        return sum(float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)) + sum(e[j - 1][b[j] - 1] for j in range(1, k))
+
+    assert fill(found.boundaries) == pytest.approx(fill(reference.boundaries), rel=1e-9, abs=1e-12)

@@ -48,7 +48,7 @@ import numpy as np
 from hybridplan.errors import PlanError
 from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check, assignment_objective
 
-__all__ = ["SyncCosts", "bottleneck_assignment", "range_sums"]
+__all__ = ["SyncCosts", "bottleneck_assignment", "bottleneck_min_max", "range_sums"]
 
 
 @dataclass(frozen=True)
@@ -404,3 +404,33 @@ def bottleneck_assignment(
     if sync is not None:
         objective += sync.seconds(best_cut)
     return Assignment(best_cut, objective)
+
+
+def bottleneck_min_max(
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None
+) -> Assignment:
+    """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
+    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
+    ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
+    ``S(P, inf)``. ``objective`` of the result is ``P``.
+
+    Example:
+        >>> ones = np.ones(4)
+        >>> bottleneck_min_max([ones, ones], [np.array([0.0, 5.0, 0.0])], [np.array([0.0, 0.0, 1.0])]).boundaries
+        (0, 1, 4)
+    """
+    _check(stage_costs, cut_floors)
+    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None)
+    ps, _ = problem.candidates((0.0, np.inf), 0.0)
+    lo, hi = 0, len(ps) - 1  # the largest candidate fits: every stage and floor is at most it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if problem.evaluate(float(ps[mid]), np.inf)[1] is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    _, cut = problem.evaluate(float(ps[lo]), np.inf)
+    if cut is None:
+        raise PlanError("no cut of the layers into stages has a finite period",
+                        fix="check the stage and boundary costs: they must be finite")
+    return Assignment(cut, problem.maxima(cut)[0])

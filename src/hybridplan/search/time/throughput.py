@@ -43,7 +43,7 @@ from hybridplan.predict.time_model import (
 )
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, range_sums
+from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, bottleneck_min_max, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
 
@@ -215,7 +215,7 @@ def assign_layers(
         elif flush:
             assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync)
         else:
-            assignment = min_max_assignment(stage_costs, floors, cut_costs)
+            assignment = (bottleneck_min_max if cuts == "bottleneck" else min_max_assignment)(stage_costs, floors, cut_costs)
         if cache is not None:
             cache[key] = assignment
     b = assignment.boundaries
