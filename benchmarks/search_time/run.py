@@ -14,19 +14,33 @@ pipeline-only space; *extended*: the same model in the extended space, data x te
 same with *identical* blocks
 (many plans tie exactly), or *random ints*: a random table of integers 0..3 per stage, the adversarial
 case for the tie-break (the optimum is all zeros, and very many plans reach it).
+
+A third table times ``plan --objective throughput`` (the workflow the command calls,
+:func:`hybridplan.workflows.plan_throughput.plan_throughput`, after its imports) on a synthetic GPT-like time
+profile, with the stage cuts of :mod:`hybridplan.search.time.bottleneck_cuts` beside AMP's dynamic program (the
+reference it replaced, ``cuts="amp"``), each old run in a child process killed after ``--old-timeout``
+seconds (reported as "> N s"). ``--throughput-only`` skips the memory tables.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import math
+import subprocess
+import sys
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 
+from hybridplan.plan import Cluster
+from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
 from hybridplan.search import PlanSpace, SearchResult, StageTable, solve_bayesian, solve_exact, solve_exhaustive
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
+from hybridplan.workflows.sources import Sources
 
 EXACT_CASES = [  # (nodes, devices per node, layers, horizon, model); "pipeline" models: mCAP's pipeline-only space
     (1, 4, 32, 8, "additive"),
@@ -130,17 +144,90 @@ def small_table(cases: list[tuple[int, int, int, int, str]]) -> list[str]:
     return rows
 
 
+THROUGHPUT_CASES = [  # (nodes, devices per node, layers, global batch): the issue's sizes and targets
+    (1, 4, 384, 256),    # the old cut: 48 s in the issue
+    (2, 8, 96, 256),     # target under 1 s
+    (2, 8, 384, 256),    # the old cut: over 120 s in the issue
+    (128, 8, 384, 512),  # target under 10 s
+]
+TENSOR_DEGREES = (1, 2, 4, 8)
+
+
+def synthetic_time_profile(num_layers: int, seed: int = 0) -> TimeProfile:
+    """A GPT-like chain for timing the planner (synthetic, nothing measured): an embedding (4 ms per sample),
+    blocks of 2 ms with 5% jitter (as the memory tables' model), a head of 6 ms tied to the embedding (200 MB
+    of parameters, 50 MB per block), 2 MB of activations per sample at every boundary; backward twice forward,
+    tensor degree t takes 1.1 / t of the time (the all-reduces included)."""
+    rng = np.random.default_rng(seed)
+    fwd = np.concatenate(([4e-3], 2e-3 * (1 + 0.05 * rng.standard_normal(num_layers - 2)), [6e-3]))
+    ends = (0, num_layers - 1)
+    layers = tuple(LayerInfo(name=f"layer{i}", activation_bytes_per_sample=2e6, parameter_bytes=2e8 if i in ends else 5e7,
+                             shared_parameters="embedding" if i in ends else None) for i in range(num_layers))
+    timings = tuple(TimingTable(device_type="A", tensor_degree=t, micro_batch_size=1,
+                                forward_s=tuple(fwd * (1.0 if t == 1 else 1.1 / t)),
+                                backward_s=tuple(2 * fwd * (1.0 if t == 1 else 1.1 / t))) for t in TENSOR_DEGREES)
+    return TimeProfile(model=f"synthetic-gpt-{num_layers}", layers=layers, timings=timings, tensor_comm_in_times=True,
+                       source="benchmarks/search_time synthetic_time_profile")
+
+
+def plan_for_throughput(nodes: int, k: int, layers: int, gbs: int, cuts: str) -> dict[str, object]:
+    """One ``plan --objective throughput`` (the workflow, imports done first): wall seconds and the answer."""
+    from hybridplan.workflows import plan_throughput as workflow
+    import hybridplan.search.time.feasibility  # noqa: F401  (torch, imported by the workflow: not planning time)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "profile.json"
+        synthetic_time_profile(layers).save(path)
+        cluster = Cluster.uniform(nodes, k, device_type="A")
+        started = time.perf_counter()
+        result = workflow.plan_throughput(Sources.open(None, time_profile=str(path)), cluster, global_batch_size=gbs,
+                                          cuts=cuts)  # type: ignore[arg-type]
+        wall = time.perf_counter() - started
+    return {"wall_s": wall, "search_s": result.seconds, "evaluated": result.evaluated,
+            "best_s": result.best.seconds, "best": result.best.label}
+
+
+def throughput_table(cases: list[tuple[int, int, int, int]], old_timeout: float) -> list[str]:
+    rows = ["| mesh | devices | layers | global batch | strategies | new cut: plan s | old cut (AMP's DP): plan s |"
+            " speed-up | best s/iter, new | best s/iter, old | best plan (new) |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    print("\n".join(rows), flush=True)
+    for nodes, k, layers, gbs in cases:
+        new = plan_for_throughput(nodes, k, layers, gbs, "bottleneck")
+        command = [sys.executable, "-m", "benchmarks.search_time.run", "--old-case", f"{nodes},{k},{layers},{gbs}"]
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, timeout=old_timeout, check=True)
+            old = json.loads(done.stdout.strip().splitlines()[-1])
+            old_s, speedup, old_best = f"{old['wall_s']:.2f}", f"{old['wall_s'] / new['wall_s']:.0f}x", f"{old['best_s']:.4f}"
+        except subprocess.TimeoutExpired:  # subprocess.run kills the child
+            old_s, speedup, old_best = f"> {old_timeout:.0f}", f"> {old_timeout / new['wall_s']:.0f}x", "-"
+        rows.append(f"| {nodes}x{k} | {nodes * k} | {layers} | {gbs} | {new['evaluated']} | {new['wall_s']:.2f} | {old_s} |"
+                    f" {speedup} | {new['best_s']:.4f} | {old_best} | {new['best']} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="skip the 16x8, 32x8 and 128x8 cases")
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest is reported")
+    parser.add_argument("--throughput-only", action="store_true", help="only the throughput planning table")
+    parser.add_argument("--old-timeout", type=float, default=120.0, help="seconds before an old-cut run is stopped")
+    parser.add_argument("--old-case", help=argparse.SUPPRESS)  # child process: one old-cut run, JSON on stdout
     args = parser.parse_args()
+    if args.old_case:
+        nodes, k, layers, gbs = (int(x) for x in args.old_case.split(","))
+        print(json.dumps(plan_for_throughput(nodes, k, layers, gbs, "amp")))
+        return
     cases = [c for c in EXACT_CASES if not (args.quick and c[0] * c[1] > 64)]
     started = time.perf_counter()
-    print(f"Exact solver (best of {args.repeat}):\n")
-    exact_table(cases, args.repeat)
-    print("\nExhaustive, exact and Bayesian on enumerable spaces:\n")
-    small_table(SMALL_CASES)
+    if not args.throughput_only:
+        print(f"Exact solver (best of {args.repeat}):\n")
+        exact_table(cases, args.repeat)
+        print("\nExhaustive, exact and Bayesian on enumerable spaces:\n")
+        small_table(SMALL_CASES)
+    print(f"\nplan --objective throughput, new and old stage cuts (old stopped after {args.old_timeout:.0f} s):\n")
+    throughput_table([c for c in THROUGHPUT_CASES if not (args.quick and c[0] * c[1] > 64)], args.old_timeout)
     print(f"\n{time.perf_counter() - started:.0f} s in all")
 
 

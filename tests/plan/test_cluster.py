@@ -90,3 +90,88 @@ def test_unknown_spec():
 def test_missing_file():
     with pytest.raises(ClusterError, match="does not exist"):
         Cluster.parse("nowhere.toml")
+
+
+MIXED_NODES = """
+nodes = 3
+devices_per_node = 2
+[device]
+type = "A100"
+memory = "40GiB"
+[network]
+intra_node = "300GB/s"
+inter_node = "100Gbps"
+[[node_overrides]]
+nodes = [1, 2]
+type = "L4"
+memory = "24GiB"
+speed = 0.3
+intra_node = "32GB/s"
+"""
+
+
+def test_toml_per_node_group_type_memory_speed_and_intra_node_bandwidth(tmp_path):
+    # one NVLink node (300 GB/s inside) and two PCIe nodes (32 GB/s inside), 100 Gbps = 12.5 GB/s between nodes
+    f = tmp_path / "mixed.toml"
+    f.write_text(MIXED_NODES)
+    c = Cluster.parse(str(f))
+    assert [d.type for d in c.devices] == ["A100", "A100", "L4", "L4", "L4", "L4"]
+    assert c.memory_of(0) == 40 * 2**30 and c.memory_of(5) == 24 * 2**30 and c.devices[3].speed == 0.3
+    assert c.bandwidth(0, 1) == 300e9 and c.bandwidth(2, 3) == 32e9 and c.bandwidth(5, 4) == 32e9
+    assert c.bandwidth(1, 2) == 12.5e9 and c.bandwidth(4, 0) == 12.5e9
+    assert "32.00 GB/s" in c.describe() and "300.00 GB/s" in c.describe()
+    assert Cluster.from_dict(c.to_dict()) == c
+
+
+def test_a_toml_without_per_node_links_means_what_it_meant():
+    # the same file with no intra_node override is the uniform cluster of before, field for field
+    old = Cluster.from_dict({"nodes": 2, "devices_per_node": 2, "network": {"intra_node": 100.0, "inter_node": 10.0}})
+    assert old == Cluster.uniform(2, 2, intra_node_bandwidth=100.0, inter_node_bandwidth=10.0)
+    assert old.node_intra_bandwidths is None
+    # an override that repeats the global link is no per-node link either
+    same = Cluster.from_dict({"nodes": 2, "devices_per_node": 2, "network": {"intra_node": 100.0},
+                              "node_overrides": [{"nodes": [1], "intra_node": 100.0}]})
+    assert same.node_intra_bandwidths is None
+
+
+@pytest.mark.parametrize("groups", [[0], [0, 1], [1, 2], [0, 3, 5], [2, 3, 4, 5], [0, 1, 2, 3, 4, 5], [4, 4]])
+def test_slowest_link_is_the_least_bandwidth_over_every_pair(tmp_path, groups):
+    f = tmp_path / "mixed.toml"
+    f.write_text(MIXED_NODES)
+    c = Cluster.parse(str(f))
+    pairs = [c.bandwidth(a, b) for a in groups for b in groups if a != b]
+    assert c.slowest_link(groups) == (min(pairs) if pairs else float("inf"))
+    matrix = Cluster.from_dict({"nodes": 1, "devices_per_node": 3, "network": {"matrix": [[0, 5, 7], [6, 0, 9], [8, 4, 0]]}})
+    assert matrix.slowest_link([0, 2]) == 7 and matrix.slowest_link([1, 2]) == 4
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ('intra_node = "fast"', r"node_overrides\[0\]: intra_node 'fast' is not a bandwidth"),
+        ("intra_node = 0", r"node_overrides\[0\]: intra_node must be positive"),
+        ("intra_node = nan", r"node_overrides\[0\]: intra_node must be a positive bandwidth"),
+        ('nodes = [3]\ntype = "T4"', r"'nodes' must be a list of node indices in \[0, 2\), got \[3\]"),
+        ("nodes = [true]", r"'nodes' must be a list of node indices"),
+        ('speed = "quick"', r"speed must be a positive number, got 'quick'"),
+        ('colour = "red"', r"unknown key\(s\) \['colour'\]"),
+    ],
+)
+def test_toml_per_node_errors_name_the_value(tmp_path, override, message):
+    f = tmp_path / "bad.toml"
+    body = override if override.startswith("nodes") else f"nodes = [1]\n{override}"
+    f.write_text(f"nodes = 2\ndevices_per_node = 2\n[[node_overrides]]\n{body}\n")
+    with pytest.raises(ClusterError, match=message):
+        Cluster.parse(str(f))
+
+
+def test_toml_matrix_and_per_node_link_contradict(tmp_path):
+    f = tmp_path / "both.toml"
+    f.write_text('nodes = 2\ndevices_per_node = 1\n[network]\nmatrix = [[0, 5], [5, 0]]\n'
+                 '[[node_overrides]]\nnodes = [1]\nintra_node = "1GB/s"\n')
+    with pytest.raises(ClusterError, match="matrix gives every link") as e:
+        Cluster.parse(str(f))
+    assert e.value.fix and "drop" in e.value.fix
+    f.write_text("nodes = 2\ndevices_per_node = 1\nnode_overrides = 3\n")
+    with pytest.raises(ClusterError, match="node_overrides must be a list of tables"):
+        Cluster.parse(str(f))

@@ -15,6 +15,7 @@ from hybridplan.profiling.importers import (
     import_amp_known_cost,
     import_pipedream_graph,
     load_amp_gpt2,
+    merge_device_types,
     read_pipedream_graph,
 )
 from tests.paths import SHARED
@@ -173,3 +174,79 @@ def test_amp_shared_profiles(instance: str, device: str) -> None:
         fwd, bwd = p.layer_times(device, tp, 1)
         np.testing.assert_allclose(fwd, [expected[(tp, i)] for i in range(30)])
         np.testing.assert_allclose(bwd, 2 * fwd)
+
+
+# ---------------------------------------------------------------------------------------------- several device types
+def test_amp_files_of_two_gpu_types_make_one_profile_and_time_a_mixed_cluster(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.predict.time_model import predict_iteration_time
+
+    layers = amp_gpt2_layers(num_layers=2, hidden=4, seq_len=3, vocab=10)
+    t4 = {tp: tmp_path / f"m_G4_{tp}.npy" for tp in (1, 2)}
+    v100 = {tp: tmp_path / f"m_P3_{tp}.npy" for tp in (1, 2)}
+    for tp in (1, 2):
+        np.save(t4[tp], np.arange(1, 9, dtype=float) / (1000 * tp))
+        np.save(v100[tp], np.arange(1, 9, dtype=float) / (3000 * tp))  # a V100 a third of a T4's time here
+    merged = merge_device_types([import_amp_known_cost(t4, layers=layers, device_type="T4", model="m"),
+                                 import_amp_known_cost(v100, layers=layers, device_type="V100", model="m")])
+    assert merged.device_types == ("T4", "V100") and merged.reference_device_type == "T4"
+    assert merged.tensor_degrees("V100") == (1, 2) and merged.tensor_comm_in_times
+    np.testing.assert_allclose(merged.layer_times("V100", 2, 1)[0], np.arange(1, 9) / 6000)
+    np.testing.assert_allclose(merged.layer_times("T4", 1, 1)[1], 2 * np.arange(1, 9) / 1000)
+    # a cluster of a T4 node and a V100 node: each stage runs on its own type's times (forward + 2 x forward)
+    cluster = Cluster.from_dict({"nodes": 2, "devices_per_node": 1, "device": {"type": "T4"},
+                                 "node_overrides": [{"nodes": [1], "type": "V100"}]})
+    plan = Plan.uniform(boundaries=[0, 4, 8], data_degree=1, tensor_degree=1, micro_batch_size=1, global_batch_size=4)
+    stages = predict_iteration_time(plan, merged, cluster).stages
+    assert stages[0].compute_s == pytest.approx(3 * (1 + 2 + 3 + 4) / 1000)
+    assert stages[1].compute_s == pytest.approx(3 * (5 + 6 + 7 + 8) / 3000)
+    assert merge_device_types([merged]) is merged
+    renamed = merge_device_types([import_amp_known_cost(t4, layers=layers, device_type="T4", model="m"),
+                                  replace(merged, timings=merged.timings[2:])], model="gpt2-mixed")
+    assert renamed.model == "gpt2-mixed" and renamed.device_types == ("T4", "V100")
+
+
+def test_layer_time_files_of_two_device_types_merge(tmp_path: Path) -> None:
+    from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+
+    layers = (LayerInfo(name="a", activation_bytes_per_sample=4.0, parameter_bytes=8.0),
+              LayerInfo(name="b", activation_bytes_per_sample=2.0, parameter_bytes=8.0))
+
+    def on(device: str, seconds: float, comm: bool = False, layer_set: tuple[LayerInfo, ...] = layers) -> TimeProfile:
+        n = len(layer_set)
+        return TimeProfile(model="two", layers=layer_set, tensor_comm_in_times=comm, timings=(
+            TimingTable(device_type=device, tensor_degree=1, micro_batch_size=2, forward_s=(seconds,) * n,
+                        backward_s=(2 * seconds,) * n),))
+
+    on("H100", 1.0).save(tmp_path / "h100.json")
+    on("L4", 5.0).save(tmp_path / "l4.json")
+    merged = merge_device_types([TimeProfile.load(tmp_path / "h100.json"), TimeProfile.load(tmp_path / "l4.json")])
+    assert merged.device_types == ("H100", "L4")
+    assert merged.layer_times("L4", 1, 4)[0].tolist() == [10.0, 10.0]  # 4 samples: twice the 2-sample time
+    assert TimeProfile.from_dict(merged.to_dict()).device_types == ("H100", "L4")
+    with pytest.raises(ProfileError, match=r"layer 1 differs between profile 0 and profile 1: name 'b' against 'c'"):
+        merge_device_types([on("H100", 1.0), on("L4", 5.0, layer_set=(layers[0], LayerInfo(
+            name="c", activation_bytes_per_sample=2.0, parameter_bytes=8.0)))])
+    with pytest.raises(ProfileError, match="has 1 layers, profile 0"):
+        merge_device_types([on("H100", 1.0), on("L4", 5.0, layer_set=layers[:1])])
+    with pytest.raises(ProfileError, match="tensor_comm_in_times=True"):
+        merge_device_types([on("H100", 1.0), on("L4", 5.0, comm=True)])
+    with pytest.raises(ProfileError, match="device type 'H100', tensor degree 1, micro-batch size 2 is timed by profile 0"
+                                           " and profile 1"):
+        merge_device_types([on("H100", 1.0), on("H100", 2.0)])
+    with pytest.raises(ProfileError, match="no time profiles"):
+        merge_device_types([])
+
+
+@needs_amp
+def test_amp_shared_profiles_of_t4_and_v100_in_one() -> None:
+    merged = merge_device_types([load_amp_gpt2(AMP / "known_cost", "G4"), load_amp_gpt2(AMP / "known_cost", "P3")])
+    assert merged.device_types == ("T4", "V100") and merged.num_layers == 30
+    rows = list(csv.DictReader((AMP / "layer_profiles_fwd_mbs1.csv").open()))
+    for instance, device in (("G4", "T4"), ("P3", "V100")):
+        expected = {(int(r["tp"]), int(r["layer_index"])): float(r["fwd_time_s_mbs1"])
+                    for r in rows if r["file"].startswith(f"gpt2_{instance}_")}
+        for tp in (1, 2, 4):
+            np.testing.assert_allclose(merged.layer_times(device, tp, 1)[0], [expected[(tp, i)] for i in range(30)])

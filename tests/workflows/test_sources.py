@@ -66,3 +66,23 @@ def test_the_memory_predictor_is_the_databases_at_the_targets(mlp_files):
         assert notes == []  # the profile's own targets: nothing extrapolated
         far = sources.memory_predictor(Targets(2 * 10**12, 2, "1f1b"))
         assert far.global_batch_size == 2 * 10**12 and len(notes) == 1 and "extrapolated" in notes[0]
+
+
+def test_several_layer_time_files_one_per_device_type_make_one_profile(tmp_path):
+    from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+
+    layers = (LayerInfo(name="a", activation_bytes_per_sample=4.0, parameter_bytes=8.0),)
+    for device, seconds in (("H100", 1.0), ("L4", 4.0)):
+        TimeProfile(model="one", layers=layers, timings=(TimingTable(device_type=device, tensor_degree=1,
+                    micro_batch_size=1, forward_s=(seconds,), backward_s=(2 * seconds,)),)).save(tmp_path / f"{device}.json")
+    with Sources.open(None, time_profile=f"{tmp_path / 'H100.json'},{tmp_path / 'L4.json'}") as sources:
+        profile = sources.time_profile()
+        assert profile.device_types == ("H100", "L4") and profile.layer_times("L4", 1, 1)[0].tolist() == [4.0]
+    # a file whose name holds a comma is still one file
+    comma = tmp_path / "a,b.json"
+    comma.write_text((tmp_path / "L4.json").read_text())
+    with Sources.open(None, time_profile=str(comma)) as sources:
+        assert sources.time_profile().device_types == ("L4",)
+    with Sources.open(None, time_profile=f"{tmp_path / 'H100.json'},{tmp_path / 'none.json'}") as sources:
+        with pytest.raises(ProfileError, match="none.json' does not exist"):
+            sources.time_profile()

@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                   "hybridplan estimate --time-profile times.json --cluster cluster.toml --plan plan.json --json"],
     )
     p.add_argument("--plan", required=True, help="plan JSON file")
-    p.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON (default: the --db's layer times)")
+    p.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON, or several (one per device type)"
+                   " separated by commas (default: the --db's layer times)")
     p.add_argument("--db", help="profile database: layer times and/or memory statistics")
     add_cluster(p)
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="memory: fit for degrees above the profiled ones")

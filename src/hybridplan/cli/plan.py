@@ -62,7 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", help="write the plan JSON here (--objective pareto: the frontier)")
     p.add_argument("--json", action="store_true", help="print the plan JSON")
     t = p.add_argument_group("throughput, pareto and baselines")
-    t.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON (default: the --db's layer times)")
+    t.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON, or several (one per device type)"
+                   " separated by commas (default: the --db's layer times)")
     add_model(t, required=False, help="the model, for its layer rules and baseline costs (default: the profile's zoo "
               "model; required when the profile names user code, which is imported only when you name it here)")
     t.add_argument("--placement", choices=("megatron", "anneal"), default="megatron",

@@ -15,13 +15,17 @@ A cluster comes from the shorthand ``"2x4"`` (2 nodes of 4 devices) or from a TO
     inter_node = "100Gbps"   # between nodes
     # matrix = [[...], ...]  # optional: full device-to-device bandwidth matrix, overrides the two above
 
-    [[node_overrides]]       # optional: heterogeneous nodes
-    nodes = [2, 3]
+    [[node_overrides]]       # optional: heterogeneous nodes, everything about them in one place
+    nodes = [2, 3]           # which nodes (indices from 0)
     type = "T4"
     memory = "16GiB"
     speed = 0.25
+    intra_node = "32GB/s"    # between two devices of one of these nodes (e.g. PCIe 4.0 x16 instead of NVLink)
 
-Devices are numbered globally; device ``d`` is on node ``d // devices_per_node``.
+Devices are numbered globally; device ``d`` is on node ``d // devices_per_node``. Every key of an override is
+optional (what it omits comes from ``[device]`` and ``[network]``); a node named by several overrides takes
+the last. Two devices of different nodes talk at ``inter_node``; of one node, at that node's ``intra_node``.
+A ``matrix`` gives every pair instead, so it cannot be combined with a per-node ``intra_node``.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from __future__ import annotations
 import math
 import re
 import tomllib
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -101,6 +106,9 @@ class Cluster:
     """Bytes/s between devices of different nodes."""
     bandwidth_matrix: tuple[tuple[float, ...], ...] | None = field(default=None, compare=True)
     """Optional full matrix of bytes/s from device i to device j; overrides the two bandwidths above."""
+    node_intra_bandwidths: tuple[float, ...] | None = None
+    """Optional bytes/s within each node (one per node; e.g. NVLink nodes beside PCIe nodes); overrides
+    ``intra_node_bandwidth``. ``None``: every node has ``intra_node_bandwidth``."""
 
     def __post_init__(self) -> None:
         _check_shape(self.num_nodes, self.devices_per_node)
@@ -116,6 +124,16 @@ class Cluster:
                     f"bandwidth matrix must be {n}x{n} for a {self.num_nodes}x{self.devices_per_node} cluster",
                     fix="give one row per device with one entry per device",
                 )
+        if self.node_intra_bandwidths is not None:
+            if len(self.node_intra_bandwidths) != self.num_nodes:
+                raise ClusterError(f"{len(self.node_intra_bandwidths)} per-node bandwidths for {self.num_nodes} nodes",
+                                   fix="give one intra-node bandwidth per node")
+            if self.bandwidth_matrix is not None:
+                raise ClusterError("a bandwidth matrix and per-node intra-node bandwidths both describe the links",
+                                   fix="give one or the other: the matrix, or intra_node per node_overrides")
+            bad = [b for b in self.node_intra_bandwidths if not 0 < b <= math.inf]
+            if bad:
+                raise ClusterError(f"intra-node bandwidth must be positive, got {bad[0]!r}")
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -204,21 +222,35 @@ class Cluster:
         _check_shape(nodes, k)
         try:
             base = _device_spec(data.get("device", {}), DeviceSpec(), f"{source}: [device]")
-            per_node = [base] * nodes
-            for i, override in enumerate(data.get("node_overrides", [])):
-                where = f"{source}: node_overrides[{i}]"
-                which = override.get("nodes")
-                if not isinstance(which, list) or not all(isinstance(n, int) and 0 <= n < nodes for n in which):
-                    raise ClusterError(f"{where}: 'nodes' must be a list of node indices in [0, {nodes})")
-                spec = _device_spec({k2: v for k2, v in override.items() if k2 != "nodes"}, base, where)
-                for n in which:
-                    per_node[n] = spec
             network = data.get("network", {})
+            if not isinstance(network, dict):
+                raise ClusterError(f"{source}: [network] must be a table, got {network!r}",
+                                   fix='write [network] with intra_node = "...", inter_node = "..."')
             bad = set(network) - {"intra_node", "inter_node", "matrix"}
             if bad:
                 raise ClusterError(f"{source}: unknown [network] key(s) {sorted(bad)}", fix="use intra_node, inter_node, matrix")
-            intra = parse_bandwidth(network.get("intra_node", DEFAULT_INTRA_NODE_BANDWIDTH), what=f"{source}: network.intra_node")
-            inter = parse_bandwidth(network.get("inter_node", DEFAULT_INTER_NODE_BANDWIDTH), what=f"{source}: network.inter_node")
+            intra = _bandwidth(network.get("intra_node", DEFAULT_INTRA_NODE_BANDWIDTH), f"{source}: network.intra_node")
+            inter = _bandwidth(network.get("inter_node", DEFAULT_INTER_NODE_BANDWIDTH), f"{source}: network.inter_node")
+            per_node = [base] * nodes
+            node_intra = [intra] * nodes
+            overrides = data.get("node_overrides", [])
+            if not isinstance(overrides, list) or not all(isinstance(o, dict) for o in overrides):
+                raise ClusterError(f"{source}: node_overrides must be a list of tables, got {overrides!r}",
+                                   fix="write each as [[node_overrides]] with nodes = [...] and the keys to change")
+            for i, override in enumerate(overrides):
+                where = f"{source}: node_overrides[{i}]"
+                which = override.get("nodes")
+                if (not isinstance(which, list)
+                        or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < nodes for n in which)):
+                    raise ClusterError(f"{where}: 'nodes' must be a list of node indices in [0, {nodes}),"
+                                       f" got {which!r}", fix=f"e.g. nodes = [0, 1]; the cluster has {nodes} node(s)")
+                spec = _device_spec({k2: v for k2, v in override.items() if k2 not in ("nodes", "intra_node")}, base, where)
+                bandwidth = (_bandwidth(override["intra_node"], f"{where}: intra_node") if "intra_node" in override
+                             else None)
+                for n in which:
+                    per_node[n] = spec
+                    if bandwidth is not None:
+                        node_intra[n] = bandwidth
             matrix = None
             if "matrix" in network:
                 rows = network["matrix"]
@@ -234,6 +266,10 @@ class Cluster:
         except UsageError as e:
             raise ClusterError(e.message, fix=e.fix) from None
         devices = tuple(per_node[d // k] for d in range(nodes * k))
+        per_node_links = None if all(b == intra for b in node_intra) else tuple(node_intra)
+        if per_node_links is not None and matrix is not None:
+            raise ClusterError(f"{source}: network.matrix gives every link, so a per-node intra_node cannot apply",
+                               fix="drop intra_node from node_overrides, or drop the matrix")
         return cls(
             num_nodes=nodes,
             devices_per_node=k,
@@ -241,6 +277,7 @@ class Cluster:
             intra_node_bandwidth=intra,
             inter_node_bandwidth=inter,
             bandwidth_matrix=matrix,
+            node_intra_bandwidths=per_node_links,
         )
 
     def with_memory(self, memory_bytes: int | None) -> Cluster:
@@ -249,7 +286,7 @@ class Cluster:
 
     def with_shape(self, num_nodes: int, devices_per_node: int) -> Cluster:
         """A cluster of another shape with this cluster's first device spec and bandwidths (for smaller-mesh search)."""
-        if self.bandwidth_matrix is not None or len(set(self.devices)) > 1:
+        if self.bandwidth_matrix is not None or self.node_intra_bandwidths is not None or len(set(self.devices)) > 1:
             raise ClusterError(
                 "cannot reshape a heterogeneous cluster or one with a bandwidth matrix",
                 fix="give the smaller cluster explicitly as a TOML file",
@@ -290,7 +327,29 @@ class Cluster:
             return float("inf")
         if self.bandwidth_matrix is not None:
             return self.bandwidth_matrix[a][b]
-        return self.intra_node_bandwidth if self.node_of(a) == self.node_of(b) else self.inter_node_bandwidth
+        node = self.node_of(a)
+        if node != self.node_of(b):
+            return self.inter_node_bandwidth
+        return self.intra_node_bandwidth if self.node_intra_bandwidths is None else self.node_intra_bandwidths[node]
+
+    def slowest_link(self, devices: Sequence[int]) -> float:
+        """The lowest bandwidth between any two of ``devices`` (infinite for fewer than two).
+
+        Equal to the minimum of :meth:`bandwidth` over every ordered pair, in time linear in the group
+        without a matrix (a group of 64 data replicas has 4032 pairs, and the throughput search asks often).
+        """
+        if len(set(devices)) < 2:
+            return float("inf")
+        if self.bandwidth_matrix is not None:
+            return min(self.bandwidth_matrix[a][b] for a in devices for b in devices if a != b)
+        count: dict[int, int] = {}
+        for d in set(devices):
+            count[self.node_of(d)] = count.get(self.node_of(d), 0) + 1
+        links = [self.bandwidth(self.devices_per_node * n, self.devices_per_node * n + 1)
+                 for n, c in count.items() if c > 1]
+        if len(count) > 1:
+            links.append(self.inter_node_bandwidth)
+        return min(links)
 
     def memory_of(self, device: int) -> int | None:
         """Memory capacity of ``device`` in bytes (``None``: unlimited)."""
@@ -301,10 +360,11 @@ class Cluster:
         types = sorted({d.type for d in self.devices})
         mems = sorted({d.memory_bytes for d in self.devices}, key=lambda m: -1 if m is None else m)
         mem = "/".join("unlimited" if m is None else format_bytes(m) for m in mems)
+        intra = sorted(set(self.node_intra_bandwidths or (self.intra_node_bandwidth,)))
         net = (
             "bandwidth matrix"
             if self.bandwidth_matrix is not None
-            else f"intra {format_bandwidth(self.intra_node_bandwidth)}, inter {format_bandwidth(self.inter_node_bandwidth)}"
+            else f"intra {'/'.join(format_bandwidth(b) for b in intra)}, inter {format_bandwidth(self.inter_node_bandwidth)}"
         )
         return f"{self.shape} {'/'.join(types)}, {mem} per device, {net}"
 
@@ -316,8 +376,10 @@ class Cluster:
         overrides = []
         for node in range(self.num_nodes):
             spec = self.devices[node * self.devices_per_node]
-            if spec != first:
-                overrides.append({"nodes": [node], **_spec_dict(spec)})
+            intra = self.intra_node_bandwidth if self.node_intra_bandwidths is None else self.node_intra_bandwidths[node]
+            if spec != first or intra != self.intra_node_bandwidth:
+                overrides.append({"nodes": [node], **_spec_dict(spec)}
+                                 | ({"intra_node": intra} if intra != self.intra_node_bandwidth else {}))
         if overrides:
             data["node_overrides"] = overrides
         network: dict[str, Any] = {"intra_node": self.intra_node_bandwidth, "inter_node": self.inter_node_bandwidth}
@@ -340,10 +402,20 @@ def _positive_int(value: Any, what: str) -> int:
     return value
 
 
+def _bandwidth(value: Any, where: str) -> float:
+    """A link's bytes/s from TOML ("600GB/s", "100Gbps" or a number), positive and finite."""
+    bandwidth = parse_bandwidth(value, what=where)
+    if not 0 < bandwidth <= math.inf:  # NaN fails; infinite means "free" (as before)
+        raise ClusterError(f"{where} must be a positive bandwidth, got {value!r}", fix='e.g. "600GB/s" or "100Gbps"')
+    return bandwidth
+
+
 def _device_spec(data: dict[str, Any], base: DeviceSpec, where: str) -> DeviceSpec:
+    if not isinstance(data, dict):
+        raise ClusterError(f"{where} must be a table, got {data!r}", fix='e.g. [device] with type = "A100"')
     bad = set(data) - {"type", "memory", "speed"}
     if bad:
-        raise ClusterError(f"{where}: unknown key(s) {sorted(bad)}", fix="use type, memory, speed")
+        raise ClusterError(f"{where}: unknown key(s) {sorted(bad)}", fix="use type, memory, speed (and intra_node in node_overrides)")
     spec = base
     if "type" in data:
         if not isinstance(data["type"], str) or not data["type"]:

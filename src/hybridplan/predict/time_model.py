@@ -169,9 +169,7 @@ def allreduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
 
 def slowest_link(cluster: Cluster, devices: tuple[int, ...]) -> float:
     """The lowest bandwidth between any two of ``devices`` (AMP's approximation for a non-uniform group)."""
-    if len(devices) < 2:
-        return float("inf")
-    return min(cluster.bandwidth(a, b) for a in devices for b in devices if a != b)
+    return cluster.slowest_link(devices)
 
 
 def _device_times(profile: TimeProfile, cluster: Cluster, device: int, tensor_degree: int, samples: float) -> tuple[np.ndarray, np.ndarray]:

@@ -22,6 +22,12 @@ AMP ``known_cost/<model>_<instance>_<tp>.npy`` (Li et al. NeurIPS'22, seed 002; 
     micro-batch of 1, measured inside a tensor-parallel group of that size (so tensor-parallel communication is
     in the times). AMP takes backward = 2 x forward (its ``cost_homo.py``: "We model backward time as forward
     time * 2"); the files hold no sizes, so the caller describes the layers (:func:`amp_gpt2_layers` for GPT-2).
+
+Several device types in one profile (:func:`merge_device_types`)
+    A mixed cluster (T4 nodes beside V100 nodes) is timed from ONE profile that holds a timing table per device
+    type: the time model runs each device on its own type's times (predict/time_model.py). The merger joins
+    profiles of the same model measured on different device types - AMP's ``gpt2_G4_*`` and ``gpt2_P3_*``
+    files, or layer-time JSON files measured on each type - after checking that they describe the same layers.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 
 import numpy as np
@@ -47,6 +53,7 @@ __all__ = [
     "amp_gpt2_layers",
     "import_amp_known_cost",
     "load_amp_gpt2",
+    "merge_device_types",
 ]
 
 AMP_BACKWARD_FACTOR = 2.0
@@ -342,6 +349,64 @@ def load_amp_gpt2(known_cost_dir: str | Path, instance: str = "G4") -> TimeProfi
     return import_amp_known_cost(
         files, layers=amp_gpt2_layers(), device_type=AMP_INSTANCE_DEVICE[instance], model=f"gpt2-amp-{instance}"
     )
+
+
+def merge_device_types(profiles: Sequence[TimeProfile], *, model: str | None = None) -> TimeProfile:
+    """ONE time profile holding the timing tables of every profile, e.g. one per device type.
+
+    The first profile's first device type stays the reference (what a device of an unprofiled type runs,
+    scaled by its speed). The layers are the model's, so they must agree exactly (names, sizes, all-reduces,
+    shared parameters), and so must ``tensor_comm_in_times``, which the time model applies to every table.
+
+    Args:
+        profiles: two or more profiles of one model (one is returned as is).
+        model: the merged profile's name (default: the first profile's).
+
+    Raises:
+        ProfileError: for no profile, layers that differ (naming the first difference), a different
+            ``tensor_comm_in_times``, or a (device type, tensor degree, micro-batch size) timed twice.
+
+    Example:
+        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> layer = LayerInfo(name="l0", activation_bytes_per_sample=8.0, parameter_bytes=16.0)
+        >>> def on(device: str, s: float) -> TimeProfile:
+        ...     return TimeProfile(model="m", layers=(layer,), timings=(TimingTable(device_type=device,
+        ...         tensor_degree=1, micro_batch_size=1, forward_s=(s,), backward_s=(2 * s,)),))
+        >>> merge_device_types([on("T4", 3.0), on("V100", 1.0)]).device_types
+        ('T4', 'V100')
+    """
+    if not profiles:
+        raise ProfileError("no time profiles to merge", fix="give one profile per device type")
+    first = profiles[0]
+    seen: dict[tuple[str, int, int], int] = {}
+    for i, p in enumerate(profiles):
+        if p.num_layers != first.num_layers:
+            raise ProfileError(f"profile {i} ({p.model!r}) has {p.num_layers} layers, profile 0 ({first.model!r})"
+                               f" has {first.num_layers}", fix="merge profiles of the same model, cut into the same layers")
+        for j, (a, b) in enumerate(zip(first.layers, p.layers)):
+            if a != b:
+                field_name = next(f.name for f in fields(a) if getattr(a, f.name) != getattr(b, f.name))
+                raise ProfileError(
+                    f"layer {j} differs between profile 0 and profile {i}: {field_name} {getattr(a, field_name)!r}"
+                    f" against {getattr(b, field_name)!r}",
+                    fix="merge profiles of the same model, cut into the same layers (only the times may differ)")
+        if p.tensor_comm_in_times != first.tensor_comm_in_times:
+            raise ProfileError(
+                f"profile {i} says tensor_comm_in_times={p.tensor_comm_in_times}, profile 0 says"
+                f" {first.tensor_comm_in_times}: the time model would add tensor-parallel all-reduces to one and not"
+                " the other", fix="merge profiles measured the same way (both inside tensor-parallel groups, or neither)")
+        for t in p.timings:
+            if t.key in seen:
+                raise ProfileError(f"device type {t.device_type!r}, tensor degree {t.tensor_degree}, micro-batch size"
+                                   f" {t.micro_batch_size} is timed by profile {seen[t.key]} and profile {i}",
+                                   fix="merge one profile per device type (or drop the repeated table)")
+            seen[t.key] = i
+    if len(profiles) == 1:
+        return first
+    sources = "; ".join(f"{', '.join(p.device_types)}: {p.source or p.model}" for p in profiles)
+    return TimeProfile(model=model or first.model, layers=first.layers,
+                       timings=tuple(t for p in profiles for t in p.timings),
+                       tensor_comm_in_times=first.tensor_comm_in_times, source=f"merged: {sources}")
 
 
 def _node_key(node_id: str) -> tuple[int, str]:

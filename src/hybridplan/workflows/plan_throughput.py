@@ -23,7 +23,7 @@ from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.time_model import TimeBreakdown, predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import ProgressCallback
-from hybridplan.search.time.throughput import pareto_frontier
+from hybridplan.search.time.throughput import CutAlgorithm, pareto_frontier
 from hybridplan.workflows.sources import Sources
 
 if TYPE_CHECKING:
@@ -85,8 +85,10 @@ def plan_throughput(
     seed: int = 0,
     degree_fit: str = "log",
     progress: ProgressCallback | None = None,
+    cuts: CutAlgorithm = "bottleneck",
 ) -> ThroughputPlans:
-    """The fastest feasible plans, or their memory/time frontier (module docstring).
+    """The fastest feasible plans, or their memory/time frontier (module docstring). ``cuts``: how the AMP
+    search cuts stages (search/time/throughput.py ``CutAlgorithm``; "amp", the slow reference, for benchmarks).
 
     Raises:
         UsageError: for contradictory options, a missing time profile, or when no plan is feasible.
@@ -115,7 +117,8 @@ def plan_throughput(
         what, evaluated = "PipeDream-2BW planner", len(found) + fit.rejected
     else:
         result = search_throughput(profile, cluster, gbs, memory_ok=fit, placement=placement, seed=seed,
-                                   node_local_stages=True, schedule=targets.schedule, composite=True, progress=progress)
+                                   node_local_stages=True, schedule=targets.schedule, composite=True, progress=progress,
+                                   cuts=cuts)
         for t in result.candidates:
             label = f"pp={t.pipeline_degree} dp={t.data_degree} tp={t.tensor_degree} mbs={t.micro_batch_size}"
             rows.append(Candidate(label, t.plan, t.predicted, None, t.iteration_s))

@@ -74,9 +74,21 @@ class Sources:
 
     # ------------------------------------------------------------------ time
     def find_time_profile(self) -> TimeProfile | None:
-        """The layer-time JSON if given, else the database's layer times, else None."""
+        """The layer-time JSON if given, else the database's layer times, else None.
+
+        ``time_profile_path`` may name several files separated by commas (one per device type, e.g.
+        ``t4.json,v100.json``): they are merged into one profile (profiling/importers.py ``merge_device_types``).
+        A path that exists as it is, comma or not, is one file.
+        """
         if self.time_profile_path:
-            return TimeProfile.load(self.time_profile_path)
+            paths = [self.time_profile_path]
+            if "," in self.time_profile_path and not Path(self.time_profile_path).exists():
+                paths = [p.strip() for p in self.time_profile_path.split(",") if p.strip()]
+            if len(paths) == 1:
+                return TimeProfile.load(paths[0])
+            from hybridplan.profiling.importers import merge_device_types
+
+            return merge_device_types([TimeProfile.load(p) for p in paths])
         if self.db is not None and self.db.has_layer_times:
             return self.db.time_profile(warn=self.warn)
         return None

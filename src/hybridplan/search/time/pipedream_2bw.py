@@ -16,7 +16,8 @@ the global batch) costs ``m`` steady-state periods plus the gradient all-reduce:
   not overlapped, a pessimistic choice). The one-time fill is amortised over training and left out.
 
 Stages are cut to minimise ``P`` exactly, ties broken by the least fill time
-(:func:`~hybridplan.search.time.stage_cuts.min_max_assignment`); the 2BW paper assumes repeated blocks, where this
+(:func:`~hybridplan.search.time.bottleneck_cuts.bottleneck_min_max`, the cut of
+:func:`~hybridplan.search.time.stage_cuts.min_max_assignment`); the 2BW paper assumes repeated blocks, where this
 is an even split. We require ``m >= d``: with 1F1B a stage has up to
 ``d`` micro-batches in flight, and they span at most the two stashed weight versions only when a version
 covers at least ``d`` micro-batches (our reading of the 2-version bound on the slides' memory line,
@@ -38,7 +39,7 @@ from hybridplan.plan import Cluster, Plan, StagePlan
 from hybridplan.predict.time_model import p2p_seconds, stage_layer_costs, sync_seconds
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.time.stage_cuts import min_max_assignment
+from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
 
 __all__ = ["TwoBWCandidate", "pipedream_2bw_time", "plan_pipedream_2bw"]
 
@@ -155,7 +156,7 @@ def plan_pipedream_2bw(
                     report.update(f"pipedream-2bw search: depth {d} of at most {depth}, micro-batch size {b},"
                                   f" {len(out)} candidates")
                 stage_costs = [(1.0 + r) * c.forward + c.backward + c.tensor_comm for c in costs]
-                bounds = min_max_assignment(stage_costs, [e / 2 for e in cuts], cuts).boundaries
+                bounds = bottleneck_min_max(stage_costs, [e / 2 for e in cuts], cuts).boundaries
                 stages = tuple(replace(groups[j], start=bounds[j], stop=bounds[j + 1]) for j in range(d))
                 plan = Plan("2bw", global_batch_size, per_replica // b, stages,
                             {"pipeline": "pipedream-2bw", "weight_versions": 2, "recompute": r})

@@ -1,5 +1,9 @@
 """Cutting a layer chain into pipeline stages: AMP's dynamic program and a min-max partition.
 
+The throughput search cuts with :mod:`hybridplan.search.time.bottleneck_cuts` (the same optimum, orders of
+magnitude faster at hundreds of layers, and the gradient sync too); AMP's program stays here as the reference
+the fast cut is tested against (tests/search/time/test_bottleneck_cuts.py) and as ``cuts="amp"``.
+
 [Note: AMP's layer assignment] (seed 002 section 3.5, proof in 6.4) minimises eq. 5,
 ``(gas - 1) max_i t_i + sum_i t_i + sum_i e_i``, exactly. The max term does not decompose over stages, so
 AMP adds a *tolerance* ``m`` and solves ``(gas - 1) max(0, max_i t_i - m) + sum t_i + sum e_i`` (eq. 6) for

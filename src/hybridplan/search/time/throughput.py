@@ -2,8 +2,9 @@
 
 For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
 dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
-cut the layers into ``pp`` stages with AMP's dynamic program (:mod:`hybridplan.search.time.stage_cuts`), and
-predict the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by
+cut the layers into ``pp`` stages so as to minimise the predicted iteration time, gradient sync included
+(:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of :mod:`hybridplan.search.time.stage_cuts`
+minimises the pipeline term alone, and stays as ``cuts="amp"``), and predict the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by
 simulated annealing over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is
 the candidates by predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
 
@@ -32,9 +33,17 @@ import numpy as np
 
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES, Cluster, Plan, StagePlan, as_schedule, spec
-from hybridplan.predict.time_model import TimeBreakdown, p2p_seconds, predict_iteration_time, stage_layer_costs
+from hybridplan.predict.time_model import (
+    TimeBreakdown,
+    allreduce_seconds,
+    p2p_seconds,
+    predict_iteration_time,
+    slowest_link,
+    stage_layer_costs,
+)
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
+from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, bottleneck_min_max, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
 
@@ -45,12 +54,18 @@ __all__ = [
     "enumerate_degrees",
     "supported_tensor_degrees",
     "assign_layers",
+    "parameter_range_bytes",
     "pareto_frontier",
     "search_throughput",
 ]
 
 MemoryOk = Callable[[Plan], bool]
 PeakMemory = Callable[[Plan], float]
+CutAlgorithm = Literal["bottleneck", "amp"]
+"""How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the whole
+predicted iteration time, gradient sync included, by branch and bound (search/time/bottleneck_cuts.py); "amp"
+is AMP's dynamic program on the pipeline term alone (stage_cuts.py), the reference it replaced: exact for that
+term but O(k L^4) and blind to the sync."""
 
 
 @dataclass(frozen=True)
@@ -160,12 +175,16 @@ def assign_layers(
     global_batch_size: int,
     cache: dict[bytes, Assignment] | None = None,
     schedule: str = "1f1b",
+    cuts: CutAlgorithm = "bottleneck",
+    range_bytes: np.ndarray | None = None,
 ) -> Plan:
-    """The plan of a strategy whose stages are cut by AMP's dynamic program (the time model's pipeline term
-    on these devices); for "2bw", which never flushes, by the min-max partition of the steady-state period.
+    """The plan of a strategy whose stages are cut to minimise its predicted iteration time on these devices
+    (``cuts``, see :data:`CutAlgorithm`); for "2bw", which never flushes, by the min-max partition of the
+    steady-state period.
 
-    ``cache`` memoises the dynamic program on its inputs: annealing mostly visits placements whose stage and
-    boundary costs equal ones already solved (identical devices and links).
+    ``cache`` memoises the cut on its inputs: annealing mostly visits placements whose stage and boundary
+    costs equal ones already solved (identical devices and links). ``range_bytes`` (:func:`range_sums` of the
+    layers' parameter bytes) saves recomputing it per strategy.
     """
     pp, dp, tp = pipeline_degree, data_degree, tensor_degree
     size = dp * tp
@@ -176,20 +195,39 @@ def assign_layers(
     cut_costs = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(groups, groups[1:])]
     gas = global_batch_size // m
     flush = spec(schedule).flushes
-    key = np.concatenate([[gas, flush], *stage_costs, *cut_costs]).tobytes() if cache is not None else b""
+    sync = None
+    if flush and cuts == "bottleneck" and dp > 1:
+        # time_model.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
+        factors = tuple(allreduce_seconds(1.0, dp, min(slowest_link(cluster, g.data_group(r)) for r in range(tp))) / tp
+                        for g in groups)
+        if range_bytes is None:
+            range_bytes = parameter_range_bytes(profile)
+        sync = SyncCosts(range_bytes, factors)
+    key = b""
+    if cache is not None:
+        key = np.concatenate([[gas, flush, cuts == "amp"], *stage_costs, *cut_costs, sync.factors if sync else []]).tobytes()
     assignment = cache.get(key) if cache is not None else None
     if assignment is None:
         # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
         floors = [c / 2 for c in cut_costs]
-        if flush:
+        if flush and cuts == "amp":
             assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
+        elif flush:
+            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync)
         else:
-            assignment = min_max_assignment(stage_costs, floors, cut_costs)
+            assignment = (bottleneck_min_max if cuts == "bottleneck" else min_max_assignment)(stage_costs, floors, cut_costs)
         if cache is not None:
             cache[key] = assignment
     b = assignment.boundaries
     stages = tuple(replace(groups[j], start=b[j], stop=b[j + 1]) for j in range(pp))
     return Plan(as_schedule(schedule), global_batch_size, global_batch_size // m, stages)
+
+
+def parameter_range_bytes(profile: TimeProfile) -> np.ndarray:
+    """Gradient bytes of every layer range ``[a, b)`` of the profile, shared parameters once per range (as
+    time_model.sync_seconds counts them)."""
+    return range_sums([layer.parameter_bytes for layer in profile.layers],
+                      [layer.shared_parameters for layer in profile.layers])
 
 
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
@@ -231,6 +269,7 @@ def search_throughput(
     schedule: str = "1f1b",
     composite: bool = False,
     progress: ProgressCallback | None = None,
+    cuts: CutAlgorithm = "bottleneck",
 ) -> ThroughputSearchResult:
     """AMP's search over ``(pp, dp, tp, mbs)`` (module docstring).
 
@@ -248,6 +287,7 @@ def search_throughput(
         composite: also AMP's strategies with both dp > 1 and tp > 1 (stages of data x tensor devices).
         schedule: the Plan schedule to write and time ("1f1b", "gpipe", "flush", or "2bw", which has no flush;
             AMP's runs use DeepSpeed's 1F1B).
+        cuts: how each strategy's stages are cut (:data:`CutAlgorithm`; "amp": the reference, slow at scale).
         progress: receives a line now and then on a long search, e.g. ``"throughput search: strategy 3/12
             (pp 4, dp 2, tp 1), 40 evaluated, 3.0 s"`` (:mod:`~hybridplan.search.progress`); ``None``: silent.
 
@@ -274,14 +314,18 @@ def search_throughput(
         raise UsageError(f"global batch size must be a positive integer, got {global_batch_size!r}")
     if schedule not in SCHEDULES:
         raise UsageError(f"unknown schedule {schedule!r}", fix=f"use one of {list(SCHEDULES)}")
+    if cuts not in ("bottleneck", "amp"):
+        raise UsageError(f"unknown stage-cut algorithm {cuts!r}", fix="use 'bottleneck' or 'amp'")
     report = Progress.of(progress)
     evaluated = rejected = 0
     cache: dict[bytes, Assignment] = {}
+    range_bytes = parameter_range_bytes(profile)
 
     def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> ThroughputCandidate | None:
         nonlocal evaluated, rejected
         plan = assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
-                             micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule)
+                             micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
+                             cuts=cuts, range_bytes=range_bytes)
         evaluated += 1
         if memory_ok is not None and not memory_ok(plan):
             rejected += 1

@@ -1,0 +1,443 @@
+"""Cutting a layer chain into pipeline stages fast: branch and bound on the bottleneck values.
+
+[Note: bottleneck search] The objective of :func:`~hybridplan.search.time.stage_cuts.assignment_objective`,
+``g max_j u_j + sum_j (t_j + e_j)`` (``g = gas - 1``, ``u_j`` the stage time or the floor of its incoming
+boundary), optionally plus the data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of
+stage ``j``'s layers, ``c_j`` seconds per byte of its ring all-reduce: time_model's eq. 4 term), has two max
+terms that do not decompose over stages. AMP's program (stage_cuts.py) carries the max as a tolerance index
+through the table, ``O(k L^2 |m|)``. Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q``
+(sync), ``S(P, Q)`` = the least ``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
+
+    optimum = min over (P, Q) of  g P + Q + S(P, Q),
+
+and it suffices to try the values ``P`` and ``Q`` that some stage can take (the candidates). Three facts make
+this fast:
+
+1. ``S(P, Q)`` is a shortest path over (stage, layer) in which stage ``j`` may hold ``[a, i)`` only when
+   ``a >= lo_j(i)``: layer times and bytes are non-negative, so a range's time and bytes grow with it and the
+   allowed starts form a window ``[lo_j(i), i - 1]`` (boundaries whose floor exceeds ``P`` are masked). With
+   ``t_j(a, i) = p_j(i) - p_j(a)`` (prefix sums), ``f_j(i) = p_j(i) + min_{a in window} (f_{j-1}(a) - p_j(a)
+   + e_j(a))``: a minimum over a window, for all ``i`` in one ``np.minimum.reduceat``; the windows come from
+   a binary search over all ends at once. ``O(L w)`` per stage with ``w`` the widest window (at most ``L``),
+   ``O(k L w + L log L)`` per evaluation.
+2. ``S`` is non-increasing in both caps, and the cut found at ``(P, Q)`` has its own maxima ``(P', Q') <= (P,
+   Q)`` with the same sum: every ``(P'', Q'')`` with ``P' <= P'' <= P`` and ``Q' <= Q'' <= Q`` is dominated by
+   ``(P', Q')``. One evaluation therefore removes a quadrant of the candidate box; more generally a known cut
+   of sum ``S_c`` dominates the quadrant above its maxima in any box whose sums are all ``>= S_c``, and an
+   infeasible evaluation kills the quadrant below its caps.
+3. Within a box of candidates ``[P_lo, P_hi] x [Q_lo, Q_hi]`` cut out of a parent whose sum was ``S``, no
+   objective is below ``g P_lo + Q_lo + S``. Boxes are searched best bound first and halved along the side over
+   which that bound varies most before evaluation (a binary search on the bottleneck; with one micro-batch
+   ``g`` is tiny and the sync side goes first), so the search stops as soon as the best bound left cannot beat
+   the best cut found.
+
+Before the boxes: two incumbents (the least sum without caps, whose sum bounds every sum, and stages of equal
+time) bound the caps a better cut can have, so only candidates in that range are built; then a binary search
+finds the least feasible ``P`` (any ``Q``) and the least feasible ``Q`` (any ``P``), below which all is dead.
+
+The search is exact (every candidate pair is either evaluated, dominated or bounded out). Its cost is the
+number of evaluations times ``O(k L w + L log L)``, plus ``O(L^2)`` per distinct stage cost vector for the
+range sums and the candidates (``O(k L^2)`` at worst). Evaluations are few in practice (about 20 per cut at
+1024 devices and 384 layers, benchmarks/search_time), but not bounded by a polynomial of small degree on
+adversarial inputs; tests/search/time/test_bottleneck_cuts.py checks the search against AMP's program and
+brute force.
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridplan.errors import PlanError
+from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check, assignment_objective
+
+__all__ = ["SyncCosts", "bottleneck_assignment", "bottleneck_min_max", "range_sums"]
+
+
+@dataclass(frozen=True)
+class SyncCosts:
+    """The data-parallel gradient sync of each stage: ``factors[j] * range_bytes[a, b]`` seconds when stage
+    ``j`` holds layers ``[a, b)``.
+
+    ``range_bytes`` is ``(L + 1) x (L + 1)`` (:func:`range_sums`: parameters shared by several layers count
+    once per stage); ``factors[j]`` is the ring all-reduce's seconds per byte on stage ``j``'s slowest data
+    group (0 without data parallelism).
+    """
+
+    range_bytes: np.ndarray
+    factors: tuple[float, ...]
+
+    def seconds(self, boundaries: Sequence[int]) -> float:
+        """``max_j factors[j] * range_bytes[b_j, b_{j+1}]``: the sync term of a cut."""
+        return max(float(self.factors[j] * self.range_bytes[boundaries[j], boundaries[j + 1]])
+                   for j in range(len(boundaries) - 1))
+
+
+def range_sums(values: Sequence[float], groups: Sequence[str | None] | None = None) -> np.ndarray:
+    """``R[a, b]`` = the sum of ``values[a:b]``, counting once the layers of one group (shared parameters,
+    e.g. tied embeddings) that fall in the same range; ``R[a, b] = 0`` for ``b <= a``.
+
+    Example:
+        >>> r = range_sums([1.0, 2.0, 1.0], ["emb", None, "emb"])
+        >>> float(r[0, 3]), float(r[1, 3]), float(r[0, 2])    # the tied layer counted once in [0, 3)
+        (3.0, 3.0, 3.0)
+    """
+    v = np.asarray(values, dtype=float)
+    n = len(v)
+    prefix = np.concatenate(([0.0], np.cumsum(v)))
+    out = prefix[None, :] - prefix[:, None]
+    if groups is not None:
+        # layer l repeats a group last seen at layer prev[l]: it is a duplicate in [a, b) iff a <= prev[l] < l < b
+        prev = np.full(n, -1)
+        last: dict[str, int] = {}
+        for i, g in enumerate(groups):
+            if g is not None:
+                prev[i] = last.get(g, -1)
+                last[g] = i
+        if (prev >= 0).any():
+            dup = np.where(np.arange(n + 1)[:, None] <= prev[None, :], v[None, :], 0.0)  # dup[a, l]
+            out -= np.concatenate((np.zeros((n + 1, 1)), np.cumsum(dup, axis=1)), axis=1)
+    return np.triu(out, 1)
+
+
+@functools.lru_cache(maxsize=8)
+def _not_a_range(n: int) -> np.ndarray:
+    """``(n + 1) x (n + 1)``: -inf where ``a >= b`` (no range ``[a, b)``), 0 elsewhere; added to a matrix of
+    range values so that no search takes those entries."""
+    out = np.zeros((n + 1, n + 1))
+    out[np.tril_indices(n + 1)] = -np.inf
+    out.flags.writeable = False
+    return out
+
+
+class _Problem:
+    """The fixed data of one cut problem: windows and sums per evaluation of ``S(P, Q)``."""
+
+    def __init__(self, stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray],
+                 cut_floors: Sequence[np.ndarray] | None, sync: SyncCosts | None) -> None:
+        self.k, self.n = _check(stage_costs, cut_costs)
+        n = self.n
+        below = _not_a_range(n)
+        # distinct stage cost vectors (identical devices share one), their prefix sums and range times
+        self.kind: list[int] = []
+        keys: dict[bytes, int] = {}
+        self.prefix: list[np.ndarray] = []
+        self.seg: list[np.ndarray] = []
+        for c in stage_costs:
+            c = np.asarray(c, dtype=float)
+            if (c < 0).any() or not np.isfinite(c).all():
+                raise PlanError("layer times must be finite and non-negative")
+            key = c.tobytes()
+            if key not in keys:
+                keys[key] = len(self.prefix)
+                p = np.concatenate(([0.0], np.cumsum(c)))
+                self.prefix.append(p)
+                self.seg.append(p[None, :] - p[:, None] + below)
+            self.kind.append(keys[key])
+        self.cuts = [np.asarray(e, dtype=float)[: n - 1] for e in cut_costs]
+        self.floors = ([np.zeros(n - 1) for _ in cut_costs] if cut_floors is None
+                       else [np.asarray(f, dtype=float)[: n - 1] for f in cut_floors])
+        # boundaries with the same costs and floors (links of the same kind) share their arrays per evaluation
+        link_keys: dict[bytes, int] = {}
+        self.link_kind = [0] + [link_keys.setdefault(e.tobytes() + fl.tobytes(), len(link_keys))
+                                for e, fl in zip(self.cuts, self.floors)]
+        # sync: distinct factors share one matrix of seconds
+        self.sync_kind: list[int] = []
+        self.sync: list[np.ndarray] = []
+        if sync is not None and any(f > 0 for f in sync.factors):
+            if len(sync.factors) != self.k or sync.range_bytes.shape != (n + 1, n + 1):
+                raise PlanError(f"sync costs need {self.k} factors and a {n + 1} x {n + 1} range matrix")
+            fkeys: dict[float, int] = {}
+            for f in sync.factors:
+                if f not in fkeys:
+                    fkeys[f] = len(self.sync)
+                    self.sync.append(f * sync.range_bytes + below)
+                self.sync_kind.append(fkeys[f])
+        self.upper = below == 0
+        self.ends = np.arange(n + 1)
+        self.steps = max(1, int(np.ceil(np.log2(n + 1))))
+
+    def candidates(self, p_range: tuple[float, float], q_max: float) -> tuple[np.ndarray, np.ndarray]:
+        """Every value in ``p_range`` a stage's ``u`` can take, and every sync seconds up to ``q_max`` (sorted,
+        without repeats)."""
+        low, high = p_range
+        values = [self.seg[self.kind[0]][0, 1:]]
+        seen: set[tuple[int, bytes]] = set()
+        for j in range(1, self.k):
+            key = (self.kind[j], self.floors[j - 1].tobytes())
+            if key in seen:
+                continue
+            seen.add(key)
+            floor = np.concatenate(([np.inf], self.floors[j - 1], [np.inf]))  # a = 0 and a = L start no stage j >= 1
+            u = np.maximum(self.seg[self.kind[j]], floor[:, None])
+            values.append(u[(u >= low) & (u <= high) & (u < np.inf) & self.upper])
+        ps = np.concatenate(values)
+        qs = np.concatenate([[0.0]] + [s[(s <= q_max) & self.upper] for s in self.sync])
+        return np.unique(ps[(ps >= low) & (ps <= high)]), np.unique(qs)
+
+    def _first_starts(self, ranges: np.ndarray, cap: float) -> np.ndarray:
+        """For every end ``i``, the first start ``a`` with ``ranges[a, i] <= cap``: a binary search over all
+        ends at once. A range's time or bytes shrink as its start moves right (non-negative layer costs;
+        cumulative sums and differences of floats keep that order), so the allowed starts are ``[a, i - 1]``
+        (``ranges[i, i]`` is -inf: the search ends at ``i`` at the latest)."""
+        lo = np.zeros(self.n + 1, dtype=np.intp)
+        hi = self.ends.copy()
+        for _ in range(self.steps):
+            mid = (lo + hi) // 2
+            ok = ranges[mid, self.ends] <= cap
+            hi = np.where(ok, mid, hi)
+            lo = np.where(ok, lo, mid + 1)
+        return hi
+
+    def value(self, cut: tuple[int, ...], g: float) -> tuple[float, float]:
+        """The objective ``g max u + max sync + sum (t + e)`` of a cut, and its sum."""
+        total = sum(float(self.prefix[self.kind[j]][cut[j + 1]] - self.prefix[self.kind[j]][cut[j]]) for j in range(self.k))
+        total += sum(float(self.cuts[j - 1][cut[j] - 1]) for j in range(1, self.k))
+        u, q = self.maxima(cut)
+        return g * u + q + total, total
+
+    def balanced_cut(self) -> tuple[int, ...]:
+        """Stages of about equal time on the first stage's costs: a first incumbent for the search."""
+        p = self.prefix[self.kind[0]]
+        cut = [0] + [int(np.searchsorted(p, p[-1] * j / self.k)) for j in range(1, self.k)] + [self.n]
+        for j in range(1, self.k):  # non-empty stages
+            cut[j] = max(cut[j], cut[j - 1] + 1)
+        for j in range(self.k - 1, 0, -1):
+            cut[j] = min(cut[j], cut[j + 1] - 1)
+        return tuple(cut)
+
+    def bottleneck_floor(self) -> float:
+        """A lower bound of any cut's ``max u``: some stage holds each layer, and the stages share the sum."""
+        least = np.min([np.diff(p) for p in self.prefix], axis=0)
+        return max(float(least.max()), float(least.sum()) / self.k)
+
+    def evaluate(self, cap_p: float, cap_q: float) -> tuple[float, tuple[int, ...] | None]:
+        """``S(P, Q)`` and a cut reaching it (None where no cut fits the caps)."""
+        n = self.n
+        lo_p = [self._first_starts(s, cap_p) for s in self.seg]
+        lo_q = [self._first_starts(s, cap_q) for s in self.sync]
+        windows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        links: dict[tuple[int, int], np.ndarray] = {}
+
+        def window(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+            """Starts ``lo`` (window ``[lo[i], i - 1]``), reduceat indices, and ``p_j`` with inf at the ends
+            whose window is empty."""
+            key = (self.kind[j], self.sync_kind[j] if self.sync else 0)
+            if key not in windows:
+                lo = np.maximum(lo_p[key[0]], lo_q[key[1]]) if self.sync else lo_p[key[0]]
+                lo = np.maximum(lo, 1)
+                pairs = np.empty(2 * (n + 1), dtype=np.intp)
+                pairs[0::2], pairs[1::2] = lo, self.ends
+                windows[key] = (lo, pairs, np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
+            return windows[key]
+
+        def link(j: int) -> np.ndarray:
+            """What a start ``a`` adds before stage ``j``'s own time: ``e(a) - p_j(a)``, inf where the floor of the
+            boundary exceeds the cap."""
+            key = (self.kind[j], self.link_kind[j])
+            if key not in links:
+                links[key] = np.where(self.floors[j - 1] <= cap_p, self.cuts[j - 1] - self.prefix[key[0]][1:n], np.inf)
+            return links[key]
+
+        p0 = self.prefix[self.kind[0]]
+        f = np.where(np.maximum(lo_p[self.kind[0]], lo_q[self.sync_kind[0]] if self.sync else 0) == 0, p0, np.inf)
+        f[0] = np.inf
+        fs = []
+        h = np.full(n + 2, np.inf)  # h[a] for a stage starting at layer a; h[0], h[n], h[n + 1] (padding) stay inf
+        for j in range(1, self.k):
+            np.add(f[1:n], link(j), out=h[1:n])
+            _, pairs, p = window(j)
+            fs.append(f)
+            # every window's minimum in one pass: reduceat over [lo_i, i) pairs, the in-between results dropped
+            f = np.minimum.reduceat(h, pairs)[0::2] + p
+        total = float(f[n])
+        if not np.isfinite(total):
+            return total, None
+        bounds = [n]
+        for j in range(self.k - 1, 0, -1):
+            i = bounds[-1]
+            lo = int(window(j)[0][i])
+            bounds.append(lo + int(np.argmin(fs[j - 1][lo:i] + link(j)[lo - 1 : i - 1])))
+        bounds.append(0)
+        return total, tuple(reversed(bounds))
+
+    def maxima(self, b: tuple[int, ...]) -> tuple[float, float]:
+        """The cut's own ``max u`` and ``max sync`` (the same floats the candidates hold)."""
+        u = max([float(self.seg[self.kind[j]][b[j], b[j + 1]]) for j in range(self.k)]
+                + [float(self.floors[j - 1][b[j] - 1]) for j in range(1, self.k)])
+        q = max((float(self.sync[self.sync_kind[j]][b[j], b[j + 1]]) for j in range(self.k)), default=0.0) if self.sync else 0.0
+        return u, max(q, 0.0)
+
+
+def bottleneck_assignment(
+    stage_costs: Sequence[np.ndarray],
+    cut_costs: Sequence[np.ndarray],
+    num_microbatches: int,
+    cut_floors: Sequence[np.ndarray] | None = None,
+    sync: SyncCosts | None = None,
+) -> Assignment:
+    """The boundaries minimising :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the
+    optimum of :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), plus ``sync.seconds`` when
+    ``sync`` is given, by branch and bound on the bottleneck values (module note).
+
+    Args: as :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`; ``sync``: the data-parallel
+    gradient all-reduce per stage (:class:`SyncCosts`), so that the cut minimises the whole predicted
+    iteration time of the time model (eq. 4), not only its pipeline term.
+
+    Raises:
+        PlanError: for more stages than layers, mismatched vector lengths or negative layer times.
+
+    Example:
+        >>> a = bottleneck_assignment([np.array([1., 1., 2.])] * 2, [np.zeros(3)], num_microbatches=4)
+        >>> a.boundaries, a.objective     # stages {0, 1} and {2}: 3 * 2 + 4
+        ((0, 2, 3), 10.0)
+    """
+    problem = _Problem(stage_costs, cut_costs, cut_floors, sync)
+    if cut_floors is not None:
+        _check(stage_costs, cut_floors)
+    g = float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT
+    # incumbents: the least sum without caps (its sum bounds every sum), and balanced stages
+    least_sum, first = problem.evaluate(np.inf, np.inf)
+    if first is None:
+        raise PlanError("no cut of the layers into stages has a finite time",
+                        fix="check the stage and boundary costs: they must be finite")
+    best_cut = first
+    best_value = problem.value(best_cut, g)[0]
+    balanced = problem.balanced_cut()
+    if problem.value(balanced, g)[0] < best_value:
+        best_value, best_cut = problem.value(balanced, g)[0], balanced
+    # a better cut has g P + Q + S < best with S >= least_sum: only caps in these ranges can matter
+    # (the slack covers rounding of the sums, so that the optimum's own maxima stay inside)
+    slack = 1e-9 * (abs(best_value) + abs(least_sum))
+    p_floor = problem.bottleneck_floor() * (1 - 1e-9)
+    p_max = (best_value - least_sum + slack) / g
+    q_max = best_value - least_sum - g * p_floor + slack
+    ps, qs = problem.candidates((p_floor, p_max), q_max)
+    if len(ps) == 0:
+        ps = np.array([np.inf])  # unreachable: the incumbent's own bottleneck is in range
+    # boxes of candidate indices [pl, ph] x [ql, qh], keyed by a lower bound of every objective inside
+    # (the sum of the cut that left the box: a lower bound of every sum inside)
+    boxes: list[tuple[float, int, int, int, int, int, float]] = [
+        (-np.inf, 0, 0, len(ps) - 1, 0, len(qs) - 1, least_sum)]
+    serial = 1
+    # dead: (pi, qi) such that no cut fits caps P <= ps[pi] and Q <= qs[qi]
+    known: list[tuple[int, int, float]] = []  # (pu, qu, S) of the cuts found: their maxima's indices and sums
+
+    def learn(cut: tuple[int, ...], total: float) -> tuple[int, int]:
+        """Keep a cut found: as the incumbent if it is the best, and (always) for its dominance."""
+        nonlocal best_value, best_cut
+        value = problem.value(cut, g)[0]
+        if value < best_value:
+            best_value, best_cut = value, cut
+        u, q = problem.maxima(cut)
+        pu, qu = int(np.searchsorted(ps, u, side="left")), int(np.searchsorted(qs, q, side="left"))
+        known.append((pu, qu, total))
+        return pu, qu
+
+    for cut in {best_cut, balanced}:
+        learn(cut, problem.value(cut, g)[1])
+    seen: dict[tuple[int, int], tuple[float, tuple[int, ...] | None]] = {}
+
+    def least_feasible(count: int, caps: Callable[[int], tuple[int, int]]) -> int:
+        """Binary search for the first index whose caps some cut fits (``count`` when none does)."""
+        lo, hi = 0, count
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if caps(mid) not in seen:
+                seen[caps(mid)] = problem.evaluate(float(ps[caps(mid)[0]]), float(qs[caps(mid)[1]]))
+            total, cut = seen[caps(mid)]
+            if cut is None:
+                lo = mid + 1
+            else:
+                learn(cut, total)
+                hi = mid
+        return lo
+
+    # the least feasible bottleneck with any sync, and the least feasible sync with any bottleneck: everything
+    # below either is dead, which spares the search one evaluation per box along those edges
+    first_p = least_feasible(len(ps), lambda i: (i, len(qs) - 1))
+    first_q = least_feasible(len(qs), lambda i: (len(ps) - 1, i))
+    dead: list[tuple[int, int]] = [(first_p - 1, len(qs) - 1), (len(ps) - 1, first_q - 1)]
+    while boxes:
+        bound, _, pl, ph, ql, qh, total = heapq.heappop(boxes)
+        if bound >= best_value:
+            break
+        # A known cut of sum S_c <= total (every sum in the box is >= total) beats every cap pair above its own
+        # maxima; what earlier evaluations found infeasible lies below a dead corner. Both shrink the box.
+        for pu, qu, sc in known:
+            if sc <= total:
+                if qu <= ql:
+                    ph = min(ph, pu - 1)
+                if pu <= pl:
+                    qh = min(qh, qu - 1)
+        ql = max([ql] + [qi + 1 for pi, qi in dead if pi >= ph])
+        pl = max([pl] + [pi + 1 for pi, qi in dead if qi >= qh])
+        if pl > ph or ql > qh or g * float(ps[pl]) + float(qs[ql]) + total >= best_value:
+            continue
+        if (ph, qh) not in seen:
+            seen[ph, qh] = problem.evaluate(float(ps[ph]), float(qs[qh]))
+        total, found = seen[ph, qh]
+        if found is None:
+            # no cut fits the box's largest caps, so none fits any smaller caps
+            dead = [(pi, qi) for pi, qi in dead if not (pi <= ph and qi <= qh)] + [(ph, qh)]
+            continue
+        # what the cut does not dominate: P below its own u, or Q below its own q
+        pu, qu = learn(found, total)
+        pu, qu = min(pu, ph), min(qu, qh)  # u <= ps[ph] as the caps hold (clamped: progress even so)
+        rest = []
+        if pu > pl:
+            rest.append((pl, pu - 1, ql, qh))
+        if qu > ql:
+            rest.append((max(pu, pl), ph, ql, qu - 1))
+        for a, b, c, d in rest:
+            halves = [(a, b, c, d)]
+            # halve the side along which the bound varies most (with one micro-batch, g is tiny: Q first)
+            if b > a and (d == c or g * float(ps[b] - ps[a]) >= float(qs[d] - qs[c])):
+                mid = (a + b) // 2
+                halves = [(a, mid, c, d), (mid + 1, b, c, d)]
+            elif d > c:
+                mid = (c + d) // 2
+                halves = [(a, b, c, mid), (a, b, mid + 1, d)]
+            for a2, b2, c2, d2 in halves:
+                low = g * float(ps[a2]) + float(qs[c2]) + total
+                if low < best_value:
+                    heapq.heappush(boxes, (low, serial, a2, b2, c2, d2, total))
+                    serial += 1
+    objective = assignment_objective(best_cut, stage_costs, cut_costs, num_microbatches, cut_floors)
+    if sync is not None:
+        objective += sync.seconds(best_cut)
+    return Assignment(best_cut, objective)
+
+
+def bottleneck_min_max(
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None
+) -> Assignment:
+    """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
+    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
+    ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
+    ``S(P, inf)``. ``objective`` of the result is ``P``.
+
+    Example:
+        >>> ones = np.ones(4)
+        >>> bottleneck_min_max([ones, ones], [np.array([0.0, 5.0, 0.0])], [np.array([0.0, 0.0, 1.0])]).boundaries
+        (0, 1, 4)
+    """
+    _check(stage_costs, cut_floors)
+    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None)
+    ps, _ = problem.candidates((0.0, np.inf), 0.0)
+    lo, hi = 0, len(ps) - 1  # the largest candidate fits: every stage and floor is at most it
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if problem.evaluate(float(ps[mid]), np.inf)[1] is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    _, cut = problem.evaluate(float(ps[lo]), np.inf)
+    if cut is None:
+        raise PlanError("no cut of the layers into stages has a finite period",
+                        fix="check the stage and boundary costs: they must be finite")
+    return Assignment(cut, problem.maxima(cut)[0])

@@ -1,0 +1,132 @@
+"""The fast stage cut (search/time/bottleneck_cuts.py) against AMP's dynamic program (the reference it replaced,
+search/time/stage_cuts.py) and, with the gradient sync, against brute force over every cut."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridplan.errors import PlanError
+from hybridplan.plan.plan import StagePlan
+from hybridplan.predict.time_model import sync_seconds
+from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, range_sums
+from hybridplan.search.time.stage_cuts import amp_layer_assignment, assignment_objective
+from tests.search.time.util import TOY_CLUSTER, all_cuts
+
+
+def _costs(data: st.DataObject, num_layers: int, integers: bool) -> np.ndarray:
+    # integers make many cuts tie exactly (the hard case for a search that prunes); floats make them distinct
+    element = st.integers(0, 9).map(float) if integers else st.floats(0.0, 10.0, allow_nan=False, width=32)
+    return np.array(data.draw(st.lists(element, min_size=num_layers, max_size=num_layers)), dtype=float)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 12), gas=st.integers(1, 9), stage_dependent=st.booleans(),
+       floors=st.sampled_from([None, 0.5, 3.0]), integers=st.booleans())
+def test_same_optimum_as_amps_program(data: st.DataObject, num_layers: int, gas: int, stage_dependent: bool,
+                                      floors: float | None, integers: bool) -> None:
+    k = data.draw(st.integers(1, num_layers))
+    base = _costs(data, num_layers, integers)
+    stage_costs = [_costs(data, num_layers, integers) if stage_dependent else base for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) / 4 for _ in range(k - 1)]
+    cut_floors = None if floors is None else [c * floors for c in cut_costs]
+    reference = amp_layer_assignment(stage_costs, cut_costs, gas, cut_floors)
+    found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors)
+    assert found.objective == pytest.approx(reference.objective, rel=1e-9, abs=1e-12)
+    assert found.objective == pytest.approx(assignment_objective(found.boundaries, stage_costs, cut_costs, gas, cut_floors))
+    assert found.boundaries[0] == 0 and found.boundaries[-1] == num_layers and len(found.boundaries) == k + 1
+    assert all(a < b for a, b in zip(found.boundaries, found.boundaries[1:]))
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 10), gas=st.integers(1, 9), integers=st.booleans(),
+       floors=st.booleans())
+def test_with_the_sync_the_least_total_of_every_cut(data: st.DataObject, num_layers: int, gas: int, integers: bool,
+                                                    floors: bool) -> None:
+    k = data.draw(st.integers(1, num_layers))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) / 4 for _ in range(k - 1)]
+    cut_floors = [c * 2 for c in cut_costs] if floors else None
+    sync = SyncCosts(range_sums(_costs(data, num_layers, integers)),
+                     tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0, 3.0])) for _ in range(k)))
+    found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync)
+
+    def total(b: tuple[int, ...]) -> float:  # the objective written out again: eq. 5, floors, plus the slowest sync
+        t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
+        u = t + ([cut_floors[j - 1][b[j] - 1] for j in range(1, k)] if cut_floors else [])
+        w = [sync.factors[j] * float(sync.range_bytes[b[j], b[j + 1]]) for j in range(k)]
+        return (gas - 1 or 1e-9) * max(u) + sum(t) + sum(cut_costs[j - 1][b[j] - 1] for j in range(1, k)) + max(w)
+
+    best = min(total(b) for b in all_cuts(num_layers, k))
+    assert total(found.boundaries) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    # the objective reported is eq. 5's (no tie-break weight with one micro-batch) plus the sync
+    eq5 = assignment_objective(found.boundaries, stage_costs, cut_costs, gas, cut_floors)
+    assert found.objective == pytest.approx(eq5 + sync.seconds(found.boundaries), rel=1e-12)
+
+
+def test_a_long_chain_matches_the_reference() -> None:
+    # 40 layers of a transformer-like chain (heavy first and last layers, 5% jitter) on 2 to 8 stages: the
+    # pruned search must still reach AMP's optimum where its incumbents and bounds are far from it
+    rng = np.random.default_rng(3)
+    layers = np.concatenate(([4.0], 2.0 * (1 + 0.05 * rng.standard_normal(38)), [6.0]))
+    for k in (2, 3, 5, 8):
+        for gas in (1, 2, 16):
+            stage_costs = [layers * (1 + 0.3 * (j % 2)) for j in range(k)]  # every other stage slower
+            cut_costs = [np.full(40, 0.05 * (1 + j % 3)) for j in range(k - 1)]
+            floors = [c * 10 for c in cut_costs]
+            reference = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
+            found = bottleneck_assignment(stage_costs, cut_costs, gas, floors)
+            assert found.objective == pytest.approx(reference.objective, rel=1e-9), (k, gas)
+
+
+def test_range_sums_count_shared_parameters_once_per_stage_as_the_time_model_does() -> None:
+    # a tied embedding (layers 0 and 4 share "emb"), on a 2-replica data-parallel stage of every range
+    sizes = [3e6, 1e6, 2e6, 1e6, 3e6]
+    groups = ["emb", None, None, None, "emb"]
+    profile = TimeProfile(
+        model="toy",
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1.0, parameter_bytes=b, shared_parameters=s)
+                     for i, (b, s) in enumerate(zip(sizes, groups))),
+        timings=(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1e-3,) * 5,
+                             backward_s=(2e-3,) * 5),),
+    )
+    r = range_sums(sizes, groups)
+    # by hand: 3 + 1 + 2 + 1 (+ 3 of the tied layer, already counted) = 7 MB; without layer 0 the tie is gone
+    assert r[0, 5] == 7e6 and r[0, 4] == 7e6 and r[1, 5] == 7e6 and r[1, 4] == 4e6 and r[2, 2] == 0.0
+    factor = 2 * (2 - 1) / (2 * TOY_CLUSTER.intra_node_bandwidth)  # ring all-reduce on 2 devices of node 0
+    for a in range(5):
+        for b in range(a + 1, 6):
+            stage = StagePlan.of(a, b, (0, 1), data_degree=2, tensor_degree=1)
+            assert factor * r[a, b] == pytest.approx(sync_seconds(profile, TOY_CLUSTER, stage))
+
+
+def test_rejects_negative_layer_times_and_too_many_stages() -> None:
+    with pytest.raises(PlanError, match="non-negative"):
+        bottleneck_assignment([np.array([1.0, -1.0])] * 2, [np.zeros(2)], 4)
+    with pytest.raises(PlanError, match="cannot cut 2 layers into 3"):
+        bottleneck_assignment([np.ones(2)] * 3, [np.zeros(2)] * 2, 4)
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 10), integers=st.booleans(), own_costs=st.booleans())
+def test_min_max_same_period_and_fill_as_the_reference(data: st.DataObject, num_layers: int, integers: bool,
+                                                       own_costs: bool) -> None:
+    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+    from hybridplan.search.time.stage_cuts import min_max_assignment
+
+    k = data.draw(st.integers(1, num_layers))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    floors = [_costs(data, num_layers, integers) / 2 for _ in range(k - 1)]
+    costs = [_costs(data, num_layers, integers) for _ in range(k - 1)] if own_costs else None
+    reference = min_max_assignment(stage_costs, floors, costs)
+    found = bottleneck_min_max(stage_costs, floors, costs)
+    assert found.objective == pytest.approx(reference.objective, rel=1e-9, abs=1e-12)
+
+    def fill(b: tuple[int, ...]) -> float:
+        e = costs if costs is not None else floors
+        return sum(float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)) + sum(e[j - 1][b[j] - 1] for j in range(1, k))
+
+    assert fill(found.boundaries) == pytest.approx(fill(reference.boundaries), rel=1e-9, abs=1e-12)
