@@ -35,6 +35,7 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
+from hybridplan.predict.zero import ZeroLayout
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -157,6 +158,7 @@ class MemoryPredictor:
         stash: Mapping[tuple[str, int], Mapping[int, int]] | None = None,
         recompute: bool = False,
         recomputed: MemoryPredictor | None = None,
+        zero_layout: ZeroLayout | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -181,6 +183,9 @@ class MemoryPredictor:
         ``"recompute": "full"``, this one the others. A stage's memory depends on its own layers, kind, degree,
         schedule position and recompute, not on whether its neighbours recompute (what crosses a boundary has the
         model's shapes either way), so the two profiles compose stage by stage; profiling both doubles the runs."""
+        self.zero_layout = zero_layout
+        """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
+        profile] in predict/zero.py); None for a profile that did not record them."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -258,6 +263,7 @@ class MemoryPredictor:
         """
         db.require_memory()
         meta = db.meta
+        shapes = meta.get("parameter_shapes")
         return cls(
             db.statistics,
             num_layers=meta["num_layers"],
@@ -269,6 +275,7 @@ class MemoryPredictor:
             profile_schedule=meta["schedule"],
             stash=db.weight_stash,
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
+            zero_layout=None if shapes is None else ZeroLayout(shapes),
         )
 
     @property
@@ -296,6 +303,13 @@ class MemoryPredictor:
     # ------------------------------------------------------------------ per stage
     def _scenario(self, kind: str, degree: int) -> tuple[str, int]:
         return ("none", 1) if degree == 1 else (kind, degree)
+
+    def _zero_source(self, kind: str, zero: int) -> str | None:
+        """The profiled kind a ZeRO stage is predicted from ([Note: predicting ZeRO from a profile]), or None
+        where the profile cannot say (ZeRO-2, ZeRO of a data x tensor stage, no parameter shapes recorded)."""
+        if self.zero_layout is None or kind != "data":
+            return None
+        return {1: "data", 3: "data-zero3"}.get(zero)
 
     def profiled_degrees(self, kind: str) -> list[int]:
         """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
@@ -338,10 +352,16 @@ class MemoryPredictor:
         return float(np.max(peak_terms(self.schedule, stages_after, self.num_microbatches) @ q[:_PEAK]))
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0) -> float:
         """Predicted per-device peak bytes of a stage (``inf`` if the profile cannot predict it); a "data+tensor"
         stage of ``degree`` devices gives its ``tensor_degree`` too ([Note: a data x tensor stage is a tensor
-        stage at a smaller batch])."""
+        stage at a smaller batch]); a ZeRO stage its level, and the value is its largest device's."""
+        if zero:
+            source = self._zero_source(kind, zero)
+            if source is None or self.zero_layout is None:
+                return math.inf
+            base = self.stage_memory(start, stop, source, degree, stages_after)
+            return base + self.zero_layout.worst_static_delta(start, stop, zero, degree)
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return math.inf if replica is None else replica.stage_memory(start, stop, "tensor", tensor_degree, stages_after)
@@ -361,11 +381,11 @@ class MemoryPredictor:
         beta = (p1 - p2) / (1 / d1 - 1 / d2)
         return p2 - beta / d2 + beta / degree
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
         """Whether the profile predicts this stage config (and its batch split is possible)."""
-        if kind == "data" and degree > 1 and self.microbatch_size % degree:
+        if kind in ("data", "data-zero3") and degree > 1 and self.microbatch_size % degree:
             return False
-        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree))
+        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree, zero=zero))
 
     def _replica(self, degree: int, tensor_degree: int) -> MemoryPredictor | None:
         """The predictor of one replica of a "data+tensor" stage (None if the micro-batch does not split)."""
@@ -386,7 +406,7 @@ class MemoryPredictor:
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
-        if kind == "data" and degree > 1 and self.microbatch_size % degree:
+        if kind in ("data", "data-zero3") and degree > 1 and self.microbatch_size % degree:
             return out
         if degree != 1 and (kind, degree) not in self.stats:
             degrees = self.profiled_degrees(kind)
@@ -440,6 +460,7 @@ class MemoryPredictor:
             recompute=self.recompute,
             recomputed=None if self.recomputed is None else self.recomputed.retargeted(
                 schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
+            zero_layout=self.zero_layout,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -473,7 +494,10 @@ class MemoryPredictor:
             # stage predicted at the global batch B/d (same micro-batch count).
             base = self.recomputed if stage.recompute == "full" and not self.recompute else self
             assert base is not None  # _check_measured_kinds refused a recomputed stage without a recompute profile
-            source, kind, degree = base, stage.kind, stage.degree
+            source, degree = base, stage.degree
+            kind: str = stage.kind
+            if stage.zero:  # [Note: predicting ZeRO from a profile] (predict/zero.py); refused by now if unpredictable
+                kind = base._zero_source(kind, stage.zero) or kind
             if kind == "data+tensor":
                 replica = base._replica(stage.degree, stage.tensor_degree)
                 if replica is not None:
@@ -487,8 +511,13 @@ class MemoryPredictor:
             q = source.span_quantities(stage.start, stage.stop, kind, degree)
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
+            ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
             for d in stage.devices:
-                devices.append(DevicePrediction(d, i, int(round(value)), flight, breakdown))
+                delta = 0
+                if stage.zero and base.zero_layout is not None:
+                    delta = base.zero_layout.static_delta(stage.start, stage.stop, stage.zero, degree, ranks.index(d))
+                mine = breakdown if not delta else {**breakdown, "static": breakdown["static"] + delta}
+                devices.append(DevicePrediction(d, i, int(round(value + delta)), flight, mine))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
 
@@ -497,11 +526,9 @@ class MemoryPredictor:
         the profile ran without it (their memory differs from what the statistics hold, so a prediction would be
         silently wrong). A profile taken with recompute predicts every stage recomputed, as its runs did."""
         for i, stage in enumerate(plan.stages):
+            base = self.recomputed if stage.recompute == "full" and not self.recompute and self.recomputed else self
             if stage.zero:
-                raise ProfileError(f"stage {i} ({stage.describe()}) uses ZeRO-{stage.zero} sharding, which the profile"
-                                   " does not measure yet",
-                                   fix="count it exactly on simulated devices instead ('hybridplan run --backend sim"
-                                   " --plan PLAN ...': no GPU needed), or drop \"zero\" from the stage to predict it")
+                self._check_zero(i, stage, base)
             if stage.recompute == "full" and not self.recompute and self.recomputed is None:
                 raise ProfileError(
                     f"stage {i} ({stage.describe()}) recomputes its activations; the profile was taken without recompute",
@@ -509,9 +536,26 @@ class MemoryPredictor:
                     " --recompute-db, or drop \"recompute\" from the stage",
                 )
 
+    @staticmethod
+    def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
+        """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
+        where = f"stage {i} ({stage.describe()})"
+        instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
+        if stage.kind != "data" or stage.zero == 2:
+            what = "ZeRO-2" if stage.zero == 2 else f"ZeRO-{stage.zero} of a {stage.kind} stage"
+            raise ProfileError(f"{where}: {what} is not yet predicted from a profile", fix=instead)
+        if base.zero_layout is None:
+            raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
+                               fix="run the same 'hybridplan profile' command on the database again: it resumes and"
+                               " records them")
+        if stage.zero == 3 and not base.profiled_degrees("data-zero3"):
+            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario",
+                               fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)
-        name = "pipeline" if key[0] == "none" else f"{key[0]}{key[1]}"
+        name = "pipeline" if key[0] == "none" else f"{key[0].split('-')[0]}{key[1]}" + (
+            f"-{key[0].split('-')[1]}" if "-" in key[0] else "")
         sizes = self.stats.get(key)
         if not sizes:
             profiled = self.profiled_degrees(kind)
