@@ -108,7 +108,7 @@ def test_the_extended_space_is_never_worse_and_holds_the_data_x_tensor_stage(bas
 @pytest.mark.parametrize("args, message", [
     (["--pipeline-only", "--space", "extended"], "--pipeline-only and --space extended contradict each other"),
     (["--space", "extended", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only and --space apply to --objective memory"),
+     "--fewest-devices, --pipeline-only, --zero and --space apply to --objective memory"),
     (["--space", "everything"], "argument --space: invalid choice"),
 ])
 def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):

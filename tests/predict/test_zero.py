@@ -110,3 +110,21 @@ def test_zero3_needs_its_scenario(mlp_files):
     predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
     with pytest.raises(ProfileError, match="no ZeRO-3 scenario"):
         predictor.predict(_plan("1f1b", [(0, 3, "data", [0, 1], 3), (3, 5, "none", [2], 0)]))
+
+
+def test_the_search_shards_data_stages_when_it_lowers_the_peak(zero_db):
+    """``PlanSpace(zero=True)``: on 1x2 the MLP's best plan can only get lower; a chosen ZeRO stage becomes a plan
+    whose prediction is the searched value."""
+    from hybridplan.search import PlanSpace, solve_exact
+
+    predictor = MemoryPredictor.from_db(zero_db)
+    plain = solve_exact(predictor, PlanSpace(5, 1, 2))
+    sharded = solve_exact(predictor, PlanSpace(5, 1, 2, zero=True))
+    assert sharded.peak <= plain.peak
+    # by hand: 5 layers on 2 devices are two 1-device stages or one 2-device stage over all layers; ZeRO-1 of
+    # that stage only removes optimizer state, so wherever data x2 is allowed its ZeRO-1 form is lower
+    whole = predictor.stage_memory(0, 5, "data", 2, 0)
+    assert predictor.stage_memory(0, 5, "data", 2, 0, zero=1) < whole
+    plan = sharded.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
+                           num_microbatches=predictor.num_microbatches)
+    assert max(d.peak_memory_bytes for d in predictor.predict(plan).devices) == round(sharded.peak)

@@ -399,10 +399,16 @@ class MemoryPredictor:
         return self._replicas[data]
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
         """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable)."""
         L = num_layers
         out = np.full((L, L + 1), math.inf)
+        if zero:
+            source = self._zero_source(kind, zero)
+            if source is None or self.zero_layout is None:
+                return out
+            base = self.stage_memory_matrix(source, degree, stages_after, L)
+            return base + self.zero_layout.worst_static_delta_matrix(zero, degree, L)
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
@@ -596,17 +602,18 @@ class UnitView:
         return len(self.bounds) - 1
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0) -> float:
         return self.predictor.stage_memory(self.bounds[start], self.bounds[stop], kind, degree, stages_after,
-                                           tensor_degree=tensor_degree)
+                                           tensor_degree=tensor_degree, zero=zero)
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
-        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree, tensor_degree=tensor_degree)
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
+        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree, tensor_degree=tensor_degree,
+                                      zero=zero)
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
         full = self.predictor.stage_memory_matrix(kind, degree, stages_after, self.predictor.num_layers,
-                                                  tensor_degree=tensor_degree)
+                                                  tensor_degree=tensor_degree, zero=zero)
         b = np.array(self.bounds)
         return full[np.ix_(b[:-1], b)]
 

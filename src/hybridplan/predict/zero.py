@@ -35,6 +35,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import lru_cache
+
+import numpy as np
 
 __all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
 
@@ -113,4 +116,17 @@ class ZeroLayout:
 
     def worst_static_delta(self, start: int, stop: int, zero: int, degree: int) -> int:
         """The largest :meth:`static_delta` over the stage's ranks (the stage's peak device)."""
+        return self._worst(start, stop, zero, degree)
+
+    @lru_cache(maxsize=None)  # noqa: B019  (one layout per predictor, kept as long as it)
+    def _worst(self, start: int, stop: int, zero: int, degree: int) -> int:
         return max(self.static_delta(start, stop, zero, degree, r) for r in range(degree))
+
+    def worst_static_delta_matrix(self, zero: int, degree: int, num_layers: int) -> np.ndarray:
+        """:meth:`worst_static_delta` of every span ``[start, stop)`` (0 where ``stop <= start``), for the search's
+        stage table. ZeRO-1's partition is recomputed per span: ``L^2 / 2`` partitions of the span's parameters."""
+        out = np.zeros((num_layers, num_layers + 1))
+        for start in range(num_layers):
+            for stop in range(start + 1, num_layers + 1):
+                out[start, stop] = self._worst(start, stop, zero, degree)
+        return out
