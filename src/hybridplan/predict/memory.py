@@ -357,11 +357,8 @@ class MemoryPredictor:
         stage of ``degree`` devices gives its ``tensor_degree`` too ([Note: a data x tensor stage is a tensor
         stage at a smaller batch]); a ZeRO stage its level, and the value is its largest device's."""
         if zero:
-            source = self._zero_source(kind, zero)
-            if source is None or self.zero_layout is None:
-                return math.inf
-            base = self.stage_memory(start, stop, source, degree, stages_after)
-            return base + self.zero_layout.worst_static_delta(start, stop, zero, degree)
+            peaks = self.zero_peaks(start, stop, kind, zero, degree, stages_after)
+            return math.inf if peaks is None else max(peaks)
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return math.inf if replica is None else replica.stage_memory(start, stop, "tensor", tensor_degree, stages_after)
@@ -380,6 +377,28 @@ class MemoryPredictor:
             return p1 + (p2 - p1) * math.log(degree / d1) / math.log(d2 / d1)
         beta = (p1 - p2) / (1 / d1 - 1 / d2)
         return p2 - beta / d2 + beta / degree
+
+    def zero_peaks(self, start: int, stop: int, kind: str, zero: int, degree: int, stages_after: int) -> list[float] | None:
+        """Each rank's predicted peak of a ZeRO stage (None if the profile cannot say; [Note: predicting ZeRO from a
+        profile]): the profiled stage's quantities with the rank's ``static`` and step transient, replayed; a
+        fitted degree moves the fitted peak by the static difference alone."""
+        source, layout = self._zero_source(kind, zero), self.zero_layout
+        if source is None or layout is None:
+            return None
+        q = self.span_quantities(start, stop, source, degree) if (source, degree) in self.stats else None
+        if q is None or self.method == "capture":
+            base = self.stage_memory(start, stop, source, degree, stages_after)
+            if not math.isfinite(base):
+                return None
+            return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
+        terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
+        out = []
+        for r in range(degree):
+            v = q[:_PEAK].copy()
+            v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
+            v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
+            out.append(float(np.max(terms @ v)))
+        return out
 
     def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
         """Whether the profile predicts this stage config (and its batch split is possible)."""
@@ -408,7 +427,10 @@ class MemoryPredictor:
             if source is None or self.zero_layout is None:
                 return out
             base = self.stage_memory_matrix(source, degree, stages_after, L)
-            return base + self.zero_layout.worst_static_delta_matrix(zero, degree, L)
+            for start, stop in zip(*np.nonzero(np.isfinite(base))):
+                peaks = self.zero_peaks(int(start), int(stop), kind, zero, degree, stages_after)
+                out[start, stop] = math.inf if peaks is None else max(peaks)
+            return out
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
@@ -518,12 +540,19 @@ class MemoryPredictor:
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
             ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
+            peaks = base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after) if stage.zero else None
             for d in stage.devices:
-                delta = 0
-                if stage.zero and base.zero_layout is not None:
-                    delta = base.zero_layout.static_delta(stage.start, stage.stop, stage.zero, degree, ranks.index(d))
-                mine = breakdown if not delta else {**breakdown, "static": breakdown["static"] + delta}
-                devices.append(DevicePrediction(d, i, int(round(value + delta)), flight, mine))
+                mine, peak = breakdown, value
+                if peaks is not None and base.zero_layout is not None:
+                    r = ranks.index(d)
+                    peak = peaks[r]
+                    if breakdown:
+                        mine = {**breakdown,
+                                "static": breakdown["static"] + base.zero_layout.static_delta(stage.start, stage.stop,
+                                                                                             stage.zero, degree, r),
+                                "step_transient": breakdown["step_transient"] + base.zero_layout.step_delta(
+                                    stage.start, stage.stop, stage.zero, degree, r)}
+                devices.append(DevicePrediction(d, i, int(round(peak)), flight, mine))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
 

@@ -14,9 +14,13 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   whole parameters, sorted by size (largest first, stable), each to the rank holding the fewest elements
   so far (the first such). :func:`zero1_shares` recomputes it, so the ZeRO-1 stage is the data stage's
   prediction with ``static`` moved by :meth:`ZeroLayout.static_delta`: no profiling run is added. Its step
-  transient can differ from the data stage's (gpt-tiny: 196,608 vs 132,096 bytes; wresnet-tiny: equal); the
-  step sets a stage's peak only when gradients outweigh the activations in flight (benchmarks/composite_accuracy
-  measures what that costs).
+  transient follows the rank's share too: AdamW's single-tensor step (the CPU runtime's, ``foreach=False``)
+  holds two temporaries of one parameter's size at once (torch/optim/adam.py ``_single_tensor_adam``:
+  ``exp_avg_sq.sqrt() / bias_correction2_sqrt``), so the transient moves by twice the difference between the
+  largest parameter of the share and of the stage (:meth:`ZeroLayout.step_delta`; measured: the MLP's 8,192
+  bytes unsharded, 8,192 and 2,560 on its two ranks; gpt-tiny's ranks measure 196,608 against 132,096
+  unsharded, 64 KiB above this rule: the step sets a gpt-tiny stage's peak only when the gradients outweigh the
+  activations in flight).
 - **ZeRO-3** (FSDP2 ``fully_shard`` per layer): what FSDP allocates inside a forward and a backward (a layer's
   all-gathered parameters, the unsharded gradients before their reduce-scatter, the next layer prefetched in a
   backward) is a transient whose size depends on the layers' order and on the moment it overlaps the layer's
@@ -35,9 +39,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import lru_cache
-
-import numpy as np
 
 __all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
 
@@ -114,19 +115,12 @@ class ZeroLayout:
         base = self.optimizer_bytes(start, stop, 0 if zero == 1 else zero, degree, 0)
         return self.optimizer_bytes(start, stop, zero, degree, rank) - base
 
-    def worst_static_delta(self, start: int, stop: int, zero: int, degree: int) -> int:
-        """The largest :meth:`static_delta` over the stage's ranks (the stage's peak device)."""
-        return self._worst(start, stop, zero, degree)
-
-    @lru_cache(maxsize=None)  # noqa: B019  (one layout per predictor, kept as long as it)
-    def _worst(self, start: int, stop: int, zero: int, degree: int) -> int:
-        return max(self.static_delta(start, stop, zero, degree, r) for r in range(degree))
-
-    def worst_static_delta_matrix(self, zero: int, degree: int, num_layers: int) -> np.ndarray:
-        """:meth:`worst_static_delta` of every span ``[start, stop)`` (0 where ``stop <= start``), for the search's
-        stage table. ZeRO-1's partition is recomputed per span: ``L^2 / 2`` partitions of the span's parameters."""
-        out = np.zeros((num_layers, num_layers + 1))
-        for start in range(num_layers):
-            for stop in range(start + 1, num_layers + 1):
-                out[start, stop] = self._worst(start, stop, zero, degree)
-        return out
+    def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
+        parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
+        if zero != 1:
+            return 0
+        params = self._params(start, stop)
+        sizes = [e * math.prod(shape) for e, shape in params]
+        share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
+        return 2 * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
