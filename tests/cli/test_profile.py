@@ -45,3 +45,18 @@ def test_bad_input_exits_2(files, capsys, args, message):
     assert main([a.format(d=files) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_zero_adds_a_zero3_scenario_per_data_degree_with_as_many_runs(tmp_path, capsys):
+    """``--zero``: data x2 with ZeRO-3 packs the same spans as data x2, so it lists as many runs (the profile's
+    runs at most double)."""
+    base = ["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "16", "--num-microbatches", "2",
+            "--db", str(tmp_path / "p.sqlite"), "--dry-run"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out.splitlines()[-1]
+    assert main(base + ["--zero"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    data = sum(1 for line in lines if line.strip().startswith("data2 @"))
+    zero = sum(1 for line in lines if line.strip().startswith("data2-zero3 @"))
+    assert data == zero > 0
+    assert "data2-zero3" not in plain
