@@ -108,8 +108,11 @@ def test_the_extended_space_is_never_worse_and_holds_the_data_x_tensor_stage(bas
 @pytest.mark.parametrize("args, message", [
     (["--pipeline-only", "--space", "extended"], "--pipeline-only and --space extended contradict each other"),
     (["--space", "extended", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only and --space apply to --objective memory"),
+     "--fewest-devices, --pipeline-only, --zero and --space apply to --objective memory"),
     (["--space", "everything"], "argument --space: invalid choice"),
+    (["--zero", "--pipeline-only"], "--zero searches sharded data stages, which --pipeline-only and --fewest-devices"),
+    (["--zero", "--objective", "throughput", "--time-profile", "{d}/t.json"],
+     "--fewest-devices, --pipeline-only, --zero and --space apply to --objective memory"),
 ])
 def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):
     assert main(base + [a.format(d=mlp_files) for a in args]) == 2

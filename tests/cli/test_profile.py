@@ -173,3 +173,18 @@ def test_tensor_groups_across_two_nodes_of_two_devices_write_the_local_database(
         plans = [json.loads(p) for (p,) in conn.execute("SELECT plan FROM runs")]
     assert [[s["devices"] for s in p["stages"]] for p in plans] == [[[0], [1, 2]]] * 2
     assert _rows(multi) == _rows(local)
+
+
+def test_zero_adds_a_zero3_scenario_per_data_degree_with_as_many_runs(tmp_path, capsys):
+    """``--zero``: data x2 with ZeRO-3 packs the same spans as data x2, so it lists as many runs (the profile's
+    runs at most double)."""
+    base = ["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "16", "--num-microbatches", "2",
+            "--db", str(tmp_path / "p.sqlite"), "--dry-run"]
+    assert main(base) == 0
+    plain = capsys.readouterr().out.splitlines()[-1]
+    assert main(base + ["--zero"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    data = sum(1 for line in lines if line.strip().startswith("data2 @"))
+    zero = sum(1 for line in lines if line.strip().startswith("data2-zero3 @"))
+    assert data == zero > 0
+    assert "data2-zero3" not in plain

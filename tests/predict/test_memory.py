@@ -129,7 +129,7 @@ def test_stages_the_profile_did_not_measure_in_kind_are_refused():
         stats_at(2, 8, linear), stats_at(4, 16, linear)]}
     plain = predictor(stats)
     zero = Plan("1f1b", 32, 4, (StagePlan(0, 2, "data", 2, (0, 1), zero=1), StagePlan(2, 4, "none", 1, (2,))))
-    with pytest.raises(ProfileError, match="stage 0 .* uses ZeRO-1 sharding, which the profile does not measure"):
+    with pytest.raises(ProfileError, match="stage 0 .* the profile does not record the parameter shapes ZeRO shards"):
         plain.predict(zero)
     recompute = Plan("1f1b", 32, 4, (StagePlan(0, 1, "none", 1, (0,), recompute="full"), StagePlan(1, 4, "none", 1, (1,))))
     with pytest.raises(ProfileError, match="recomputes its activations; the profile was taken without recompute"):

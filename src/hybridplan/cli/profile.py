@@ -61,7 +61,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="schedule of the profiling runs (a 2bw profile includes the weight stash; any profile predicts every schedule)")
     p.add_argument("--db", required=True, help="SQLite profile database (created or resumed)")
     p.add_argument("--profile-batch-sizes", help="two global batch sizes to profile, e.g. 32,16 (default: B/2,B/4)")
-    p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4 (default: all that apply)")
+    p.add_argument("--scenarios", help="comma-separated: pipeline,data2,data4,tensor2,tensor4,data2-zero3,... (default: all"
+                   " that apply)")
+    p.add_argument("--zero", action="store_true",
+                   help="also profile data-parallel ZeRO-3 at each data degree (predicts ZeRO-3 stages; ZeRO-1 needs no"
+                   " scenario): at most twice the runs")
     p.add_argument("--neighbors", type=positive_int, help="layers per neighbour chain for M_a (default ceil(L/G), as CAPTURE)")
     p.add_argument("--merge-layers", type=positive_int, metavar="L_M", help="merge layers to L_M after the pipeline scenario (CAPTURE's layer merger)")
     p.add_argument("--dry-run", action="store_true", help="list the runs the campaign would make, run nothing")
@@ -125,6 +129,7 @@ def _campaign(args: argparse.Namespace, cluster: Cluster, batch_sizes: tuple[int
         schedule=args.schedule,
         batch_sizes=batch_sizes,
         scenarios=scenarios,
+        zero=args.zero,
         neighbors=args.neighbors,
         merge_to=args.merge_layers,
         seed=args.seed,

@@ -22,7 +22,7 @@ from torch import nn
 
 from hybridplan.models.tensor_parallel import TensorParallelPlan
 
-__all__ = ["LayeredModel", "layer_seed", "build_layers", "seeded"]
+__all__ = ["LayeredModel", "layer_seed", "build_layers", "seeded", "parameter_shapes"]
 
 
 def layer_seed(seed: int, layer: int) -> int:
@@ -114,6 +114,19 @@ class LayeredModel(ABC):
             for i in range(self.num_layers):
                 total += sum(p.numel() for p in self.build_layer(i).parameters())
         return total
+
+
+def parameter_shapes(model: LayeredModel) -> list[list[list[int]]]:
+    """Each layer's trained parameters as ``[bytes per element, *shape]``, in ``parameters()`` order, built on
+    the meta device (no memory, no run).
+
+    What ZeRO shards is a function of these alone (ZeroRedundancyOptimizer's partition, FSDP2's dim-0
+    chunks; predict/zero.py), so a profile records them and predicts any sharding without running it."""
+    out = []
+    with torch.device("meta"):
+        for i in range(model.num_layers):
+            out.append([[p.element_size(), *p.shape] for p in model.build_layer(i).parameters() if p.requires_grad])
+    return out
 
 
 def build_layers(model: LayeredModel, start: int, stop: int, seed: int) -> list[nn.Module]:

@@ -35,6 +35,7 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
+from hybridplan.predict.zero import ZeroLayout
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -180,6 +181,7 @@ class MemoryPredictor:
         recompute: bool = False,
         recomputed: MemoryPredictor | None = None,
         device_type: str = "cpu",
+        zero_layout: ZeroLayout | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -206,6 +208,9 @@ class MemoryPredictor:
         ``"recompute": "full"``, this one the others. A stage's memory depends on its own layers, kind, degree,
         schedule position and recompute, not on whether its neighbours recompute (what crosses a boundary has the
         model's shapes either way), so the two profiles compose stage by stage; profiling both doubles the runs."""
+        self.zero_layout = zero_layout
+        """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
+        profile] in predict/zero.py); None for a profile that did not record them."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -283,6 +288,7 @@ class MemoryPredictor:
         """
         db.require_memory()
         meta = db.meta
+        shapes = meta.get("parameter_shapes")
         return cls(
             db.statistics,
             num_layers=meta["num_layers"],
@@ -295,6 +301,7 @@ class MemoryPredictor:
             stash=db.weight_stash,
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
             device_type=db.run_options.get("device_type", "cpu"),
+            zero_layout=None if shapes is None else ZeroLayout(shapes),
         )
 
     @property
@@ -322,6 +329,13 @@ class MemoryPredictor:
     # ------------------------------------------------------------------ per stage
     def _scenario(self, kind: str, degree: int) -> tuple[str, int]:
         return ("none", 1) if degree == 1 else (kind, degree)
+
+    def _zero_source(self, kind: str, zero: int) -> str | None:
+        """The profiled kind a ZeRO stage is predicted from ([Note: predicting ZeRO from a profile]), or None
+        where the profile cannot say (ZeRO-2, ZeRO of a data x tensor stage, no parameter shapes recorded)."""
+        if self.zero_layout is None or kind != "data":
+            return None
+        return {1: "data", 3: "data-zero3"}.get(zero)
 
     def profiled_degrees(self, kind: str) -> list[int]:
         """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
@@ -364,10 +378,13 @@ class MemoryPredictor:
         return float(np.max(peak_terms(self.schedule, stages_after, self.num_microbatches) @ q[:_PEAK]))
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0) -> float:
         """Predicted per-device peak bytes of a stage (``inf`` if the profile cannot predict it); a "data+tensor"
         stage of ``degree`` devices gives its ``tensor_degree`` too ([Note: a data x tensor stage is a tensor
-        stage at a smaller batch])."""
+        stage at a smaller batch]); a ZeRO stage its level, and the value is its largest device's."""
+        if zero:
+            peaks = self.zero_peaks(start, stop, kind, zero, degree, stages_after)
+            return math.inf if peaks is None else max(peaks)
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return math.inf if replica is None else replica.stage_memory(start, stop, "tensor", tensor_degree, stages_after)
@@ -387,11 +404,33 @@ class MemoryPredictor:
         beta = (p1 - p2) / (1 / d1 - 1 / d2)
         return p2 - beta / d2 + beta / degree
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
+    def zero_peaks(self, start: int, stop: int, kind: str, zero: int, degree: int, stages_after: int) -> list[float] | None:
+        """Each rank's predicted peak of a ZeRO stage (None if the profile cannot say; [Note: predicting ZeRO from a
+        profile]): the profiled stage's quantities with the rank's ``static`` and step transient, replayed; a
+        fitted degree moves the fitted peak by the static difference alone."""
+        source, layout = self._zero_source(kind, zero), self.zero_layout
+        if source is None or layout is None:
+            return None
+        q = self.span_quantities(start, stop, source, degree) if (source, degree) in self.stats else None
+        if q is None or self.method == "capture":
+            base = self.stage_memory(start, stop, source, degree, stages_after)
+            if not math.isfinite(base):
+                return None
+            return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
+        terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
+        out = []
+        for r in range(degree):
+            v = q[:_PEAK].copy()
+            v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
+            v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
+            out.append(float(np.max(terms @ v)))
+        return out
+
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
         """Whether the profile predicts this stage config (and its batch split is possible)."""
-        if kind == "data" and degree > 1 and self.microbatch_size % degree:
+        if kind in ("data", "data-zero3") and degree > 1 and self.microbatch_size % degree:
             return False
-        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree))
+        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree, zero=zero))
 
     def _replica(self, degree: int, tensor_degree: int) -> MemoryPredictor | None:
         """The predictor of one replica of a "data+tensor" stage (None if the micro-batch does not split)."""
@@ -405,14 +444,23 @@ class MemoryPredictor:
         return self._replicas[data]
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
         """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable)."""
         L = num_layers
         out = np.full((L, L + 1), math.inf)
+        if zero:
+            source = self._zero_source(kind, zero)
+            if source is None or self.zero_layout is None:
+                return out
+            base = self.stage_memory_matrix(source, degree, stages_after, L)
+            for start, stop in zip(*np.nonzero(np.isfinite(base))):
+                peaks = self.zero_peaks(int(start), int(stop), kind, zero, degree, stages_after)
+                out[start, stop] = math.inf if peaks is None else max(peaks)
+            return out
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
             return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
-        if kind == "data" and degree > 1 and self.microbatch_size % degree:
+        if kind in ("data", "data-zero3") and degree > 1 and self.microbatch_size % degree:
             return out
         if degree != 1 and (kind, degree) not in self.stats:
             degrees = self.profiled_degrees(kind)
@@ -467,6 +515,7 @@ class MemoryPredictor:
             recomputed=None if self.recomputed is None else self.recomputed.retargeted(
                 schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
             device_type=self.device_type,
+            zero_layout=self.zero_layout,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -500,7 +549,10 @@ class MemoryPredictor:
             # stage predicted at the global batch B/d (same micro-batch count).
             base = self.recomputed if stage.recompute == "full" and not self.recompute else self
             assert base is not None  # _check_measured_kinds refused a recomputed stage without a recompute profile
-            source, kind, degree = base, stage.kind, stage.degree
+            source, degree = base, stage.degree
+            kind: str = stage.kind
+            if stage.zero:  # [Note: predicting ZeRO from a profile] (predict/zero.py); refused by now if unpredictable
+                kind = base._zero_source(kind, stage.zero) or kind
             if kind == "data+tensor":
                 replica = base._replica(stage.degree, stage.tensor_degree)
                 if replica is not None:
@@ -514,11 +566,23 @@ class MemoryPredictor:
             q = source.span_quantities(stage.start, stage.stop, kind, degree)
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
+            ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
+            peaks = base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after) if stage.zero else None
             for d in stage.devices:
-                peak = int(round(value))
+                mine, peak = breakdown, value
+                if peaks is not None and base.zero_layout is not None:
+                    r = ranks.index(d)
+                    peak = peaks[r]
+                    if breakdown:
+                        mine = {**breakdown,
+                                "static": breakdown["static"] + base.zero_layout.static_delta(stage.start, stage.stop,
+                                                                                             stage.zero, degree, r),
+                                "step_transient": breakdown["step_transient"] + base.zero_layout.step_delta(
+                                    stage.start, stage.stop, stage.zero, degree, r)}
+                rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)
-                devices.append(DevicePrediction(d, i, peak, flight, breakdown, overhead_bytes=outside,
-                                                total_bytes=None if outside is None else peak + outside))
+                devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
+                                                total_bytes=None if outside is None else rounded + outside))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
 
@@ -538,11 +602,9 @@ class MemoryPredictor:
         the profile ran without it (their memory differs from what the statistics hold, so a prediction would be
         silently wrong). A profile taken with recompute predicts every stage recomputed, as its runs did."""
         for i, stage in enumerate(plan.stages):
+            base = self.recomputed if stage.recompute == "full" and not self.recompute and self.recomputed else self
             if stage.zero:
-                raise ProfileError(f"stage {i} ({stage.describe()}) uses ZeRO-{stage.zero} sharding, which the profile"
-                                   " does not measure yet",
-                                   fix="count it exactly on simulated devices instead ('hybridplan run --backend sim"
-                                   " --plan PLAN ...': no GPU needed), or drop \"zero\" from the stage to predict it")
+                self._check_zero(i, stage, base)
             if stage.recompute == "full" and not self.recompute and self.recomputed is None:
                 raise ProfileError(
                     f"stage {i} ({stage.describe()}) recomputes its activations; the profile was taken without recompute",
@@ -550,9 +612,26 @@ class MemoryPredictor:
                     " --recompute-db, or drop \"recompute\" from the stage",
                 )
 
+    @staticmethod
+    def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
+        """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
+        where = f"stage {i} ({stage.describe()})"
+        instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
+        if stage.kind != "data" or stage.zero == 2:
+            what = "ZeRO-2" if stage.zero == 2 else f"ZeRO-{stage.zero} of a {stage.kind} stage"
+            raise ProfileError(f"{where}: {what} is not yet predicted from a profile", fix=instead)
+        if base.zero_layout is None:
+            raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
+                               fix="run the same 'hybridplan profile' command on the database again: it resumes and"
+                               " records them")
+        if stage.zero == 3 and not base.profiled_degrees("data-zero3"):
+            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario",
+                               fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)
-        name = "pipeline" if key[0] == "none" else f"{key[0]}{key[1]}"
+        name = "pipeline" if key[0] == "none" else f"{key[0].split('-')[0]}{key[1]}" + (
+            f"-{key[0].split('-')[1]}" if "-" in key[0] else "")
         sizes = self.stats.get(key)
         if not sizes:
             profiled = self.profiled_degrees(kind)
@@ -593,17 +672,18 @@ class UnitView:
         return len(self.bounds) - 1
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0) -> float:
         return self.predictor.stage_memory(self.bounds[start], self.bounds[stop], kind, degree, stages_after,
-                                           tensor_degree=tensor_degree)
+                                           tensor_degree=tensor_degree, zero=zero)
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0) -> bool:
-        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree, tensor_degree=tensor_degree)
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
+        return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree, tensor_degree=tensor_degree,
+                                      zero=zero)
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
         full = self.predictor.stage_memory_matrix(kind, degree, stages_after, self.predictor.num_layers,
-                                                  tensor_degree=tensor_degree)
+                                                  tensor_degree=tensor_degree, zero=zero)
         b = np.array(self.bounds)
         return full[np.ix_(b[:-1], b)]
 

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
-from hybridplan.models.base import LayeredModel
+from hybridplan.models.base import LayeredModel, parameter_shapes
 from hybridplan.plan import Plan, Schedule, as_schedule
 from hybridplan.plan import StagePlan
 from hybridplan.profiling.merger import LayerGroups, merge_layers
@@ -63,6 +63,8 @@ class CampaignConfig:
     """Profiled global batch sizes (two); default B/2 and B/4 (seed 000 III-A2)."""
     scenarios: tuple[Scenario, ...] | None = None
     """Default: pipeline, data2, data4, tensor2, tensor4 where possible (:func:`default_scenarios`)."""
+    zero: bool = False
+    """Profile ZeRO-3 data-parallel scenarios too (:func:`default_scenarios`), for predicting ZeRO stages."""
     neighbors: int | None = None
     """Chain length per anchor for M_a; default ceil(L / G) as Description 1."""
     seed: int = 0
@@ -102,9 +104,11 @@ class CampaignSummary:
     seconds: float = 0.0
 
 
-def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: list[int]) -> list[Scenario]:
+def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: list[int], *,
+                      zero: bool = False) -> list[Scenario]:
     """Pipeline, and data/tensor at 2 and 4 where a node has the devices, the micro-batches split, and
-    (for tensor) at least one layer can be split."""
+    (for tensor) at least one layer can be split; with ``zero``, data-parallel ZeRO-3 at each data degree too
+    (at most twice the runs: a ZeRO-3 scenario packs the same spans as its data scenario; predict/zero.py)."""
     out = [Scenario("none", 1)]
     for degree in (2, 4):
         if degree > cluster.devices_per_node:
@@ -112,6 +116,8 @@ def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: l
         g = model.sample_granularity
         if all(b % degree == 0 and (b // degree) % g == 0 for b in microbatch_sizes):
             out.append(Scenario("data", degree))
+            if zero:
+                out.append(Scenario("data", degree, 3))
         if any(model.tensor_parallel_problem(l, degree) is None for l in range(model.num_layers)):
             out.append(Scenario("tensor", degree))
     return out
@@ -151,7 +157,8 @@ class Campaign:
         self.L = self.model.num_layers
         self.batch_sizes = self._batch_sizes()
         micro = [b // cfg.num_microbatches for b in self.batch_sizes]
-        self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro)
+        self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro,
+                                                                                           zero=cfg.zero)
         self._check_scenarios(micro)
         self.groups = LayerGroups(store.get_meta("merge_groups")) if store.get_meta("merge_groups") else None
         self._record_meta()
@@ -207,6 +214,8 @@ class Campaign:
         for key in ("model", "num_layers", "global_batch_size", "num_microbatches", "batch_sizes"):
             self.store.set_meta(key, identity[key])
         self.store.set_meta("schedule", cfg.schedule)
+        if self.store.get_meta("parameter_shapes") is None:
+            self.store.set_meta("parameter_shapes", parameter_shapes(self.model))
         self.store.set_meta("scenarios", [s.name for s in self.scenarios])
         self.store.set_meta("neighbors", {s.name: self._neighbors(s) for s in self.scenarios})
 

@@ -102,7 +102,7 @@ def measurements_of(outcome: RunOutcome, plan: Plan, batch: int) -> list[dict[st
         s = plan.stages[d["stage"]]
         rows.append({
             "device": d["device"], "stage": d["stage"], "start": s.start, "stop": s.stop,
-            "kind": "none" if s.degree == 1 else s.parallelism, "degree": s.degree,
+            "kind": "none" if s.degree == 1 else s.parallelism + (f"-zero{s.zero}" if s.zero else ""), "degree": s.degree,
             "batch_size": batch, "microbatch_size": plan.microbatch_size,
             "peak": d["peak_memory_bytes"], "quantities": quantities_from_report(d), "timeline": d["timeline"],
         })

@@ -31,26 +31,38 @@ __all__ = ["Scenario", "Span", "ProfilingRun", "required_spans", "pack_run", "de
 
 @dataclass(frozen=True, order=True)
 class Scenario:
-    """A training scenario whose stages are profiled: pipeline-only, or data/tensor-parallel at a degree."""
+    """A training scenario whose stages are profiled: pipeline-only, or data/tensor-parallel at a degree, or
+    data-parallel with ZeRO-3 sharding (``zero=3``: predict/zero.py says why only that level is profiled)."""
 
     kind: Parallelism
     """"none", "data" or "tensor"."""
     degree: int
+    zero: int = 0
+    """ZeRO level of the measured data-parallel stages (0: unsharded)."""
 
     @property
     def name(self) -> str:
-        """``"pipeline"``, ``"data2"``, ``"tensor4"``, ..."""
-        return "pipeline" if self.kind == "none" else f"{self.kind}{self.degree}"
+        """``"pipeline"``, ``"data2"``, ``"tensor4"``, ``"data2-zero3"``, ..."""
+        base = "pipeline" if self.kind == "none" else f"{self.kind}{self.degree}"
+        return f"{base}-zero{self.zero}" if self.zero else base
+
+    @property
+    def measured_kind(self) -> str:
+        """The ``kind`` its measurements and statistics are filed under: the parallelism, ``-zero3`` added."""
+        return f"{self.kind}-zero{self.zero}" if self.zero else self.kind
 
     @classmethod
     def parse(cls, name: str) -> Scenario:
         """Inverse of :attr:`name`."""
+        base, _, zero = name.partition("-zero")
+        if zero and zero.isdigit() and base.startswith("data") and base[4:].isdigit():
+            return cls("data", int(base[4:]), int(zero))
         if name == "pipeline":
             return cls("none", 1)
         for kind in ("data", "tensor"):
             if name.startswith(kind) and name[len(kind) :].isdigit():
                 return cls(kind, int(name[len(kind) :]))
-        raise ProfileError(f"unknown scenario {name!r}", fix="use pipeline, data<d> or tensor<d>, e.g. tensor2")
+        raise ProfileError(f"unknown scenario {name!r}", fix="use pipeline, data<d>, tensor<d> or data<d>-zero3, e.g. tensor2")
 
 
 @dataclass(frozen=True, order=True)
@@ -198,6 +210,7 @@ def pack_run(
     for span, measured in pieces:
         degree = scenario.degree if measured else 1
         kind: Parallelism = scenario.kind if measured and degree > 1 else "none"
-        stages.append(StagePlan(span.start, span.stop, kind, degree, tuple(range(next_device, next_device + degree))))
+        stages.append(StagePlan(span.start, span.stop, kind, degree, tuple(range(next_device, next_device + degree)),
+                                zero=scenario.zero if kind == "data" else 0))
         next_device += degree
     return ProfilingRun(scenario, tuple(stages), tuple(chosen))

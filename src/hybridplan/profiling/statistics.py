@@ -169,7 +169,7 @@ def statistics_of(
     bounds: list[int] | None = None,
 ) -> SpanStatistics | None:
     """The statistics of one scenario at one profiled batch size, from the stored measurements (None if none)."""
-    ms = store.measurements(kind=scenario.kind, degree=scenario.degree, batch_size=batch)
+    ms = store.measurements(kind=scenario.measured_kind, degree=scenario.degree, batch_size=batch)
     return build_statistics(ms, num_layers=num_units, anchor=anchor, bounds=bounds) if ms else None
 
 
@@ -188,7 +188,7 @@ def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStati
         for batch in meta["batch_sizes"]:
             stats = statistics_of(store, scenario, batch, L if merged is None else len(merged) - 1, anchor, merged)
             if stats is not None:
-                out.setdefault((scenario.kind, scenario.degree), []).append(stats)
+                out.setdefault((scenario.measured_kind, scenario.degree), []).append(stats)
     return out
 
 

@@ -72,6 +72,7 @@ def plan_memory(
     mode: MemoryMode = "exact",
     pipeline_only: bool = False,
     composite: bool = False,
+    zero: bool = False,
     fewest: bool = False,
     seed: int = 0,
     progress: ProgressCallback | None = None,
@@ -88,6 +89,8 @@ def plan_memory(
         pipeline_only: mCAP's space (degree-1 stages only).
         composite: the extended space: stages of data x tensor devices too (predicted from the tensor
             scenario's statistics: predict/memory.py).
+        zero: data stages sharded by ZeRO-1 and ZeRO-3 too (predict/zero.py; ZeRO-3 where the profile has its
+            scenario).
         fewest: the smallest sub-mesh of ``cluster`` on which the model fits (needs a capacity).
         seed: the Bayesian search's seed.
         progress: long searches report here (rate-limited, search/progress.py).
@@ -123,7 +126,7 @@ def plan_memory(
                                composite=composite, progress=progress)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
-        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite)
+        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero)
         if mode == "bayesian":
             result = solve_bayesian(model, space, seed=seed, progress=progress)
         elif mode == "exhaustive":

@@ -31,12 +31,14 @@ def test_the_extended_space_holds_more_plans():
 
 @settings(max_examples=40, deadline=None)
 @given(layers=st.integers(2, 7), nodes=st.integers(1, 2), k=st.sampled_from([4, 8]), horizon=st.integers(1, 3),
-       seed=st.integers(0, 1000), levels=st.integers(2, 4))
-def test_exact_equals_exhaustive_on_the_extended_space(layers, nodes, k, horizon, seed, levels):
+       seed=st.integers(0, 1000), levels=st.integers(2, 4), zero=st.booleans())
+def test_exact_equals_exhaustive_on_the_extended_space(layers, nodes, k, horizon, seed, levels, zero):
+    """With ``zero`` the ZeRO-1/ZeRO-3 data stages too (tests/search/memory/test_zero_space.py)."""
     if layers < nodes:
         return
-    space = PlanSpace(layers, nodes, k, composite=True)
-    model = TableStageModel.random(layers, k, horizon=horizon, seed=seed, levels=levels, p_disallowed=0.2, composite=True)
+    space = PlanSpace(layers, nodes, k, composite=True, zero=zero)
+    model = TableStageModel.random(layers, k, horizon=horizon, seed=seed, levels=levels, p_disallowed=0.2, composite=True,
+                                   zero=zero)
     try:
         exhaustive = solve_exhaustive(model, space)
     except Exception as e:  # every plan disallowed: both must say so
@@ -44,8 +46,8 @@ def test_exact_equals_exhaustive_on_the_extended_space(layers, nodes, k, horizon
             solve_exact(model, space)
         return
     exact = solve_exact(model, space)
-    assert [(s.start, s.stop, s.kind, s.degree, s.tensor_degree) for s in exact.stages] == \
-        [(s.start, s.stop, s.kind, s.degree, s.tensor_degree) for s in exhaustive.stages]
+    assert [(s.start, s.stop, s.kind, s.degree, s.tensor_degree, s.zero) for s in exact.stages] == \
+        [(s.start, s.stop, s.kind, s.degree, s.tensor_degree, s.zero) for s in exhaustive.stages]
     assert exact.peak == exhaustive.peak
 
 

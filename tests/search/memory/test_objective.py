@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from hybridplan.errors import PlanError
 from hybridplan.search.memory.exact import solve_exact
 from hybridplan.search.memory.objective import StageTable, leximax_key
-from hybridplan.search.memory.space import PlanSpace
+from hybridplan.search.memory.space import PlanSpace, StageConfig
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
 from tests.search.search_reference import paper_order_key
 
@@ -56,8 +56,8 @@ def test_stage_table_matrix_and_call_paths_agree_bit_for_bit() -> None:
 
     fast, slow = StageTable(model, space), StageTable(CallsOnly(), space)
     assert np.array_equal(fast.values, slow.values)
-    assert np.isinf(fast.values[space.configs.index(("tensor", 2, 0)), :, 0, 9]).all()  # the head is not tensor-parallel
-    assert np.isinf(fast.values[space.configs.index(("data", 4, 0))]).all()  # 4 does not divide the micro-batch of 2
+    assert np.isinf(fast.values[space.configs.index(StageConfig("tensor", 2)), :, 0, 9]).all()  # the head is not tensor-parallel
+    assert np.isinf(fast.values[space.configs.index(StageConfig("data", 4))]).all()  # 4 does not divide the micro-batch of 2
 
 
 def test_stage_table_caps_positions_at_the_deepest_pipeline() -> None:

@@ -218,11 +218,13 @@ class PlacedStage:
     """Predicted per-device peak bytes of each of its devices."""
     tensor_degree: int = 0
     """The tensor degree of a "data+tensor" stage (0 otherwise)."""
+    zero: int = 0
+    """The ZeRO level of a sharded data stage (0 otherwise)."""
 
     @property
     def label(self) -> str:
         """E.g. ``tensor x2`` or ``data x2 + tensor x2``."""
-        return StageConfig(self.kind, self.degree, self.tensor_degree).label
+        return StageConfig(self.kind, self.degree, self.tensor_degree, self.zero).label
 
 
 @dataclass(frozen=True)
@@ -262,7 +264,7 @@ class SearchResult:
             schedule=as_schedule(schedule),
             global_batch_size=global_batch_size,
             num_microbatches=num_microbatches,
-            stages=tuple(StagePlan(s.start, s.stop, s.kind, s.degree, s.devices, {}, s.tensor_degree)
+            stages=tuple(StagePlan(s.start, s.stop, s.kind, s.degree, s.devices, {}, s.tensor_degree, s.zero)
                          for s in self.stages),
         )
         plan.validate(num_layers=self.num_layers,
@@ -288,7 +290,7 @@ def build_result(solver: str, space: PlanSpace, value_of: Callable[[StageChoice,
     for i, (c, devs) in enumerate(zip(choices, devices)):
         cfg = space.configs[c.config]
         v = value_of(c, n - 1 - i)
-        stages.append(PlacedStage(c.start, c.stop, cfg.kind, cfg.degree, devs, v, cfg.tensor_degree))
+        stages.append(PlacedStage(c.start, c.stop, cfg.kind, cfg.degree, devs, v, cfg.tensor_degree, cfg.zero))
         for d in devs:
             per_device[d] = v
     return SearchResult(

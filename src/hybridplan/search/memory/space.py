@@ -69,19 +69,22 @@ class StageConfig(NamedTuple):
     kind: Parallelism
     degree: int
     tensor_degree: int = 0
+    zero: int = 0
+    """ZeRO level of a "data" stage (0: unsharded; predict/zero.py)."""
 
     @property
     def model_kwargs(self) -> dict[str, int]:
         """What a stage-memory model is told beyond ``(kind, degree)``: the tensor degree of a data x tensor
-        stage (the protocol in search/memory/objective.py), nothing for the other kinds."""
-        return {"tensor_degree": self.tensor_degree} if self.kind == "data+tensor" else {}
+        stage, the ZeRO level of a sharded one (the protocol in search/memory/objective.py), nothing else."""
+        more = {"tensor_degree": self.tensor_degree} if self.kind == "data+tensor" else {}
+        return {**more, "zero": self.zero} if self.zero else more
 
     @property
     def label(self) -> str:
-        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``."""
+        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``."""
         if self.kind == "data+tensor":
             return f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
-        return f"{self.kind} x{self.degree}"
+        return f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
 
 
 class StageChoice(NamedTuple):
@@ -93,13 +96,14 @@ class StageChoice(NamedTuple):
 
 
 def stage_configs(devices_per_node: int, *, pipeline_only: bool = False,
-                  composite: bool = False) -> tuple[StageConfig, ...]:
+                  composite: bool = False, zero: bool = False) -> tuple[StageConfig, ...]:
     """The stage configs of a node of ``devices_per_node`` devices, in canonical order.
 
     The order is by kind (none < data < tensor < data+tensor), then degree, then tensor degree, so that
     comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
-    powers of two, together at most a node): the extended space; without it the space is CAPTURE's.
+    powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
+    adds, last, the data stages sharded by ZeRO-1 and ZeRO-3 (the levels a profile predicts, predict/zero.py).
 
     >>> [f"{c.kind}{c.degree}" for c in stage_configs(4)]
     ['none1', 'data2', 'data4', 'tensor2', 'tensor4']
@@ -115,6 +119,7 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False,
         + tuple(StageConfig("data", d) for d in degrees)
         + tuple(StageConfig("tensor", d) for d in degrees)
         + (tuple(sorted(both, key=lambda c: (c.degree, c.tensor_degree))) if composite else ())
+        + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in degrees) if zero else ())
     )
 
 
@@ -249,6 +254,8 @@ class PlanSpace:
     """Upper bound on the pipeline depth; ``None``: no bound beyond the devices and layers."""
     composite: bool = False
     """The extended space: also stages of data x tensor devices (:func:`stage_configs`)."""
+    zero: bool = False
+    """Also data stages sharded by ZeRO-1 and ZeRO-3 (:func:`stage_configs`)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_nodes", "devices_per_node"):
@@ -277,9 +284,9 @@ class PlanSpace:
 
     @classmethod
     def for_cluster(cls, cluster: Cluster, num_layers: int, *, pipeline_only: bool = False,
-                    max_stages: int | None = None, composite: bool = False) -> PlanSpace:
+                    max_stages: int | None = None, composite: bool = False, zero: bool = False) -> PlanSpace:
         """The space of a :class:`~hybridplan.plan.cluster.Cluster`'s mesh."""
-        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite)
+        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite, zero)
 
     @property
     def num_devices(self) -> int:
@@ -313,7 +320,8 @@ class PlanSpace:
     @cached_property
     def configs(self) -> tuple[StageConfig, ...]:
         """The stage configs, in canonical order."""
-        return stage_configs(self.devices_per_node, pipeline_only=self.pipeline_only, composite=self.composite)
+        return stage_configs(self.devices_per_node, pipeline_only=self.pipeline_only, composite=self.composite,
+                             zero=self.zero)
 
     @property
     def packing(self) -> MeshPacking:

@@ -1,0 +1,126 @@
+"""What ZeRO changes in a data-parallel stage's memory, computed from the parameters' shapes (no run).
+
+[Note: predicting ZeRO from a profile] A ZeRO stage (``"zero": 1|2|3``, runtime/sharding.py) holds, per
+device, exactly what an unsharded data-parallel stage holds except for what ZeRO shards, and what it shards
+is a function of the parameters' shapes alone, which the profile records (models/base.py
+``parameter_shapes``, on the meta device). Measured on the simulated devices (gpt-tiny, layers 0-4 as 2
+replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
+
+- **ZeRO-1** (``ZeroRedundancyOptimizer``): every forward, backward and gradient byte is the data stage's;
+  only the optimizer state differs: a device keeps the AdamW moments (2 x its parameters' bytes) and step
+  counters (a 0-dim fp32 tensor each: torch/optim/adamw.py, not capturable) of its share of the parameters,
+  not of all (static 2,510,088 = 3P + 4n unsharded -> 1,673,340 and 1,673,356). The share is
+  ``ZeroRedundancyOptimizer._partition_parameters``'s (torch/distributed/optim/zero_redundancy_optimizer.py):
+  whole parameters, sorted by size (largest first, stable), each to the rank holding the fewest elements
+  so far (the first such). :func:`zero1_shares` recomputes it, so the ZeRO-1 stage is the data stage's
+  prediction with ``static`` moved by :meth:`ZeroLayout.static_delta`: no profiling run is added. Its step
+  transient follows the rank's share too: AdamW's single-tensor step (the CPU runtime's, ``foreach=False``)
+  holds two temporaries of one parameter's size at once (torch/optim/adam.py ``_single_tensor_adam``:
+  ``exp_avg_sq.sqrt() / bias_correction2_sqrt``), so the transient moves by twice the difference between the
+  largest parameter of the share and of the stage (:meth:`ZeroLayout.step_delta`; measured: the MLP's 8,192
+  bytes unsharded, 8,192 and 2,560 on its two ranks; gpt-tiny's ranks measure 196,608 against 132,096
+  unsharded, 64 KiB above this rule: the step sets a gpt-tiny stage's peak only when the gradients outweigh the
+  activations in flight).
+- **ZeRO-3** (FSDP2 ``fully_shard`` per layer): what FSDP allocates inside a forward and a backward (a layer's
+  all-gathered parameters, the unsharded gradients before their reduce-scatter, the next layer prefetched in a
+  backward) is a transient whose size depends on the layers' order and on the moment it overlaps the layer's
+  own temporaries, which the profile's span statistics cannot place (they keep the maximum over the span).
+  So ZeRO-3 is profiled: a ``data<d>-zero3`` scenario per data degree packs the same spans as ``data<d>``
+  (``hybridplan profile --zero``; at most twice the runs of a profile without it). Its devices differ only in
+  the optimizer state of their dim-0 chunks (FSDP2 ``_init_sharded_param``: ``torch.chunk`` rows, the last
+  ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
+  first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
+- **ZeRO-2** (``reshard_after_forward=False``) keeps a layer's gathered parameters from the first forward
+  after a backward until the next backward, which frees them: a level that rises in some forwards and not in
+  others, unlike every quantity of profiling/quantities.py. Not predicted yet (the predictor says so).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+__all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
+
+STEP_COUNTER_BYTES = 4
+"""AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
+dtype is float64; torch/optim/adam.py ``_init_group``, not capturable/fused as the runtime builds it); counted as
+4 bytes per parameter tensor by the exact tracker (measured: static = 3P + 4n)."""
+
+_MOMENTS = 2
+"""AdamW keeps ``exp_avg`` and ``exp_avg_sq``, each the parameter's size and dtype (torch/optim/adam.py)."""
+
+
+def zero1_shares(numels: Sequence[int], world: int) -> list[list[int]]:
+    """Indices of the parameters each rank's ``ZeroRedundancyOptimizer`` steps (its partition, recomputed).
+
+    Sorted by size, largest first (a stable sort: ties keep the parameters' order), each parameter goes to the
+    rank with the fewest elements so far, the lowest rank on ties
+    (``ZeroRedundancyOptimizer._partition_parameters`` and ``_get_min_index``).
+
+    >>> zero1_shares([4, 10, 4, 3], 2)
+    [[1], [0, 2, 3]]
+    """
+    shares: list[list[int]] = [[] for _ in range(world)]
+    sizes = [0] * world
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        rank = sizes.index(min(sizes))
+        shares[rank].append(i)
+        sizes[rank] += numels[i]
+    return [sorted(s) for s in shares]
+
+
+def fsdp_rows(dim0: int, world: int, rank: int) -> int:
+    """Rows of a parameter's dim 0 that FSDP2 gives ``rank`` of ``world``: ``torch.chunk``'s chunks of
+    ``ceil(dim0 / world)`` rows, the last ones smaller or empty (``_chunk_with_empty``)."""
+    chunk = math.ceil(dim0 / world)
+    return max(0, min(chunk, dim0 - rank * chunk))
+
+
+class ZeroLayout:
+    """The trained parameters of every layer, as a profile records them: ``[bytes per element, *shape]``.
+
+    Args:
+        shapes: per layer, per parameter (``parameters()`` order), ``[element bytes, *shape]``.
+    """
+
+    def __init__(self, shapes: Sequence[Sequence[Sequence[int]]]) -> None:
+        self.shapes = [[(int(p[0]), tuple(int(x) for x in p[1:])) for p in layer] for layer in shapes]
+
+    def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
+        return [p for layer in self.shapes[start:stop] for p in layer]
+
+    @staticmethod
+    def _state(element: int, numel: int) -> int:
+        return _MOMENTS * element * numel + STEP_COUNTER_BYTES
+
+    def optimizer_bytes(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """AdamW state bytes that ``rank`` of a ``degree``-way stage ``[start, stop)`` holds at ZeRO ``zero``."""
+        params = self._params(start, stop)
+        numels = [math.prod(shape) for _, shape in params]
+        if zero == 0:
+            return sum(self._state(e, n) for (e, _), n in zip(params, numels))
+        if zero == 1:
+            share = zero1_shares(numels, degree)[rank]
+            return sum(self._state(params[i][0], numels[i]) for i in share)
+        out = 0
+        for element, shape in params:
+            dims = shape or (1,)
+            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]))
+        return out
+
+    def static_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """Static bytes of ``rank`` minus those of the profiled device it is predicted from: for ZeRO-1 the
+        unsharded data stage (every rank's optimizer state), for ZeRO-2/3 the first rank of the same sharding."""
+        base = self.optimizer_bytes(start, stop, 0 if zero == 1 else zero, degree, 0)
+        return self.optimizer_bytes(start, stop, zero, degree, rank) - base
+
+    def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
+        parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
+        if zero != 1:
+            return 0
+        params = self._params(start, stop)
+        sizes = [e * math.prod(shape) for e, shape in params]
+        share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
+        return 2 * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
