@@ -4,6 +4,7 @@ through the CLI."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -159,6 +160,9 @@ def test_profile_time_cli_on_the_real_runtime(tmp_path, capsys):
     profile = TimeProfile.load(out)
     assert {(t.tensor_degree, t.micro_batch_size) for t in profile.timings} == {(1, 4), (2, 4)}
     assert all(sum(t.forward_s) > 0 and sum(t.backward_s) > 0 for t in profile.timings)
+    # AdamW's step takes time; the overhead is a residual, >= 0 by construction
+    assert all(t.optimizer_s_per_byte and t.optimizer_s_per_byte > 0 and t.overhead_s is not None for t in profile.timings)
+    assert profile.host_cores == len(os.sched_getaffinity(0))
     assert "2 timing runs executed" in capsys.readouterr().out
     assert main(argv) == 0
     assert "0 timing runs executed, 2 resumed" in capsys.readouterr().out

@@ -62,7 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead of memory, measure per-layer forward/backward seconds on the real runtime (table layer_times)")
     t.add_argument("--time-out", metavar="FILE", help="also write the layer times as a time-profile JSON")
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
-    t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
+    t.add_argument("--time-micro-batch-sizes", metavar="B1,B2,...",
+                   help="micro-batch sizes to time, e.g. 1,2,4 (default: the target's and its half: two runs per degree);"
+                   " between them a layer's time is interpolated, outside them extrapolated as max(fixed, per-sample x b)"
+                   " (docs/time.md)")
     t.add_argument("--time-max-layers", type=positive_int, help="at most this many consecutive layers per timing run (default: all)")
     p.set_defaults(handler=handle)
 

@@ -22,6 +22,11 @@ AMP ``known_cost/<model>_<instance>_<tp>.npy`` (Li et al. NeurIPS'22, seed 002; 
     micro-batch of 1, measured inside a tensor-parallel group of that size (so tensor-parallel communication is
     in the times). AMP takes backward = 2 x forward (its ``cost_homo.py``: "We model backward time as forward
     time * 2"); the files hold no sizes, so the caller describes the layers (:func:`amp_gpt2_layers` for GPT-2).
+
+Both formats hold ONE micro-batch size per layer, and no optimizer step or per-iteration overhead. An imported
+profile is therefore read as before: layer time proportional to the samples of a micro-batch (AMP section 3.4;
+[Note: time vs micro-batch size] in time_profile.py: with one size, the roofline's fixed cost is 0), and the
+time model adds no step and no overhead term (``optimizer_s_per_byte`` and ``overhead_s`` are null).
 """
 
 from __future__ import annotations
