@@ -190,8 +190,12 @@ def _time(args: argparse.Namespace) -> int:
     for failure in summary.failed:
         print(f"  failed: {failure}")
     for t in profile.timings:
+        extra = ""
+        if t.optimizer_s_per_byte is not None and t.overhead_s is not None:
+            extra = (f"; optimizer step {t.optimizer_s_per_byte * 2**20 * 1e3:.3f} ms per MiB of parameters,"
+                     f" other {t.overhead_s * 1e3:.2f} ms per iteration")
         print(f"  {t.device_type} tensor x{t.tensor_degree}, micro-batch {t.micro_batch_size}: forward"
-              f" {sum(t.forward_s) * 1e3:.2f} ms, backward {sum(t.backward_s) * 1e3:.2f} ms per micro-batch")
+              f" {sum(t.forward_s) * 1e3:.2f} ms, backward {sum(t.backward_s) * 1e3:.2f} ms per micro-batch{extra}")
     if args.time_out:
         write_output(args.time_out, profile.to_json(), "--time-out")
         print(f"time profile written to {args.time_out}")
