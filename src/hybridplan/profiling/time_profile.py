@@ -571,8 +571,8 @@ def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] 
 
 def _costs_of(runs: Sequence[tuple[int, int, float, float, float]]) -> tuple[float | None, float | None]:
     """(optimizer seconds per parameter byte, overhead seconds) of one timing table from its runs' costs
-    (profiling/timing.py, [Note: optimizer step and overhead]): the steps of all chunks over all their bytes;
-    the largest chunk's overhead (each chunk run pays the per-iteration costs once, as a stage would)."""
+    (profiling/timing.py, [Note: optimizer step and overhead]): the steps of all chunk runs over all their bytes;
+    the largest overhead of a chunk run (each pays the per-iteration costs once, as one stage would)."""
     if not runs:
         return None, None
     nbytes = sum(r[2] for r in runs)
