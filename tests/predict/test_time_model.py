@@ -193,6 +193,7 @@ def test_processes_sharing_cpu_cores_slow_down_by_hand() -> None:
     t = predict_iteration_time(plan, _with_costs(0.01, 0.5, host_cores=1), _cluster(1, 2, 1e15, 1e15))
     assert [s.compute_s for s in t.stages] == pytest.approx([36.0, 6.0])
     assert t.total_s == pytest.approx(158.0)
+    assert "stage seconds up to x2.00" in t.table() and t.to_dict()["stages"][0]["core_sharing"] == 2.0
     # the same plan across two nodes: one process per node, nothing shared: 3 * 18 + 21 + 3 + 1 = 79
     assert predict_iteration_time(plan, _with_costs(0.01, 0.5, host_cores=1), _cluster(2, 1, 1e15, 1e15)).total_s == pytest.approx(79.0)
     # a tensor x2 stage was timed with 2 processes on the 1 core already: no further slowdown on 2 devices

@@ -125,6 +125,8 @@ class StageTime:
     """The optimizer step, once per iteration ([Note: the terms AMP leaves out])."""
     overhead_s: float = 0.0
     """Per-iteration seconds beyond layers and step, once per iteration."""
+    sharing: float = 1.0
+    """The CPU core-sharing factor already applied to the stage's seconds ([Note: devices that share CPU cores])."""
 
     @property
     def compute_s(self) -> float:
@@ -177,6 +179,7 @@ class TimeBreakdown:
                     "layers": [s.start, s.stop], "kind": s.kind, "devices": list(s.devices),
                     "forward_s": s.forward_s, "backward_s": s.backward_s, "tensor_comm_s": s.tensor_comm_s,
                     "p2p_s": s.p2p_s, "sync_s": s.sync_s, "optimizer_s": s.optimizer_s, "overhead_s": s.overhead_s,
+                    "core_sharing": s.sharing,
                 }
                 for s in self.stages
             ],
@@ -194,6 +197,9 @@ class TimeBreakdown:
                 f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
                 f" {s.optimizer_s * 1e3:>8.2f} {s.overhead_s * 1e3:>8.2f}"
             )
+        shared = max(s.sharing for s in self.stages)
+        if shared > 1:
+            rows.append(f"(the plan's processes share the host's CPU cores: stage seconds up to x{shared:.2f})")
         flush = "" if spec(self.schedule).flushes else f" (no flush: {self.schedule})"
         rows.append(
             f"{self.num_microbatches} micro-batches of {self.microbatch_size}: pipeline{flush} {self.pipeline_s * 1e3:.1f} ms"
@@ -408,6 +414,7 @@ def predict_iteration_time(
                 sync_s=sync_seconds(profile, cluster, s),
                 optimizer_s=optimizer_seconds(profile, cluster, s, sharing=sharing[i]),
                 overhead_s=overhead_seconds(profile, cluster, s, m, sharing=sharing[i]),
+                sharing=sharing[i],
             )
         )
     compute = np.array([s.compute_s for s in stages])
