@@ -78,6 +78,13 @@ def trials_report(shared: Path) -> None:
           f" {r['measured_s']} s. Our predicted rank among the {len(ok)} successful runs: **{rank_ok}**"
           f" (top 3: {'yes' if rank_ok <= 3 else 'no'}); among all 52 runs, failed ones included: {rank_all}"
           f" ({ties_all} run(s) predicted equal).")
+    print("\nMeasured / predicted seconds by micro-batch size (issue 14: AMP's profiles hold micro-batch 1 only, so"
+          " the model scales every layer proportionally to the samples; a layer's fixed cost shows as a ratio that"
+          " falls with the size):\n")
+    print("| mbs | runs | median measured / ours | min | max |\n|---|--:|--:|--:|--:|")
+    for mbs in sorted({int(rows[i]["mbs"]) for i in ok}):
+        q = [meas[k] / pred[k] for k, i in enumerate(ok) if int(rows[i]["mbs"]) == mbs]
+        print(f"| {mbs} | {len(q)} | {np.median(q):.3f} | {min(q):.3f} | {max(q):.3f} |")
     ratio = 0.0
     for layout, t in zip((_layout(r) for r in rows), ours):
         if len(t.stages) > 1:

@@ -150,6 +150,59 @@ def test_breakdown_report() -> None:
     assert "42000.0 ms per iteration" in table and "tensor" in table and "1*" in table
 
 
+def _with_costs(rate: float, overhead: float, host_cores: int | None = None) -> TimeProfile:
+    """_profile() with a measured optimizer step (seconds per parameter byte) and overhead at degrees 1 and 2."""
+    p = _profile()
+    tables = tuple(TimingTable(device_type=t.device_type, tensor_degree=t.tensor_degree, micro_batch_size=1,
+                               forward_s=t.forward_s, backward_s=t.backward_s, optimizer_s_per_byte=rate,
+                               overhead_s=overhead * t.tensor_degree) for t in p.timings)
+    return TimeProfile(model="toy", layers=p.layers, timings=tables, host_cores=host_cores)
+
+
+def test_optimizer_step_and_overhead_by_hand() -> None:
+    # The plan of test_two_plain_stages_by_hand (T = 77 s without the new terms), 0.01 s per parameter byte and
+    # 0.5 s of overhead per iteration (at micro-batch 1; 2 samples -> 0.5 * 2 / 1 = 1 s, proportional above the
+    # single profiled size). Stage 0 holds layers 0, 1: 100 + 200 B -> step 3 s; stage 1 holds layer 2: 100 B -> 1 s.
+    # T = 77 + max(3, 1) + max(1, 1) = 81
+    plan = _plan([(0, 2, "none", [0]), (2, 3, "none", [1])])
+    t = predict_iteration_time(plan, _with_costs(0.01, 0.5), _cluster(2, 1, 1000.0, 10.0))
+    assert [s.optimizer_s for s in t.stages] == pytest.approx([3.0, 1.0])
+    assert [s.overhead_s for s in t.stages] == pytest.approx([1.0, 1.0])
+    assert (t.optimizer_s, t.overhead_s, t.total_s) == pytest.approx((3.0, 1.0, 81.0))
+    assert t.to_dict()["optimizer_s"] == pytest.approx(3.0) and "optimizer step 3000.0 ms" in t.table()
+
+
+def test_optimizer_step_shards_with_tensor_degree_and_zero() -> None:
+    # one data x2 stage over all layers (300 B once the tied embedding counts once), 0.01 s/B:
+    # plain data parallelism: every replica steps all 300 B -> 3 s; ZeRO-1: each steps half -> 1.5 s.
+    data = _plan([(0, 3, "data", [0, 1])])
+    zero = Plan("1f1b", 8, 4, (StagePlan(0, 3, "data", 2, (0, 1), {}, 0, 1),))
+    profile, cluster = _with_costs(0.01, 0.0), _cluster(1, 2, 1e12, 1e12)
+    assert predict_iteration_time(data, profile, cluster).optimizer_s == pytest.approx(3.0)
+    assert predict_iteration_time(zero, profile, cluster).optimizer_s == pytest.approx(1.5)
+    # a tensor x2 stage: each device holds half of every layer -> 1.5 s
+    tensor = _plan([(0, 3, "tensor", [0, 1])])
+    assert predict_iteration_time(tensor, profile, cluster).optimizer_s == pytest.approx(1.5)
+
+
+def test_processes_sharing_cpu_cores_slow_down_by_hand() -> None:
+    # two stages on one node of 2 devices whose profile says the devices shared 1 core: each stage computes
+    # 2 / 1 = 2 times slower. t0 = 18 * 2 = 36, t1 = 3 * 2 = 6, e = 0 (fast links): T = 3 * 36 + 42 = 150,
+    # + step max(3, 1) * 2 + overhead 1 * 2 = 158.
+    plan = _plan([(0, 2, "none", [0]), (2, 3, "none", [1])])
+    t = predict_iteration_time(plan, _with_costs(0.01, 0.5, host_cores=1), _cluster(1, 2, 1e15, 1e15))
+    assert [s.compute_s for s in t.stages] == pytest.approx([36.0, 6.0])
+    assert t.total_s == pytest.approx(158.0)
+    assert "stage seconds up to x2.00" in t.table() and t.to_dict()["stages"][0]["core_sharing"] == 2.0
+    # the same plan across two nodes: one process per node, nothing shared: 3 * 18 + 21 + 3 + 1 = 79
+    assert predict_iteration_time(plan, _with_costs(0.01, 0.5, host_cores=1), _cluster(2, 1, 1e15, 1e15)).total_s == pytest.approx(79.0)
+    # a tensor x2 stage was timed with 2 processes on the 1 core already: no further slowdown on 2 devices
+    tensor = _plan([(0, 3, "tensor", [0, 1])])
+    shared = predict_iteration_time(tensor, _with_costs(0.0, 0.0, host_cores=1), _cluster(1, 2, 1e15, 1e15))
+    alone = predict_iteration_time(tensor, _with_costs(0.0, 0.0), _cluster(1, 2, 1e15, 1e15))
+    assert shared.total_s == pytest.approx(alone.total_s)
+
+
 # ---------------------------------------------------------------------------------------------- properties
 _layouts = st.sampled_from(
     [

@@ -87,6 +87,10 @@ def test_statistics_stash_and_layer_times_are_replaced_per_key(tmp_path):
         store.record_layer_times("cpu", 1, 4, [(0, 0.1, 0.2, 5), (1, 0.3, 0.4, 5)])
         store.record_layer_times("cpu", 1, 4, [(1, 0.5, 0.6, 7)])
         assert store.layer_times() == {("cpu", 1, 4): {0: (0.1, 0.2, 5), 1: (0.5, 0.6, 7)}}
+        store.record_run_costs("cpu", 1, 4, 0, 2, 1000.0, 0.5, 0.25)
+        store.record_run_costs("cpu", 1, 4, 0, 2, 1000.0, 0.75, 0.5)
+        store.record_run_costs("cpu", 1, 4, 2, 3, 10.0, 0.1, 0.2)
+        assert store.run_costs() == {("cpu", 1, 4): [(0, 2, 1000.0, 0.75, 0.5), (2, 3, 10.0, 0.1, 0.2)]}
 
 
 def test_opening_read_only_never_changes_the_file(tmp_path):
@@ -112,7 +116,7 @@ def test_an_older_database_without_the_later_tables_reads_as_empty(tmp_path):
     db.close()
     with ProfileStore(path, create=False) as store:
         assert (store.runs(), store.find_run("a"), store.measurements(), store.weight_stash(), store.layer_times(),
-                store.statistics_rows()) == ([], None, [], {}, {}, [])
+                store.statistics_rows(), store.run_costs()) == ([], None, [], {}, {}, [], {})
 
 
 @pytest.mark.parametrize("create", [False, True])

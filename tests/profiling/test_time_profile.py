@@ -45,8 +45,11 @@ def test_optional_keys_default() -> None:
     d = _profile().to_dict()
     for layer in d["layers"]:
         del layer["tensor_parallel_allreduces"], layer["shared_parameters"]
-    del d["source"], d["tensor_comm_in_times"]
+    del d["source"], d["tensor_comm_in_times"], d["host_cores"]
+    for t in d["timings"]:  # a profile written before the optimizer step and the overhead were measured
+        del t["optimizer_s_per_byte"], t["overhead_s"]
     q = TimeProfile.from_dict(d)
+    assert q.host_cores is None and all(t.optimizer_s_per_byte is None and t.overhead_s is None for t in q.timings)
     assert q.layers[1].tensor_parallel_allreduces == (0, 0) and q.layers[0].shared_parameters is None
     assert q.tensor_comm_in_times is False and q.source == ""
 
@@ -66,12 +69,51 @@ def test_micro_batch_lookup_exact_interpolated_and_scaled() -> None:
     fwd, bwd = p.layer_times("A", 1, 3)  # halfway between sizes 2 and 4
     np.testing.assert_allclose(fwd, [2.0, 3.0, 4.0])
     np.testing.assert_allclose(bwd, [4.0, 6.0, 8.0])
-    fwd, _ = p.layer_times("A", 1, 1)  # below the range: proportional to the size-2 table
+    # below the range: max(F, t(2) * b / 2), F where the line through sizes 2 and 4 meets 0 samples, in [0, t(2)]:
+    # forward lines 1 + (b - 2), 2 + (b - 2), 3 + (b - 2) -> F = (-1 -> 0, 0, 1)
+    fwd, _ = p.layer_times("A", 1, 1)
     np.testing.assert_allclose(fwd, [0.5, 1.0, 1.5])
+    fwd, _ = p.layer_times("A", 1, 0.5)  # the fixed cost of the last layer shows: max(1, 3 * 0.25)
+    np.testing.assert_allclose(fwd, [0.25, 0.5, 1.0])
     fwd, _ = p.layer_times("A", 1, 8)  # above: proportional to the size-4 table
     np.testing.assert_allclose(fwd, [6.0, 8.0, 10.0])
     fwd, _ = p.layer_times("A", 2, 1)  # single table: proportional
     np.testing.assert_allclose(fwd, [0.25, 0.5, 0.75])
+
+
+def test_roofline_extrapolation_by_hand() -> None:
+    """A layer measured at 1, 2 and 4 samples: 3 s, 4 s, 6 s (a fixed 2 s + 1 s per sample, then compute-bound)."""
+    layers = (LayerInfo(name="l", activation_bytes_per_sample=0.0, parameter_bytes=0.0),)
+    tables = tuple(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=b, forward_s=(t,), backward_s=(2 * t,))
+                   for b, t in ((1, 3.0), (2, 4.0), (4, 6.0)))
+    p = TimeProfile(model="m", layers=layers, timings=tables)
+    assert p.layer_times("A", 1, 3)[0][0] == pytest.approx(5.0)      # between 2 and 4: 4 + (6 - 4) / 2
+    assert p.layer_times("A", 1, 8)[0][0] == pytest.approx(12.0)     # above: 6 s * 8 / 4
+    assert p.layer_times("A", 1, 0.25)[0][0] == pytest.approx(2.0)   # below: F = 3 - 1 * (4 - 3) = 2 > 3 * 0.25
+    assert p.layer_times("A", 1, 0.8)[1][0] == pytest.approx(4.8)    # backward: max(F = 4, 6 * 0.8)
+    # the same layer profiled at one size scales proportionally (AMP's assumption, imported profiles)
+    one = TimeProfile(model="m", layers=layers, timings=tables[1:2])
+    assert one.layer_times("A", 1, 0.5)[0][0] == pytest.approx(1.0) and one.layer_times("A", 1, 6)[0][0] == pytest.approx(12.0)
+
+
+def test_optimizer_rate_overhead_and_cores() -> None:
+    layers = (LayerInfo(name="l", activation_bytes_per_sample=0.0, parameter_bytes=0.0),)
+
+    def table(t: int, b: int, rate: float | None, over: float | None) -> TimingTable:
+        return TimingTable(device_type="A", tensor_degree=t, micro_batch_size=b, forward_s=(1.0,), backward_s=(1.0,),
+                           optimizer_s_per_byte=rate, overhead_s=over)
+
+    p = TimeProfile(model="m", layers=layers, host_cores=2, timings=(
+        table(1, 2, 1e-9, 0.010), table(1, 4, 3e-9, 0.014), table(1, 8, 2e-9, 0.022), table(2, 2, None, None)))
+    assert p.optimizer_seconds_per_byte("A", 1) == pytest.approx(2e-9)  # median of the three sizes
+    assert p.optimizer_seconds_per_byte("A", 2) == pytest.approx(2e-9)  # degree 2 measured none: degree 1's
+    assert p.overhead_seconds("A", 1, 3) == pytest.approx(0.012)        # halfway between 0.010 and 0.014
+    assert p.overhead_seconds("A", 1, 16) == pytest.approx(0.044)       # above: 0.022 * 16 / 8
+    assert p.overhead_seconds("A", 2, 4) == pytest.approx(0.014)
+    q = TimeProfile.from_dict(json.loads(p.to_json()))
+    assert q == p and q.host_cores == 2 and q.timings[1].overhead_s == 0.014
+    bare = TimeProfile(model="m", layers=layers, timings=(table(1, 2, None, None),))
+    assert bare.optimizer_seconds_per_byte("A", 1) is None and bare.overhead_seconds("A", 1, 2) == 0.0
 
 
 @pytest.mark.parametrize(
@@ -108,6 +150,9 @@ def _mutate(edit: Any) -> dict[str, Any]:
         (lambda d: d["timings"][0].update(device_type=""), "device_type must be a non-empty string"),
         (lambda d: d.update(timings=[]), "'timings' must be a non-empty list"),
         (lambda d: d.update(tensor_comm_in_times="yes"), "must be true or false"),
+        (lambda d: d.update(host_cores=0), "'host_cores' must be a positive integer or null, got 0"),
+        (lambda d: d["timings"][0].update(overhead_s=-1.0), r"overhead_s must be a finite number >= 0 or null, got -1.0"),
+        (lambda d: d["timings"][0].update(optimizer_s_per_byte="fast"), r"'optimizer_s_per_byte' must be a number"),
     ],
 )
 def test_malformed_profiles_name_the_value(edit: Any, match: str) -> None:

@@ -4,6 +4,7 @@ through the CLI."""
 from __future__ import annotations
 
 import json
+import os
 from types import SimpleNamespace
 
 import pytest
@@ -25,13 +26,22 @@ from hybridplan.profiling.timing import (
 MLP = "tests.cli.user_models:mlp"  # Linear(16, 32), ReLU, Linear(32, 32), ReLU, Linear(32, 10)
 
 
+STEP_S, OVERHEAD_S = 0.002, 0.01
+"""The fake ranks' optimizer step (x (rank + 1)) and unexplained seconds (+ 0.001 rank) per iteration."""
+
+
 def _device(rank: int, scale: float, layers: int, microbatches: int = 2, iterations: int = 2) -> SimpleNamespace:
-    """A rank's layer_seconds: warm-up iteration 100 s per layer, then micro-batch j takes scale * (l + 1) * (1 + j)."""
-    records = [{"forward": [[100.0] * layers] * microbatches, "backward": [[100.0] * layers] * microbatches}]
+    """A rank's layer_seconds: warm-up iteration 100 s per layer, then micro-batch j takes scale * (l + 1) * (1 + j);
+    its iteration seconds are its layers + its step + its overhead."""
+    records = [{"forward": [[100.0] * layers] * microbatches, "backward": [[100.0] * layers] * microbatches,
+                "step": [[100.0]]}]
+    seconds = [1000.0]
     for _ in range(iterations - 1):
         rows = [[scale * (l + 1) * (1 + j) for l in range(layers)] for j in range(microbatches)]
-        records.append({"forward": rows, "backward": [[2 * v for v in r] for r in rows]})
-    return SimpleNamespace(device=rank, layer_seconds=records)
+        step = STEP_S * (rank + 1)
+        records.append({"forward": rows, "backward": [[2 * v for v in r] for r in rows], "step": [[step]]})
+        seconds.append(3 * sum(map(sum, rows)) + step + OVERHEAD_S + 0.001 * rank)
+    return SimpleNamespace(device=rank, layer_seconds=records, iteration_seconds=seconds)
 
 
 class FakeRuntime:
@@ -79,6 +89,11 @@ def test_runs_medians_database_and_export(tmp_path):
     assert t.backward_s[2] == pytest.approx(2 * t.forward_s[2])
     assert [l.activation_bytes_per_sample for l in profile.layers] == [128.0, 128.0, 128.0, 128.0, 40.0]
     assert profile.layers[0].parameter_bytes == (16 * 32 + 32) * 4
+    # the step of the slowest rank (rank 1: 2 x STEP_S) over the bytes one rank of 2 holds; the overhead of
+    # the rank with the least (rank 0)
+    mlp_bytes = ((16 * 32 + 32) + (32 * 32 + 32) + (32 * 10 + 10)) * 4
+    assert t.optimizer_s_per_byte == pytest.approx(2 * STEP_S / (mlp_bytes / 2))
+    assert t.overhead_s == pytest.approx(OVERHEAD_S)
     assert TimeProfile.from_dict(json.loads(profile.to_json())) == profile
 
 
@@ -156,6 +171,9 @@ def test_profile_time_cli_on_the_real_runtime(tmp_path, capsys):
     profile = TimeProfile.load(out)
     assert {(t.tensor_degree, t.micro_batch_size) for t in profile.timings} == {(1, 4), (2, 4)}
     assert all(sum(t.forward_s) > 0 and sum(t.backward_s) > 0 for t in profile.timings)
+    # AdamW's step takes time; the overhead is a residual, >= 0 by construction
+    assert all(t.optimizer_s_per_byte and t.optimizer_s_per_byte > 0 and t.overhead_s is not None for t in profile.timings)
+    assert profile.host_cores == len(os.sched_getaffinity(0))
     assert "2 timing runs executed" in capsys.readouterr().out
     assert main(argv) == 0
     assert "0 timing runs executed, 2 resumed" in capsys.readouterr().out

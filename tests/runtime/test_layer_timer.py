@@ -61,4 +61,24 @@ def test_recomputation_is_backward_time_not_forward():
 def test_take_clears():
     timer = LayerTimer(nn.Sequential(nn.Linear(8, 8)), torch.device("cpu"))
     timer.module(torch.randn(2, 8)).sum().backward()
-    assert len(timer.take()["forward"]) == 1 and timer.take() == {"forward": [], "backward": []}
+    assert len(timer.take()["forward"]) == 1 and timer.take() == {"forward": [], "backward": [], "step": []}
+
+
+class _SlowStep(torch.optim.SGD):
+    """SGD whose step sleeps: the timer must see at least that long."""
+
+    def step(self, closure=None):  # type: ignore[no-untyped-def]
+        time.sleep(FORWARD_S)
+        return super().step(closure)
+
+
+def test_optimizer_step_is_timed_once_per_step():
+    module = nn.Sequential(nn.Linear(8, 8), nn.Tanh())
+    optimizer = _SlowStep(module.parameters(), lr=0.1)
+    timer = LayerTimer(module, torch.device("cpu"), optimizer)
+    for _ in range(2):
+        module(torch.randn(4, 8)).sum().backward()
+        optimizer.step()
+    steps = timer.take()["step"]
+    assert len(steps) == 2 and all(len(row) == 1 and row[0] >= FORWARD_S for row in steps)
+    assert timer.take()["step"] == []

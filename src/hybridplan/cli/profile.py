@@ -77,7 +77,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="instead of memory, measure per-layer forward/backward seconds on the real runtime (table layer_times)")
     t.add_argument("--time-out", metavar="FILE", help="also write the layer times as a time-profile JSON")
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
-    t.add_argument("--time-micro-batch-sizes", help="micro-batch sizes to time (default: the target's and its half)")
+    t.add_argument("--time-micro-batch-sizes", metavar="B1,B2,...",
+                   help="micro-batch sizes to time, e.g. 1,2,4 (default: the target's and its half: two runs per degree);"
+                   " between them a layer's time is interpolated, outside them extrapolated as max(fixed, per-sample x b)"
+                   " (docs/time.md)")
     t.add_argument("--time-max-layers", type=positive_int, help="at most this many consecutive layers per timing run (default: all)")
     add_hosts(p, "run every profiling run")
     p.set_defaults(handler=handle)
@@ -223,8 +226,12 @@ def _time(args: argparse.Namespace) -> int:
     for failure in summary.failed:
         print(f"  failed: {failure}")
     for t in profile.timings:
+        extra = ""
+        if t.optimizer_s_per_byte is not None and t.overhead_s is not None:
+            extra = (f"; optimizer step {t.optimizer_s_per_byte * 2**20 * 1e3:.3f} ms per MiB of parameters,"
+                     f" other {t.overhead_s * 1e3:.2f} ms per iteration")
         print(f"  {t.device_type} tensor x{t.tensor_degree}, micro-batch {t.micro_batch_size}: forward"
-              f" {sum(t.forward_s) * 1e3:.2f} ms, backward {sum(t.backward_s) * 1e3:.2f} ms per micro-batch")
+              f" {sum(t.forward_s) * 1e3:.2f} ms, backward {sum(t.backward_s) * 1e3:.2f} ms per micro-batch{extra}")
     if args.time_out:
         write_output(args.time_out, profile.to_json(), "--time-out")
         print(f"time profile written to {args.time_out}")

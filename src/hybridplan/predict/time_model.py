@@ -37,6 +37,32 @@
 - Data-parallel sync (eq. 4): ``T = T_pp + max over stages and tensor ranks`` of the ring all-reduce of the
   stage's gradient bytes / ``t`` over the data group of that tensor rank. Layers that share parameters
   (tied embeddings) count once per stage.
+
+[Note: the terms AMP leaves out] (issue 14: on an H100 the model above was 16-36% below the measured
+iteration, ../shared/notes/gpu-h100-facts.md section Time; on the CPU runtime 13% for gpt-tiny, one stage.)
+Every rank ends an iteration with its optimizer step and the runtime closes it with a barrier
+(runtime/executor.py), so
+
+    ``T = T_pp + sync + max_i step_i + max_i overhead_i``
+
+- ``step_i``: the stage's optimizer step, the profile's measured seconds per parameter byte
+  (profiling/timing.py, [Note: optimizer step and overhead]) times the bytes one device of the stage updates:
+  the stage's parameter bytes / ``t`` (a tensor shard), / ``d`` more under ZeRO (every level shards the
+  optimizer state over the data group, and each replica steps its share). AdamW's update makes a fixed number
+  of element-wise passes over each parameter (torch.optim.AdamW), hence linear in bytes. The stages step in
+  parallel; the last to finish closes the iteration: the max (as eq. 4 takes the max of the syncs).
+- ``overhead_i``: what one iteration of the stage costs beyond its layers and step, measured as the residual
+  of the timing runs (zero_grad, the synthetic batch, the loss, barriers): interpolated in the micro-batch
+  size as layer times are ([Note: time vs micro-batch size]), paid once per iteration, in parallel by the
+  stages: the max.
+- [Note: devices that share CPU cores] On the CPU runtime a device is a process and a node's processes share
+  the host's ``C`` cores (``TimeProfile.host_cores``). Linux's fair scheduler gives each of ``n`` runnable
+  single-threaded processes ``C / n`` of a core when ``n > C`` (CFS: "an ideal, precise multi-tasking CPU",
+  Documentation/scheduler/sched-design-CFS.rst), so a stage's compute, step and overhead on a node where
+  the plan runs ``n`` processes take ``max(1, n / C) / max(1, t / C)`` times the profiled seconds (the
+  timing run of tensor degree ``t`` itself ran ``t`` processes). It assumes every process of the node is
+  busy, as in a pipeline's steady state; the fill and drain run fewer, so the factor is an upper bound there.
+  Profiles of accelerators leave ``host_cores`` null and get factor 1.
 """
 
 from __future__ import annotations
@@ -47,7 +73,7 @@ from typing import Any
 import numpy as np
 
 from hybridplan.plan import Cluster, Plan, StagePlan, spec
-from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes
 
 __all__ = [
     "LayerCosts",
@@ -56,6 +82,9 @@ __all__ = [
     "allreduce_seconds",
     "slowest_link",
     "stage_layer_costs",
+    "core_sharing",
+    "optimizer_seconds",
+    "overhead_seconds",
     "p2p_seconds",
     "sync_seconds",
     "pipeline_seconds",
@@ -92,6 +121,12 @@ class StageTime:
     """Forward activation + backward gradient across the boundary to the NEXT stage (0 for the last)."""
     sync_s: float
     """Data-parallel gradient all-reduce, once per iteration."""
+    optimizer_s: float = 0.0
+    """The optimizer step, once per iteration ([Note: the terms AMP leaves out])."""
+    overhead_s: float = 0.0
+    """Per-iteration seconds beyond layers and step, once per iteration."""
+    sharing: float = 1.0
+    """The CPU core-sharing factor already applied to the stage's seconds ([Note: devices that share CPU cores])."""
 
     @property
     def compute_s(self) -> float:
@@ -111,11 +146,16 @@ class TimeBreakdown:
     overlap_p2p: bool = True
     schedule: str = "1f1b"
     """The schedule the pipeline term models; "2bw" has no per-iteration flush."""
+    optimizer_s: float = 0.0
+    """The slowest stage's optimizer step ([Note: the terms AMP leaves out])."""
+    overhead_s: float = 0.0
+    """The largest per-iteration overhead of a stage."""
 
     @property
     def total_s(self) -> float:
-        """Seconds per iteration: pipeline + the slowest data-parallel sync (eq. 4)."""
-        return self.pipeline_s + self.sync_s
+        """Seconds per iteration: pipeline + the slowest data-parallel sync (eq. 4) + the slowest optimizer step
+        + the largest per-iteration overhead."""
+        return self.pipeline_s + self.sync_s + self.optimizer_s + self.overhead_s
 
     @property
     def bottleneck_stage(self) -> int:
@@ -128,6 +168,8 @@ class TimeBreakdown:
             "total_s": self.total_s,
             "pipeline_s": self.pipeline_s,
             "sync_s": self.sync_s,
+            "optimizer_s": self.optimizer_s,
+            "overhead_s": self.overhead_s,
             "num_microbatches": self.num_microbatches,
             "microbatch_size": self.microbatch_size,
             "overlap_p2p": self.overlap_p2p,
@@ -136,7 +178,8 @@ class TimeBreakdown:
                 {
                     "layers": [s.start, s.stop], "kind": s.kind, "devices": list(s.devices),
                     "forward_s": s.forward_s, "backward_s": s.backward_s, "tensor_comm_s": s.tensor_comm_s,
-                    "p2p_s": s.p2p_s, "sync_s": s.sync_s,
+                    "p2p_s": s.p2p_s, "sync_s": s.sync_s, "optimizer_s": s.optimizer_s, "overhead_s": s.overhead_s,
+                    "core_sharing": s.sharing,
                 }
                 for s in self.stages
             ],
@@ -144,18 +187,24 @@ class TimeBreakdown:
 
     def table(self) -> str:
         """A terminal table in milliseconds, one row per stage, then the totals."""
-        head = f"{'stage':>5} {'layers':>9} {'kind':>11} {'devices':>8} {'fwd ms':>9} {'bwd ms':>9} {'tp ms':>8} {'p2p ms':>8} {'sync ms':>9}"
+        head = (f"{'stage':>5} {'layers':>9} {'kind':>11} {'devices':>8} {'fwd ms':>9} {'bwd ms':>9} {'tp ms':>8} {'p2p ms':>8}"
+                f" {'sync ms':>9} {'step ms':>8} {'other ms':>8}")
         rows = [head, "-" * len(head)]
         for i, s in enumerate(self.stages):
             mark = "*" if i == self.bottleneck_stage else " "
             rows.append(
                 f"{i:>4}{mark} {f'[{s.start},{s.stop})':>9} {s.kind:>11} {len(s.devices):>8} {s.forward_s * 1e3:>9.2f}"
                 f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
+                f" {s.optimizer_s * 1e3:>8.2f} {s.overhead_s * 1e3:>8.2f}"
             )
+        shared = max(s.sharing for s in self.stages)
+        if shared > 1:
+            rows.append(f"(the plan's processes share the host's CPU cores: stage seconds up to x{shared:.2f})")
         flush = "" if spec(self.schedule).flushes else f" (no flush: {self.schedule})"
         rows.append(
             f"{self.num_microbatches} micro-batches of {self.microbatch_size}: pipeline{flush} {self.pipeline_s * 1e3:.1f} ms"
-            f" + sync {self.sync_s * 1e3:.1f} ms = {self.total_s * 1e3:.1f} ms per iteration (* = bottleneck stage)"
+            f" + sync {self.sync_s * 1e3:.1f} ms + optimizer step {self.optimizer_s * 1e3:.1f} ms + other per-iteration"
+            f" {self.overhead_s * 1e3:.1f} ms = {self.total_s * 1e3:.1f} ms per iteration (* = bottleneck stage)"
         )
         return "\n".join(rows)
 
@@ -180,8 +229,11 @@ def _device_times(profile: TimeProfile, cluster: Cluster, device: int, tensor_de
     return fwd / spec.speed, bwd / spec.speed
 
 
-def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: StagePlan, microbatch_size: int) -> LayerCosts:
-    """Per-layer seconds of one micro-batch for a stage on ``group``'s devices (the note, first two bullets).
+def stage_layer_costs(
+    profile: TimeProfile, cluster: Cluster, group: StagePlan, microbatch_size: int, *, sharing: float = 1.0
+) -> LayerCosts:
+    """Per-layer seconds of one micro-batch for a stage on ``group``'s devices (the note, first two bullets),
+    the compute times multiplied by ``sharing`` (:func:`core_sharing`; 1: the devices run alone).
 
     Raises:
         ProfileError: if the profile lacks the stage's tensor degree for the devices' type.
@@ -191,8 +243,8 @@ def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: StagePlan, 
     for d in group.devices:
         representatives.setdefault((cluster.devices[d].type, cluster.devices[d].speed), d)
     times = [_device_times(profile, cluster, d, group.tensor_degree, samples) for d in representatives.values()]
-    fwd = np.max([f for f, _ in times], axis=0)
-    bwd = np.max([b for _, b in times], axis=0)
+    fwd = np.max([f for f, _ in times], axis=0) * sharing
+    bwd = np.max([b for _, b in times], axis=0) * sharing
     t = group.tensor_degree
     if t == 1 or profile.tensor_comm_in_times:
         comm = np.zeros_like(fwd)
@@ -201,6 +253,62 @@ def stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: StagePlan, 
         counts = np.array([sum(layer.tensor_parallel_allreduces) for layer in profile.layers], dtype=float)
         comm = counts * allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes()
     return LayerCosts(fwd, bwd, comm)
+
+
+def core_sharing(profile: TimeProfile, cluster: Cluster, plan: Plan, stage: StagePlan) -> float:
+    """How much slower a stage computes because the plan's processes share a node's CPU cores
+    ([Note: devices that share CPU cores]): ``max(1, n / C) / max(1, t / C)``, the largest over its nodes;
+    1 when the profile's devices do not share cores.
+
+    Example:
+        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> p = TimeProfile(model="m", layers=(LayerInfo(name="l", activation_bytes_per_sample=0, parameter_bytes=0),),
+        ...     timings=(TimingTable(device_type="cpu", tensor_degree=1, micro_batch_size=1, forward_s=(1.0,),
+        ...     backward_s=(1.0,)),), host_cores=2)
+        >>> plan = Plan.uniform(boundaries=[0, 1], data_degree=4, tensor_degree=1, micro_batch_size=4,
+        ...     global_batch_size=16)
+        >>> core_sharing(p, Cluster.uniform(1, 4), plan, plan.stages[0])   # 4 processes on 2 cores
+        2.0
+    """
+    cores = profile.host_cores
+    if cores is None:
+        return 1.0
+    busy: dict[int, int] = {}
+    for s in plan.stages:
+        for d in s.devices:
+            busy[cluster.node_of(d)] = busy.get(cluster.node_of(d), 0) + 1
+    measured = max(1.0, stage.tensor_degree / cores)
+    return max(max(1.0, busy[cluster.node_of(d)] / cores) for d in stage.devices) / measured
+
+
+def _stage_device_type(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> tuple[str, float]:
+    """The profiled type whose costs the stage's slowest device runs, and the speed to divide them by."""
+    worst: tuple[str, float] | None = None
+    for d in stage.devices:
+        spec = cluster.devices[d]
+        key = (spec.type, 1.0) if spec.type in profile.device_types else (profile.reference_device_type, spec.speed)
+        if worst is None or key[1] < worst[1]:
+            worst = key
+    assert worst is not None  # a stage has devices (Plan.validate)
+    return worst
+
+
+def optimizer_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan, *, sharing: float = 1.0) -> float:
+    """The stage's optimizer step ([Note: the terms AMP leaves out]); 0 if the profile measured none."""
+    dtype, speed = _stage_device_type(profile, cluster, stage)
+    rate = profile.optimizer_seconds_per_byte(dtype, stage.tensor_degree)
+    if rate is None:
+        return 0.0
+    shards = stage.tensor_degree * (stage.data_degree if stage.zero else 1)
+    return rate * parameter_bytes(profile.layers[stage.start : stage.stop]) / shards * sharing / speed
+
+
+def overhead_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan, microbatch_size: int, *,
+                     sharing: float = 1.0) -> float:
+    """The stage's per-iteration overhead ([Note: the terms AMP leaves out]); 0 if the profile measured none."""
+    dtype, speed = _stage_device_type(profile, cluster, stage)
+    samples = microbatch_size / stage.data_degree
+    return profile.overhead_seconds(dtype, stage.tensor_degree, samples) * sharing / speed
 
 
 def _exchange_pairs(sender: StagePlan, receiver: StagePlan) -> list[tuple[int, int]]:
@@ -231,14 +339,7 @@ def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> fl
     d, t = stage.data_degree, stage.tensor_degree
     if d == 1:
         return 0.0
-    seen: set[str] = set()
-    nbytes = 0.0
-    for layer in profile.layers[stage.start : stage.stop]:
-        if layer.shared_parameters is not None:
-            if layer.shared_parameters in seen:
-                continue
-            seen.add(layer.shared_parameters)
-        nbytes += layer.parameter_bytes
+    nbytes = parameter_bytes(profile.layers[stage.start : stage.stop])
     return max(
         allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.data_group(k))) for k in range(t)
     )
@@ -294,7 +395,8 @@ def predict_iteration_time(
     flush = spec(schedule).flushes
     plan.check_fits(profile.num_layers, cluster)
     m = plan.microbatch_size
-    costs = [stage_layer_costs(profile, cluster, s, m) for s in plan.stages]
+    sharing = [core_sharing(profile, cluster, plan, s) for s in plan.stages]
+    costs = [stage_layer_costs(profile, cluster, s, m, sharing=f) for s, f in zip(plan.stages, sharing)]
     e = [
         float(p2p_seconds(profile, cluster, a, b, m)[a.stop - 1])
         for a, b in zip(plan.stages, plan.stages[1:])
@@ -308,6 +410,9 @@ def predict_iteration_time(
                 forward_s=float(c.forward[sl].sum()), backward_s=float(c.backward[sl].sum()),
                 tensor_comm_s=float(c.tensor_comm[sl].sum()), p2p_s=e[i] if i < len(e) else 0.0,
                 sync_s=sync_seconds(profile, cluster, s),
+                optimizer_s=optimizer_seconds(profile, cluster, s, sharing=sharing[i]),
+                overhead_s=overhead_seconds(profile, cluster, s, m, sharing=sharing[i]),
+                sharing=sharing[i],
             )
         )
     compute = np.array([s.compute_s for s in stages])
@@ -328,4 +433,6 @@ def predict_iteration_time(
         sync_s=max(s.sync_s for s in stages),
         overlap_p2p=overlap_p2p,
         schedule=schedule,
+        optimizer_s=max(s.optimizer_s for s in stages),
+        overhead_s=max(s.overhead_s for s in stages),
     )

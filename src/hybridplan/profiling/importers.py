@@ -23,6 +23,11 @@ AMP ``known_cost/<model>_<instance>_<tp>.npy`` (Li et al. NeurIPS'22, seed 002; 
     in the times). AMP takes backward = 2 x forward (its ``cost_homo.py``: "We model backward time as forward
     time * 2"); the files hold no sizes, so the caller describes the layers (:func:`amp_gpt2_layers` for GPT-2).
 
+Both formats hold ONE micro-batch size per layer, and no optimizer step or per-iteration overhead. An imported
+profile is therefore read as before: layer time proportional to the samples of a micro-batch (AMP section 3.4;
+[Note: time vs micro-batch size] in time_profile.py: with one size, the roofline's fixed cost is 0), and the
+time model adds no step and no overhead term (``optimizer_s_per_byte`` and ``overhead_s`` are null).
+
 Several device types in one profile (:func:`merge_device_types`)
     A mixed cluster (T4 nodes beside V100 nodes) is timed from ONE profile that holds a timing table per device
     type: the time model runs each device on its own type's times (predict/time_model.py). The merger joins

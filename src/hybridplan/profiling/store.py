@@ -17,6 +17,10 @@ Tables:
 - ``layer_times(device_type, tensor_degree, micro_batch_size, layer, forward_s, backward_s, samples)``:
   per-layer seconds measured by ``hybridplan profile --time`` (profiling/timing.py), the median of
   ``samples`` micro-batches.
+- ``run_costs(device_type, tensor_degree, micro_batch_size, start, stop, parameter_bytes, step_s, overhead_s)``:
+  per timing run of layers ``[start, stop)``, the optimizer step's seconds, the parameter bytes it updated on
+  one device, and the iteration's seconds its layers and step leave unexplained (profiling/timing.py).
+  Absent from databases written before it: their profiles have no optimizer or overhead term.
 
 Each run is committed in one transaction, so an interrupted campaign loses at most the run in flight.
 """
@@ -62,6 +66,10 @@ CREATE TABLE IF NOT EXISTS layer_times (
     device_type TEXT NOT NULL, tensor_degree INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL,
     layer INTEGER NOT NULL, forward_s REAL NOT NULL, backward_s REAL NOT NULL, samples INTEGER NOT NULL,
     PRIMARY KEY (device_type, tensor_degree, micro_batch_size, layer));
+CREATE TABLE IF NOT EXISTS run_costs (
+    device_type TEXT NOT NULL, tensor_degree INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL,
+    start INTEGER NOT NULL, stop INTEGER NOT NULL, parameter_bytes REAL NOT NULL, step_s REAL NOT NULL,
+    overhead_s REAL NOT NULL, PRIMARY KEY (device_type, tensor_degree, micro_batch_size, start));
 """
 
 
@@ -294,6 +302,29 @@ class ProfileStore:
         )
         for dtype, t, b, layer, f, bw, n in rows:
             out.setdefault((dtype, int(t), int(b)), {})[int(layer)] = (float(f), float(bw), int(n))
+        return out
+
+    def record_run_costs(self, device_type: str, tensor_degree: int, micro_batch_size: int, start: int, stop: int,
+                         parameter_bytes: float, step_s: float, overhead_s: float) -> None:
+        """Store the optimizer step and unexplained seconds of one timing run (replacing an earlier one)."""
+        with self._transaction() as db:
+            db.execute(
+                "INSERT OR REPLACE INTO run_costs(device_type, tensor_degree, micro_batch_size, start, stop,"
+                " parameter_bytes, step_s, overhead_s) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (device_type, tensor_degree, micro_batch_size, start, stop, parameter_bytes, step_s, overhead_s),
+            )
+
+    def run_costs(self) -> dict[tuple[str, int, int], list[tuple[int, int, float, float, float]]]:
+        """``{(device_type, tensor_degree, micro_batch_size): [(start, stop, parameter_bytes, step_s, overhead_s)]}``."""
+        if not self._has("run_costs"):
+            return {}
+        out: dict[tuple[str, int, int], list[tuple[int, int, float, float, float]]] = {}
+        rows = self._db.execute(
+            "SELECT device_type, tensor_degree, micro_batch_size, start, stop, parameter_bytes, step_s, overhead_s"
+            " FROM run_costs ORDER BY device_type, tensor_degree, micro_batch_size, start"
+        )
+        for dtype, t, b, start, stop, nbytes, step, over in rows:
+            out.setdefault((dtype, int(t), int(b)), []).append((int(start), int(stop), float(nbytes), float(step), float(over)))
         return out
 
     def statistics_rows(self) -> list[tuple[str, int, int, str, str, float]]:

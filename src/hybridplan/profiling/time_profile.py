@@ -14,6 +14,7 @@ The JSON form (one object; keys marked * may be omitted)::
      "model": "gpt2-345m",
      "source": "where the numbers come from",                          *  (default "")
      "tensor_comm_in_times": false,                                    *  (default false)
+     "host_cores": 2,                                                  *  (default null)
      "layers": [
        {"name": "block0", "activation_bytes_per_sample": 2097152, "parameter_bytes": 50384896,
         "tensor_parallel_allreduces": [2, 2],                          *  (default [0, 0])
@@ -21,19 +22,37 @@ The JSON form (one object; keys marked * may be omitted)::
        ...],
      "timings": [
        {"device_type": "T4", "tensor_degree": 1, "micro_batch_size": 1,
-        "forward_s": [0.0049, ...], "backward_s": [0.0098, ...]},      (one number per layer)
+        "forward_s": [0.0049, ...], "backward_s": [0.0098, ...],       (one number per layer)
+        "optimizer_s_per_byte": 1.2e-11,                               *  (default null)
+        "overhead_s": 0.004},                                          *  (default null)
        ...]}
 
 ``tensor_comm_in_times`` says whether the times at tensor degree > 1 were measured inside a real
 tensor-parallel group and so already contain its all-reduces (AMP's profiles do); when false the time model
 adds them from ``tensor_parallel_allreduces`` (see :mod:`hybridplan.predict.time_model`).
 
+``optimizer_s_per_byte`` is the optimizer step's seconds per byte of parameters a device holds
+(``parameter_bytes`` summed over the timed layers, divided by the tensor degree), and ``overhead_s`` the
+seconds of one training iteration of a stage that neither its layers nor its optimizer step explain
+(profiling/timing.py measures both; null: not measured, e.g. imported profiles, and the time model adds
+nothing). ``host_cores`` is set when the devices are processes sharing one host's CPU cores (the CPU
+runtime): how many cores the profile's devices shared (null: every device has its own hardware).
+
 The first device type in ``timings`` is the *reference*: a cluster device whose type the profile lacks
 runs the reference times divided by its ``speed`` (:class:`hybridplan.plan.cluster.DeviceSpec`).
 
-A micro-batch size that was not profiled is interpolated linearly between the two profiled sizes around it,
-and scaled proportionally (time ~ samples, as AMP's cost model assumes; seed 002 section 3.4 and its
-``cost_homo.py``) from the nearest profiled size outside the profiled range.
+[Note: time vs micro-batch size] A micro-batch size between two profiled sizes is interpolated linearly
+between them (piecewise-linear in samples through the measured points). Outside the profiled range a layer
+takes ``max(F, c * b)`` seconds for ``b`` samples: the roofline form (Williams, Waterman and Patterson,
+"Roofline: an insightful visual performance model", CACM 52(4), 2009: attainable time is the larger of a
+memory-bound and a compute-bound time), with a fixed cost ``F`` that does not shrink with the batch (reading
+the layer's weights, launching its kernels: the memory-bound roof of a small batch) and a per-sample cost
+``c`` (the compute-bound roof). ``c`` is the per-sample time of the nearest profiled size (so the curve is
+continuous there); ``F`` is where the line through the two smallest profiled sizes meets zero samples, kept
+within [0, the smallest time profiled], and 0 with a single profiled size. So a profile with ONE size scales
+proportionally to the samples, as AMP's cost model assumes (seed 002 section 3.4 and its ``cost_homo.py``),
+which is how imported PipeDream and AMP profiles are read; above the largest profiled size every profile
+scales proportionally from it (``c * b`` exceeds ``F`` there).
 """
 
 from __future__ import annotations
@@ -53,7 +72,8 @@ from hybridplan.errors import ProfileError
 if TYPE_CHECKING:
     from hybridplan.profiling.store import ProfileStore
 
-__all__ = ["FORMAT", "VERSION", "LayerInfo", "TimingTable", "TimeProfile", "time_profile_from_store"]
+__all__ = ["FORMAT", "VERSION", "LayerInfo", "TimingTable", "TimeProfile", "time_profile_from_store", "scale_to_samples",
+           "parameter_bytes"]
 
 FORMAT = "hybridplan.time_profile"
 """The value of the ``format`` key of every time-profile file."""
@@ -61,9 +81,10 @@ FORMAT = "hybridplan.time_profile"
 VERSION = 1
 """The JSON schema version this module reads and writes."""
 
-_TOP_KEYS = {"format", "version", "model", "source", "tensor_comm_in_times", "layers", "timings"}
+_TOP_KEYS = {"format", "version", "model", "source", "tensor_comm_in_times", "host_cores", "layers", "timings"}
 _LAYER_KEYS = {"name", "activation_bytes_per_sample", "parameter_bytes", "tensor_parallel_allreduces", "shared_parameters"}
 _TIMING_KEYS = {"device_type", "tensor_degree", "micro_batch_size", "forward_s", "backward_s"}
+_TIMING_OPTIONAL = {"optimizer_s_per_byte", "overhead_s"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -95,6 +116,10 @@ class TimingTable:
     micro_batch_size: int
     forward_s: tuple[float, ...]
     backward_s: tuple[float, ...]
+    optimizer_s_per_byte: float | None = None
+    """Seconds of the optimizer step per byte of parameters on the device (None: not measured)."""
+    overhead_s: float | None = None
+    """Seconds per iteration of a stage beyond its layers and its optimizer step (None: not measured)."""
 
     @property
     def key(self) -> tuple[str, int, int]:
@@ -119,6 +144,8 @@ class TimeProfile:
     timings: tuple[TimingTable, ...]
     tensor_comm_in_times: bool = False
     source: str = ""
+    host_cores: int | None = None
+    """CPU cores the profile's devices (processes of one host) shared; None: devices have their own hardware."""
     _index: dict[tuple[str, int], list[tuple[int, np.ndarray, np.ndarray]]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -185,18 +212,36 @@ class TimeProfile:
             )
         if samples <= 0:
             raise ProfileError(f"a micro-batch must hold a positive number of samples, got {samples}")
-        sizes = [e[0] for e in entries]
-        for size, fwd, bwd in entries:
-            if size == samples:
-                return fwd, bwd
-        if samples < sizes[0] or samples > sizes[-1] or len(entries) == 1:
-            size, fwd, bwd = entries[0] if samples < sizes[0] else entries[-1]
-            scale = samples / size
-            return fwd * scale, bwd * scale
-        hi = next(i for i, s in enumerate(sizes) if s > samples)
-        (s0, f0, b0), (s1, f1, b1) = entries[hi - 1], entries[hi]
-        w = (samples - s0) / (s1 - s0)
-        return f0 + w * (f1 - f0), b0 + w * (b1 - b0)
+        sizes = [float(e[0]) for e in entries]
+        fwd = scale_to_samples(sizes, [e[1] for e in entries], samples)
+        bwd = scale_to_samples(sizes, [e[2] for e in entries], samples)
+        return fwd, bwd
+
+    def _tables(self, device_type: str, tensor_degree: int) -> list[TimingTable]:
+        return sorted((t for t in self.timings if (t.device_type, t.tensor_degree) == (device_type, tensor_degree)),
+                      key=lambda t: t.micro_batch_size)
+
+    def optimizer_seconds_per_byte(self, device_type: str, tensor_degree: int) -> float | None:
+        """The optimizer step's seconds per parameter byte on one device of ``device_type`` at ``tensor_degree``:
+        the median over the profiled micro-batch sizes (the step does not depend on them); the degree-1 value
+        where that degree has none; None where the profile measured none."""
+        for t in (tensor_degree, 1):
+            values = [x.optimizer_s_per_byte for x in self._tables(device_type, t) if x.optimizer_s_per_byte is not None]
+            if values:
+                return float(np.median(values))
+        return None
+
+    def overhead_seconds(self, device_type: str, tensor_degree: int, samples: float) -> float:
+        """Per-iteration seconds of a stage beyond its layers and step, at ``samples`` per micro-batch (the
+        measured sizes interpolated and extrapolated as layer times are: [Note: time vs micro-batch size]);
+        the degree-1 value where that degree has none; 0 where the profile measured none."""
+        for t in (tensor_degree, 1):
+            tables = [x for x in self._tables(device_type, t) if x.overhead_s is not None]
+            if tables:
+                sizes = [float(x.micro_batch_size) for x in tables]
+                values = [np.array([x.overhead_s], dtype=float) for x in tables]
+                return float(scale_to_samples(sizes, values, samples)[0])
+        return 0.0
 
     # ------------------------------------------------------------------ rules
     def validate(self) -> None:
@@ -244,6 +289,13 @@ class TimeProfile:
                 bad = next((k for k, v in enumerate(values) if not _finite_nonneg(v)), None)
                 if bad is not None:
                     raise ProfileError(f"{at}: {name}[{bad}] must be a finite number of seconds >= 0, got {values[bad]!r}")
+            for name in sorted(_TIMING_OPTIONAL):
+                value = getattr(t, name)
+                if value is not None and not _finite_nonneg(value):
+                    raise ProfileError(f"{at}: {name} must be a finite number >= 0 or null, got {value!r}")
+        if self.host_cores is not None and (not _is_int(self.host_cores) or self.host_cores < 1):
+            raise ProfileError(f"{where}: host_cores must be a positive integer or null, got {self.host_cores!r}",
+                               fix="give the CPU cores the profiled processes shared, or null for accelerators")
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
@@ -254,6 +306,7 @@ class TimeProfile:
             "model": self.model,
             "source": self.source,
             "tensor_comm_in_times": self.tensor_comm_in_times,
+            "host_cores": self.host_cores,
             "layers": [
                 {
                     "name": layer.name,
@@ -271,6 +324,8 @@ class TimeProfile:
                     "micro_batch_size": t.micro_batch_size,
                     "forward_s": list(t.forward_s),
                     "backward_s": list(t.backward_s),
+                    "optimizer_s_per_byte": t.optimizer_s_per_byte,
+                    "overhead_s": t.overhead_s,
                 }
                 for t in self.timings
             ],
@@ -332,12 +387,16 @@ class TimeProfile:
         source = data.get("source", "")
         if not isinstance(source, str):
             raise ProfileError(f"{where}: 'source' must be a string, got {source!r}")
+        cores = data.get("host_cores")
+        if cores is not None and (not _is_int(cores) or cores < 1):
+            raise ProfileError(f"{where}: 'host_cores' must be a positive integer or null, got {cores!r}")
         layers = _list(data["layers"], f"{where}: 'layers'")
         timings = _list(data["timings"], f"{where}: 'timings'")
         return cls(
             model=data["model"],
             source=source,
             tensor_comm_in_times=comm,
+            host_cores=cores,
             layers=tuple(_layer_from_dict(x, f"{where}: layers[{i}]") for i, x in enumerate(layers)),
             timings=tuple(_timing_from_dict(x, f"{where}: timings[{i}]") for i, x in enumerate(timings)),
         )
@@ -362,7 +421,7 @@ def _layer_from_dict(data: Any, where: str) -> LayerInfo:
 def _timing_from_dict(data: Any, where: str) -> TimingTable:
     if not isinstance(data, Mapping):
         raise ProfileError(f"{where} must be an object with keys {sorted(_TIMING_KEYS)}, got {data!r}")
-    _check_keys(data, _TIMING_KEYS, _TIMING_KEYS, where)
+    _check_keys(data, _TIMING_KEYS | _TIMING_OPTIONAL, _TIMING_KEYS, where)
     for k in ("tensor_degree", "micro_batch_size"):
         if not _is_int(data[k]):
             raise ProfileError(f"{where}: '{k}' must be an integer, got {data[k]!r}")
@@ -370,9 +429,64 @@ def _timing_from_dict(data: Any, where: str) -> TimingTable:
         k: tuple(_number(v, f"{where}: '{k}'[{i}]") for i, v in enumerate(_list(data[k], f"{where}: '{k}'")))
         for k in ("forward_s", "backward_s")
     }
+    optional = {k: None if data.get(k) is None else _number(data[k], f"{where}: '{k}'") for k in sorted(_TIMING_OPTIONAL)}
     return TimingTable(
-        device_type=data["device_type"], tensor_degree=data["tensor_degree"], micro_batch_size=data["micro_batch_size"], **times
+        device_type=data["device_type"], tensor_degree=data["tensor_degree"], micro_batch_size=data["micro_batch_size"],
+        forward_s=times["forward_s"], backward_s=times["backward_s"], optimizer_s_per_byte=optional["optimizer_s_per_byte"],
+        overhead_s=optional["overhead_s"],
     )
+
+
+def parameter_bytes(layers: Sequence[LayerInfo]) -> float:
+    """The parameter bytes one copy of ``layers`` holds: layers that share parameters (tied embeddings) count once.
+
+    Example:
+        >>> parameter_bytes([LayerInfo(name="a", activation_bytes_per_sample=0, parameter_bytes=8, shared_parameters="e"),
+        ...                  LayerInfo(name="b", activation_bytes_per_sample=0, parameter_bytes=8, shared_parameters="e")])
+        8.0
+    """
+    seen: set[str] = set()
+    total = 0.0
+    for layer in layers:
+        if layer.shared_parameters is not None:
+            if layer.shared_parameters in seen:
+                continue
+            seen.add(layer.shared_parameters)
+        total += layer.parameter_bytes
+    return float(total)
+
+
+def scale_to_samples(sizes: Sequence[float], values: Sequence[np.ndarray], samples: float) -> np.ndarray:
+    """Seconds at ``samples`` per micro-batch from seconds measured at ``sizes`` ([Note: time vs micro-batch
+    size]): piecewise-linear between measured sizes, ``max(F, c * samples)`` outside them.
+
+    Args:
+        sizes: measured micro-batch sizes, ascending and distinct.
+        values: per size, an array of seconds (one per layer, or a single number).
+        samples: the micro-batch size wanted (> 0, may be fractional).
+
+    Example:
+        >>> [float(x) for x in scale_to_samples([2.0, 4.0], [np.array([3.0]), np.array([5.0])], 1.0)]  # F = 1
+        [1.5]
+        >>> [float(x) for x in scale_to_samples([2.0, 4.0], [np.array([3.0]), np.array([5.0])], 8.0)]
+        [10.0]
+    """
+    arrays = [np.asarray(v, dtype=float) for v in values]
+    for size, v in zip(sizes, arrays):
+        if size == samples:
+            return v
+    if sizes[0] < samples < sizes[-1]:
+        hi = next(i for i, s in enumerate(sizes) if s > samples)
+        s0, s1 = sizes[hi - 1], sizes[hi]
+        w = (samples - s0) / (s1 - s0)
+        return arrays[hi - 1] + w * (arrays[hi] - arrays[hi - 1])
+    if len(sizes) > 1:
+        slope = (arrays[1] - arrays[0]) / (sizes[1] - sizes[0])
+        fixed = np.clip(arrays[0] - sizes[0] * slope, 0.0, np.min(arrays, axis=0))
+    else:
+        fixed = np.zeros_like(arrays[0])
+    nearest = 0 if samples < sizes[0] else len(sizes) - 1
+    return np.maximum(fixed, arrays[nearest] * (samples / sizes[nearest]))
 
 
 def _check_keys(data: Mapping[str, Any], known: set[str], required: set[str], where: str) -> None:
@@ -424,6 +538,7 @@ def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] 
                              shared_parameters=d.get("shared_parameters")) for d in meta["time_layers"])
     unsplittable = {int(t): set(ls) for t, ls in (meta.get("time_unsplittable") or {}).items()}
     times = store.layer_times()
+    costs = store.run_costs()
     tables = []
     for (dtype, t, b), rows in sorted(times.items()):
         fwd, bwd = [], []
@@ -439,13 +554,27 @@ def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] 
             say(f"layer times of {dtype!r} at tensor degree {t}, micro-batch {b} are incomplete (layer {len(fwd)}"
                 " missing): left out; run 'hybridplan profile --time' again to finish them")
             continue
+        rate, overhead = _costs_of(costs.get((dtype, t, b), []))
         tables.append(TimingTable(device_type=dtype, tensor_degree=t, micro_batch_size=b, forward_s=tuple(fwd),
-                                  backward_s=tuple(bwd)))
+                                  backward_s=tuple(bwd), optimizer_s_per_byte=rate, overhead_s=overhead))
     if not tables:
         raise ProfileError(f"{str(store.path)!r} holds no complete layer-time table",
                            fix="run 'hybridplan profile --time' until it finishes")
     identity = meta.get("time_identity", {})
     source = (f"hybridplan profile --time: runtime hooks, median of micro-batches per layer, slowest tensor rank;"
               f" {identity.get('device', 'cpu')} devices, {identity.get('precision', 'fp32')}")
+    cores = meta.get("time_host_cores")
     return TimeProfile(model=str(identity.get("model", meta.get("model", "model"))), layers=layers,
-                       timings=tuple(tables), tensor_comm_in_times=True, source=source)
+                       timings=tuple(tables), tensor_comm_in_times=True, source=source,
+                       host_cores=int(cores) if cores is not None else None)
+
+
+def _costs_of(runs: Sequence[tuple[int, int, float, float, float]]) -> tuple[float | None, float | None]:
+    """(optimizer seconds per parameter byte, overhead seconds) of one timing table from its runs' costs
+    (profiling/timing.py, [Note: optimizer step and overhead]): the steps of all chunk runs over all their bytes;
+    the largest overhead of a chunk run (each pays the per-iteration costs once, as one stage would)."""
+    if not runs:
+        return None, None
+    nbytes = sum(r[2] for r in runs)
+    rate = sum(r[3] for r in runs) / nbytes if nbytes > 0 else None
+    return rate, max(r[4] for r in runs)

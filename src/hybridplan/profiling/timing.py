@@ -11,6 +11,18 @@ train the model as ONE pipeline stage, "tensor" x ``t`` ("none" for 1) on ``t`` 
 group waits for its slowest member). The times at ``t > 1`` are measured inside a real tensor-parallel group,
 so they include its all-reduces (``tensor_comm_in_times``).
 
+[Note: optimizer step and overhead] The same runs measure the two per-iteration costs the layers leave out
+(issue 14; on an H100 the layers alone were 16-36% below the iteration: ../shared/notes/gpu-h100-facts.md,
+section Time): the optimizer step, timed by the optimizer's own step hooks (runtime/layer_timer.py) and stored
+per byte of parameters one device updates (the time model composes a stage's step from its parameter bytes,
+tensor degree and ZeRO sharding: AdamW's update is a fixed number of element-wise passes over every
+parameter), and the *overhead*: per measured iteration, the rank's iteration seconds minus its layers' forward
+and backward seconds over all micro-batches minus its step: zero_grad, the synthetic batch, the loss, the
+barriers that delimit an iteration, and the glue between layers. Both are medians over the measured
+iterations; the step is the slowest rank's, the overhead the smallest rank's (a faster rank's residual also
+holds its wait for the slowest one at the closing barrier, which the layer times already count). Each run's
+two numbers go to table ``run_costs``.
+
 Chunks: a run holds at most ``max_layers_per_run`` consecutive layers (default: all), as a
 :class:`~hybridplan.models.slice.ModelSlice` when it is not the whole model: for a model larger than ``t``
 devices hold. [Note: layers that cannot be split] At ``t > 1`` only the layers with a tensor-parallel split
@@ -30,6 +42,7 @@ they exercise the pipeline; plan with a profile taken on the devices you train o
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -42,7 +55,7 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan, StagePlan
-from hybridplan.profiling.time_profile import LayerInfo
+from hybridplan.profiling.time_profile import LayerInfo, parameter_bytes
 from hybridplan.profiling.store import ProfileStore
 
 __all__ = [
@@ -55,6 +68,7 @@ __all__ = [
     "default_tensor_degrees",
     "timing_chunks",
     "median_layer_times",
+    "run_costs",
     "layer_infos",
 ]
 
@@ -155,6 +169,30 @@ def median_layer_times(result: Any, num_layers: int) -> tuple[list[float], list[
     return forward, backward, min(counts)
 
 
+def run_costs(result: Any) -> tuple[float, float]:
+    """``(step_s, overhead_s)`` of a timing run's result ([Note: optimizer step and overhead])."""
+    steps, overheads = [], []
+    for device in result.devices:
+        measured = range(1, len(device.layer_seconds)) if len(device.layer_seconds) > 1 else range(len(device.layer_seconds))
+        step_it, over_it = [], []
+        for it in measured:
+            record = device.layer_seconds[it]
+            layers = sum(sum(row) for row in record["forward"]) + sum(sum(row) for row in record["backward"])
+            step = sum(row[0] for row in record.get("step", []))
+            step_it.append(step)
+            over_it.append(device.iteration_seconds[it] - layers - step)
+        if not step_it:
+            raise ProfileError(f"device {device.device} recorded no iteration", fix="time with RunConfig.layer_timing")
+        steps.append(statistics.median(step_it))
+        overheads.append(statistics.median(over_it))
+    return max(steps), max(0.0, min(overheads))
+
+
+def host_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; what the CPU runtime's device processes share)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def layer_infos(model: LayeredModel, precision: str = "fp32") -> tuple[LayerInfo, ...]:
     """Each layer's boundary bytes per sample (its output, in the compute dtype if floating) and gradient bytes
     (trainable parameters in the compute dtype: gradients are reduced in it, runtime/precision.py), from the
@@ -247,6 +285,8 @@ class LayerTiming:
             raise ProfileError(f"{str(self.store.path)!r} holds layer times of another setup (differs in {diff})",
                                fix="use a new --db file, or the same timing options")
         self.store.set_meta("time_identity", identity)
+        if identity["device"] == "cpu":
+            self.store.set_meta("time_host_cores", host_cores())
         self.store.set_meta("time_layers", [vars(i) | {"tensor_parallel_allreduces": list(i.tensor_parallel_allreduces)}
                                             for i in layer_infos(self.model, identity["precision"])])
         unsplittable = {str(t): [l for l in range(self.model.num_layers) if self.model.tensor_parallel_problem(l, t)]
@@ -278,13 +318,20 @@ class LayerTiming:
                 self.say(f"[{i + 1}/{len(todo)}] {what}: {reason}")
                 continue
             fwd, bwd, samples = median_layer_times(result, stop - start)
+            step_s, overhead_s = run_costs(result)
             self.store.record_layer_times(self.device_type, t, b, [
                 (start + l, fwd[l], bwd[l], samples) for l in range(stop - start)])
+            self.store.record_run_costs(self.device_type, t, b, start, stop, self._parameter_bytes(start, stop) / t,
+                                        step_s, overhead_s)
             summary.runs_executed += 1
             self.say(f"[{i + 1}/{len(todo)}] {what}: forward {sum(fwd) * 1e3:.2f} ms, backward {sum(bwd) * 1e3:.2f} ms"
                      f" (medians of {samples} micro-batches) in {time.perf_counter() - t0:.1f} s")
         summary.seconds = time.perf_counter() - started
         return summary
+
+    def _parameter_bytes(self, start: int, stop: int) -> float:
+        """Parameter bytes of layers ``[start, stop)``, shared ones once (as a stage holds them)."""
+        return parameter_bytes(layer_infos(self.model, self.cfg.run_options.get("precision", "fp32"))[start:stop])
 
     def _config(self, degree: int, micro_batch_size: int, start: int, stop: int) -> Any:
         from hybridplan.models.slice import ModelSlice

@@ -10,6 +10,10 @@ measures them while it trains, with the stage's real schedule, communication and
   autograd engine, as DistributedDataParallel queues its final reduction). A layer whose output carries
   no gradient (an integer output) gets 0 and its time counts to the layer above it.
 
+- the optimizer step: ``torch.optim.Optimizer``'s own step pre- and post-hooks time every ``step()`` (the
+  time model composes it per parameter: predict/time_model.py). Only the update itself: the data-parallel
+  gradient all-reduce before it is not included.
+
 Under activation checkpointing the recomputed forward runs inside the backward pass: it is not counted
 as a forward, and its time is part of the layer's backward, as it is in training.
 
@@ -37,16 +41,17 @@ class LayerTimer:
     Args:
         module: the stage's ``nn.Sequential`` (its children are the layers).
         device: where the stage runs (a CUDA device is synchronised at every stamp).
+        optimizer: the stage's optimizer, whose ``step()`` is timed too (None: not timed).
 
     Example:
         >>> timer = LayerTimer(nn.Sequential(nn.Linear(4, 4), nn.Tanh()), torch.device("cpu"))
         >>> timer.module(torch.randn(2, 4)).sum().backward()
         >>> record = timer.take()
-        >>> len(record["forward"]), len(record["forward"][0]), len(record["backward"][0])
-        (1, 2, 2)
+        >>> len(record["forward"]), len(record["forward"][0]), len(record["backward"][0]), record["step"]
+        (1, 2, 2, [])
     """
 
-    def __init__(self, module: nn.Sequential, device: torch.device) -> None:
+    def __init__(self, module: nn.Sequential, device: torch.device, optimizer: torch.optim.Optimizer | None = None) -> None:
         self.module = module
         self.num_layers = len(module)
         self._cuda = device if device.type == "cuda" else None
@@ -54,6 +59,11 @@ class LayerTimer:
         self._backward: list[list[float]] = []
         self._started: float = 0.0
         self._marks: dict[int, float] | None = None
+        self._step: list[list[float]] = []
+        self._step_started = 0.0
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._before_step)
+            optimizer.register_step_post_hook(self._after_step)
         for i, layer in enumerate(module):
             layer.register_forward_pre_hook(partial(self._before_forward, i))
             layer.register_forward_hook(partial(self._after_forward, i))
@@ -95,9 +105,16 @@ class LayerTimer:
             end = marks[index]
         self._backward.append(row)
 
+    # ------------------------------------------------------------------ optimizer step
+    def _before_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._step_started = self._now()
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self._step.append([self._now() - self._step_started])
+
     def take(self) -> dict[str, list[list[float]]]:
-        """The records since the last call: ``{"forward": [...], "backward": [...]}``, one row of per-layer
-        seconds per micro-batch, in execution order."""
-        out = {"forward": self._forward, "backward": self._backward}
-        self._forward, self._backward = [], []
+        """The records since the last call: ``{"forward": [...], "backward": [...], "step": [...]}``: one row
+        of per-layer seconds per micro-batch, in execution order, and one ``[seconds]`` row per optimizer step."""
+        out = {"forward": self._forward, "backward": self._backward, "step": self._step}
+        self._forward, self._backward, self._step = [], [], []
         return out

@@ -145,7 +145,7 @@ def run_rank(
             checkpointed=checkpointing,
             staged=cfg.share_gpu,
         )
-        timer = LayerTimer(module, device) if cfg.layer_timing else None
+        timer = LayerTimer(module, device, optimizer) if cfg.layer_timing else None
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full
         # collection (runtime/executor.py) from rescanning every module and tensor (0.15 s each).
         gc.collect()
