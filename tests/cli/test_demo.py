@@ -1,5 +1,6 @@
-"""``hybridplan demo``: profile, plan and validate in one command, here the MLP on two simulated devices (a few
-seconds); the files it writes, and a second call that resumes the profile."""
+"""``hybridplan demo``: a first answer from simulated uniform plans, then profile, plan and validate in one command,
+here the MLP on two simulated devices (a few seconds); the files it writes, and a second call that resumes the
+profile."""
 
 from __future__ import annotations
 
@@ -10,16 +11,22 @@ from hybridplan.plan import Cluster, Plan
 from tests.cli.conftest import MLP
 
 
-def test_the_whole_loop_writes_its_three_files_and_resumes(tmp_path, capsys):
+def test_the_whole_loop_answers_first_writes_its_four_files_and_resumes(tmp_path, capsys):
     args = ["demo", "--dir", str(tmp_path / "d"), "--model", MLP, "--backend", "sim", "--cluster", "1x2"]
     assert main(args) == 0
-    first = capsys.readouterr()
-    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["plan.json", "profile.sqlite", "validation.json"]
+    printed = capsys.readouterr()
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == ["estimate.json", "plan.json", "profile.sqlite",
+                                                                  "validation.json"]
+    first = json.loads((tmp_path / "d" / "estimate.json").read_text())
+    Plan.from_dict(first["plan"]).validate(num_layers=5, cluster=Cluster.parse("1x2"))
+    assert first["peak_memory_bytes"] == max(d["peak_memory_bytes"] for d in first["devices"]) > 0
     plan = Plan.load(tmp_path / "d" / "plan.json")
     plan.validate(num_layers=5, cluster=Cluster.parse("1x2"))
     validation = json.loads((tmp_path / "d" / "validation.json").read_text())
     assert validation["status"] == "ok" and validation["plan"] == plan.to_dict()
-    assert "run: ok" in first.out and "1/3 profiling" in first.err and "3/3 running" in first.err
+    assert "run: ok" in printed.out and "1/4 a first answer" in printed.err and "4/4 running" in printed.err
+    # the first answer is printed before any profiling run starts
+    assert printed.err.index("first answer after") < printed.err.index("2/4 profiling")
     assert main(args) == 0
     assert " 0 runs (" in capsys.readouterr().err  # every profiling run resumed from the database
 

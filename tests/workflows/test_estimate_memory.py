@@ -8,7 +8,7 @@ import pytest
 
 from hybridplan.plan import Cluster, Plan
 from hybridplan.runtime.config import RunConfig
-from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
+from hybridplan.runtime.gpu_memory import LIBRARY_BYTES
 from hybridplan.runtime.sim import simulate
 from hybridplan.workflows.estimate_memory import candidate_plans, estimate_plans
 from tests.cli.conftest import MIXED, MLP
@@ -16,10 +16,13 @@ from tests.cli.conftest import MIXED, MLP
 CLUSTER = Cluster.parse("1x4")
 
 
+def _simulate(plan: Plan, **options):
+    return simulate(RunConfig(model=MLP, plan=plan, cluster=CLUSTER, iterations=2, backend="sim", **options),
+                    distinct_only=False)
+
+
 def _reference(plan: Plan, **options) -> dict[int, int]:
-    result = simulate(RunConfig(model=MLP, plan=plan, cluster=CLUSTER, iterations=2, backend="sim", **options),
-                      distinct_only=False)
-    return {d.device: d.peak_memory_bytes for d in result.devices}
+    return {d.device: d.peak_memory_bytes for d in _simulate(plan, **options).devices}
 
 
 def test_a_plan_equals_its_whole_simulation():
@@ -36,7 +39,11 @@ def test_cuda_terms_and_overhead():
     [estimate] = estimate_plans(MLP, CLUSTER, [plan], run_options={"device_type": "cuda"})
     assert {d.device: d.peak_memory_bytes for d in estimate.devices} == _reference(plan, device_type="cuda")
     assert all(d.peak_memory_bytes % 512 == 0 for d in estimate.devices)  # CUDA blocks (runtime/gpu_memory.py)
-    assert [d.overhead_bytes for d in estimate.devices] == [estimate_overhead_bytes(plan, r) for r in range(4)]
+    # Outside the tensors: what the whole simulation's devices hold (the MLP loads cuBLAS only), or up to the
+    # attention and cuDNN kernels more (the estimate, like the predictor, counts every library).
+    whole = {d.device: d.overhead_bytes for d in _simulate(plan, device_type="cuda").devices}
+    unused = LIBRARY_BYTES["attention"] + LIBRARY_BYTES["cudnn"]
+    assert all(whole[d.device] <= d.overhead_bytes <= whole[d.device] + unused for d in estimate.devices)
 
 
 def test_zero_stages_are_simulated_whole():

@@ -6,7 +6,9 @@ one. Each DISTINCT stage of the plans is simulated once on fake tensors (runtime
 every storage counted, no memory needed), through :class:`~hybridplan.workflows.stage_cache.StageCache` ([Note: what
 a simulated stage's memory depends on]); a plan with ZeRO-sharded stages, whose replicas hold different shares, is
 simulated whole. With ``device_type="cuda"`` the peaks are counted in CUDA allocator blocks and each device gets
-the estimated memory outside its tensors (runtime/gpu_memory.py ``estimate_overhead_bytes``).
+the estimated memory outside its tensors (runtime/gpu_memory.py ``estimate_overhead_bytes``: the CUDA context, its
+NCCL communicators and every library's kernels - cuBLAS, attention, cuDNN - as the predictor counts them: at most
+18 MiB above what a stage that never loads attention or cuDNN kernels holds).
 
 How it differs from a measured profile (``hybridplan profile`` then ``predict`` or ``validate``, the way to
 certainty): the simulator counts the tensors hybridplan's runtime allocates, exactly (byte-identical to the real
@@ -148,7 +150,7 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
         HybridPlanError: for a plan the model or cluster cannot run.
     """
     from hybridplan.runtime.config import RunConfig, validate_config
-    from hybridplan.runtime.gpu_memory import estimate_overhead_bytes
+    from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, estimate_overhead_bytes
     from hybridplan.runtime.sim import simulate
     from hybridplan.workflows.stage_cache import StageCache
 
@@ -172,7 +174,8 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
             else:
                 measured = stages.measure(plan)
             devices = tuple(DeviceEstimate(d.device, d.stage, int(d.measured or 0),
-                                           estimate_overhead_bytes(plan, d.device) if cuda else None) for d in measured)
+                                           estimate_overhead_bytes(plan, d.device, set(LIBRARY_BYTES)) if cuda
+                                           else None) for d in measured)
             out.append(PlanEstimate(plan, devices))
             say(f"plan {i + 1}/{len(plans)}: peak {format_bytes(out[-1].peak_memory_bytes)}"
                 f" ({time.perf_counter() - t0:.1f} s)")
