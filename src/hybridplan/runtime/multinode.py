@@ -105,7 +105,12 @@ class MultiNode:
         for node, hello in self._collect(range(len(self.hosts.hosts)), deadline).items():
             host = self.hosts.hosts[node]
             if hello is None:
-                code = self._agents[node].poll()
+                # Its output ended (or the deadline passed): an agent whose output ended is exiting, but the pipe
+                # closes just before the process is reaped, so give it a moment to report its exit code.
+                try:
+                    code: int | None = self._agents[node].wait(timeout=2.0)
+                except subprocess.TimeoutExpired:
+                    code = None
                 how = "did not answer" if code is None else f"ended with code {code} before answering"
                 raise LaunchError(f"the agent on host {host!r} {how} (launcher: {self.hosts.launcher!r})",
                                   fix="check that the host is reachable by the launcher and runs this Python"
