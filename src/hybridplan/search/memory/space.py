@@ -71,20 +71,30 @@ class StageConfig(NamedTuple):
     tensor_degree: int = 0
     zero: int = 0
     """ZeRO level of a "data" stage (0: unsharded; predict/zero.py)."""
+    recompute: bool = False
+    """Every layer of the stage recomputes its activations (predicted from a recompute profile:
+    [Note: recompute chosen per stage] in predict/memory.py)."""
 
     @property
     def model_kwargs(self) -> dict[str, int]:
         """What a stage-memory model is told beyond ``(kind, degree)``: the tensor degree of a data x tensor
-        stage, the ZeRO level of a sharded one (the protocol in search/memory/objective.py), nothing else."""
+        stage, the ZeRO level of a sharded one, ``recompute`` of a recomputed one (the protocol in
+        search/memory/objective.py), nothing else."""
         more = {"tensor_degree": self.tensor_degree} if self.kind == "data+tensor" else {}
-        return {**more, "zero": self.zero} if self.zero else more
+        if self.zero:
+            more["zero"] = self.zero
+        if self.recompute:
+            more["recompute"] = True
+        return more
 
     @property
     def label(self) -> str:
-        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``."""
+        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``, ``none x1 recompute``."""
         if self.kind == "data+tensor":
-            return f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
-        return f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
+            out = f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
+        else:
+            out = f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
+        return out + (" recompute" if self.recompute else "")
 
 
 class StageChoice(NamedTuple):
@@ -96,31 +106,34 @@ class StageChoice(NamedTuple):
 
 
 def stage_configs(devices_per_node: int, *, pipeline_only: bool = False,
-                  composite: bool = False, zero: bool = False) -> tuple[StageConfig, ...]:
+                  composite: bool = False, zero: bool = False, recompute: bool = False) -> tuple[StageConfig, ...]:
     """The stage configs of a node of ``devices_per_node`` devices, in canonical order.
 
     The order is by kind (none < data < tensor < data+tensor), then degree, then tensor degree, so that
     comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
     powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
-    adds, last, the data stages sharded by ZeRO-1 and ZeRO-3 (the levels a profile predicts, predict/zero.py).
+    adds the data stages sharded by ZeRO-1 and ZeRO-3 (the levels a profile predicts, predict/zero.py) after
+    those. ``recompute`` then repeats every config so far with activation recompute, last: each stage of a plan
+    may recompute or not, and the indices of the configs without it stay as they were.
 
     >>> [f"{c.kind}{c.degree}" for c in stage_configs(4)]
     ['none1', 'data2', 'data4', 'tensor2', 'tensor4']
     >>> [c.label for c in stage_configs(8, composite=True)][-3:]
     ['data x2 + tensor x2', 'data x4 + tensor x2', 'data x2 + tensor x4']
+    >>> [c.label for c in stage_configs(2, recompute=True)]
+    ['none x1', 'data x2', 'tensor x2', 'none x1 recompute', 'data x2 recompute', 'tensor x2 recompute']
     """
-    if pipeline_only:
-        return (StageConfig("none", 1),)
     degrees = [2**a for a in range(1, devices_per_node.bit_length()) if 2**a <= devices_per_node]
     both = tuple(StageConfig("data+tensor", d * t, t) for d in degrees for t in degrees if d * t <= devices_per_node)
-    return (
+    plain = (StageConfig("none", 1),) if pipeline_only else (
         (StageConfig("none", 1),)
         + tuple(StageConfig("data", d) for d in degrees)
         + tuple(StageConfig("tensor", d) for d in degrees)
         + (tuple(sorted(both, key=lambda c: (c.degree, c.tensor_degree))) if composite else ())
         + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in degrees) if zero else ())
     )
+    return plain + (tuple(c._replace(recompute=True) for c in plain) if recompute else ())
 
 
 class MeshPacking:
@@ -256,6 +269,9 @@ class PlanSpace:
     """The extended space: also stages of data x tensor devices (:func:`stage_configs`)."""
     zero: bool = False
     """Also data stages sharded by ZeRO-1 and ZeRO-3 (:func:`stage_configs`)."""
+    recompute: bool = False
+    """Every stage config also with activation recompute (:func:`stage_configs`; the model needs a recompute
+    profile to predict them)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_nodes", "devices_per_node"):
@@ -284,9 +300,11 @@ class PlanSpace:
 
     @classmethod
     def for_cluster(cls, cluster: Cluster, num_layers: int, *, pipeline_only: bool = False,
-                    max_stages: int | None = None, composite: bool = False, zero: bool = False) -> PlanSpace:
+                    max_stages: int | None = None, composite: bool = False, zero: bool = False,
+                    recompute: bool = False) -> PlanSpace:
         """The space of a :class:`~hybridplan.plan.cluster.Cluster`'s mesh."""
-        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite, zero)
+        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite, zero,
+                   recompute)
 
     @property
     def num_devices(self) -> int:
@@ -321,7 +339,7 @@ class PlanSpace:
     def configs(self) -> tuple[StageConfig, ...]:
         """The stage configs, in canonical order."""
         return stage_configs(self.devices_per_node, pipeline_only=self.pipeline_only, composite=self.composite,
-                             zero=self.zero)
+                             zero=self.zero, recompute=self.recompute)
 
     @property
     def packing(self) -> MeshPacking:
