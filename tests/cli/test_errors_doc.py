@@ -156,6 +156,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --recompute-db profile.sqlite --fewest-devices --device-memory 1GiB",
              "not searched by --fewest-devices"),
         Case(f"{PLAN} --recompute-db profile.sqlite", "was profiled without recompute"),
+        Case(f"{PLAN} --allow-cross-node --pipeline-only", "adds stages over whole nodes"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
         Case(f"{RUN} --backend sim --share-gpu", "simulated devices share nothing", before_torch=False),
         Case(f"{PROFILE} --time --share-gpu", "not representative"),

@@ -74,6 +74,7 @@ def plan_memory(
     composite: bool = False,
     zero: bool = False,
     recompute_db: str | Path | None = None,
+    cross_node: bool = False,
     fewest: bool = False,
     seed: int = 0,
     progress: ProgressCallback | None = None,
@@ -95,6 +96,8 @@ def plan_memory(
         recompute_db: a profile of the same model taken with recompute (``profile --activation-checkpointing``):
             every stage may then recompute its activations or not, each predicted from its own profile
             ([Note: recompute chosen per stage] in predict/memory.py).
+        cross_node: data (and data x tensor) stages over 2, 4, ... whole nodes too ([Note: stages across nodes] in
+            search/memory/space.py); without it a stage never spans nodes (CAPTURE's space).
         fewest: the smallest sub-mesh of ``cluster`` on which the model fits (needs a capacity).
         seed: the Bayesian search's seed.
         progress: long searches report here (rate-limited, search/progress.py).
@@ -132,7 +135,7 @@ def plan_memory(
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,
-                                      recompute=recompute_db is not None)
+                                      recompute=recompute_db is not None, cross_node=cross_node)
         if mode == "bayesian":
             result = solve_bayesian(model, space, seed=seed, progress=progress)
         elif mode == "exhaustive":

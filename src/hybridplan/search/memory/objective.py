@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from hybridplan.errors import PlanError
-from hybridplan.plan import Parallelism, Plan, StagePlan, as_schedule
+from hybridplan.plan import Cluster, Parallelism, Plan, StagePlan, as_schedule
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.memory.space import PlanSpace, StageChoice, StageConfig
 
@@ -271,7 +271,7 @@ class SearchResult:
                          for s in self.stages),
         )
         plan.validate(num_layers=self.num_layers,
-                      cluster=PlanSpace(self.num_layers, self.num_nodes, self.devices_per_node).cluster())
+                      cluster=Cluster.uniform(self.num_nodes, self.devices_per_node))
         return plan
 
     def describe(self) -> str:

@@ -140,14 +140,16 @@ class TableStageModel:
     @classmethod
     def random(cls, num_layers: int, devices_per_node: int, *, horizon: int, seed: int, levels: int = 3,
                p_disallowed: float = 0.0, composite: bool = False, zero: bool = False,
-               recompute: bool = False) -> TableStageModel:
+               recompute: bool = False, num_nodes: int = 1, cross_node: bool = False) -> TableStageModel:
         """Integer values in ``[0, levels)`` for every config of a node of ``devices_per_node`` devices (and the
         data x tensor configs with ``composite``, the ZeRO ones with ``zero``, the recomputed ones with
-        ``recompute``: drawn after the others, so CAPTURE's tables stay the same)."""
+        ``recompute``, those over ``num_nodes`` whole nodes with ``cross_node``: drawn after the others, so
+        CAPTURE's tables stay the same)."""
         rng = np.random.default_rng(seed)
         L = num_layers
         values, disallowed = {}, {}
-        for cfg in stage_configs(devices_per_node, composite=composite, zero=zero, recompute=recompute):
+        for cfg in stage_configs(devices_per_node, composite=composite, zero=zero, recompute=recompute,
+                                 num_nodes=num_nodes, cross_node=cross_node):
             values[cfg] = rng.integers(0, levels, size=(horizon, L, L + 1)).astype(np.float64)
             if p_disallowed > 0 and cfg.kind != "none":
                 disallowed[cfg] = rng.random((L, L + 1)) < p_disallowed
