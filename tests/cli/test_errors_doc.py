@@ -88,6 +88,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --device-memory 1KiB", "the lowest-memory plan does not fit"),
         Case("plan --db profile.sqlite --cluster 8x4", "use fewer devices"),
         Case("plan --db profile.sqlite --cluster 1000x1000", "use fewer devices"),
+        Case("plan --db profile.sqlite --cluster 3x1000 --allow-cross-node", "even across nodes"),
         Case("validate --db profile.sqlite --plan plan.json --device-memory 40GiB", "no --cluster was given"),
     )),
     ("Plan files", (

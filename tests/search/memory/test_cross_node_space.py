@@ -103,3 +103,31 @@ def test_crossing_nodes_can_strictly_lower_the_peak():
     across = solve_exact(model, PlanSpace(2, 2, 1, cross_node=True))
     assert one_node.peak == 180.0 and across.peak == 120.0
     assert [(s.kind, s.degree, s.devices) for s in across.stages] == [("data", 2, (0, 1))]
+
+
+def test_too_few_layers_even_across_nodes_names_the_stages_needed():
+    from hybridplan.errors import PlanError
+
+    # 3 nodes of 2: two nodes as one stage, the third as one stage of 2: 2 stages at least
+    with pytest.raises(PlanError, match="needs at least 2 stages even across nodes") as caught:
+        PlanSpace(1, 3, 2, cross_node=True)
+    assert "--cluster 2x2" in str(caught.value)
+    assert count_plans(PlanSpace(1, 2, 2, cross_node=True)) == 1  # the suggested mesh has a plan
+
+
+@settings(max_examples=25, deadline=None)
+@given(layers=st.integers(2, 4), mesh=st.sampled_from([(2, 2), (3, 2), (2, 1)]), horizon=st.integers(1, 3),
+       seed=st.integers(0, 1000))
+def test_exact_equals_exhaustive_with_every_dimension(layers, mesh, horizon, seed):
+    """Across nodes, data x tensor, ZeRO and recompute together."""
+    nodes, k = mesh
+    dims = dict(composite=True, zero=True, recompute=True, cross_node=True)
+    if layers < PlanSpace(99, nodes, k, cross_node=True).min_stages:
+        return
+    model = TableStageModel.random(layers, k, horizon=horizon, seed=seed, levels=3, num_nodes=nodes, **dims)
+    space = PlanSpace(layers, nodes, k, **dims)
+    exact, exhaustive = (solve(model, space) for solve in (solve_exact, solve_exhaustive))
+    key = [(s.start, s.stop, s.kind, s.degree, s.tensor_degree, s.zero, s.recompute, s.devices) for s in exact.stages]
+    assert key == [(s.start, s.stop, s.kind, s.degree, s.tensor_degree, s.zero, s.recompute, s.devices)
+                   for s in exhaustive.stages]
+    assert exact.peak == exhaustive.peak

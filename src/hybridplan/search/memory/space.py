@@ -310,6 +310,13 @@ class PlanSpace:
         # Checked by arithmetic, before anything is built: the packing of a 1000x1000 mesh alone would
         # take hours (issue 9), and a space without plans should fail at once.
         need = self.min_stages
+        if self.num_layers < need and self.cross_node and not self.pipeline_only:
+            N, k = self.num_nodes, self.devices_per_node
+            raise PlanError(f"a {self.mesh} mesh needs at least {need} stages even across nodes (a stage over 2, 4, ..."
+                            f" whole nodes each, a node left over filled by powers of two) but the model has"
+                            f" {self.num_layers} layers (one stage holds at least one)",
+                            fix=f"use fewer devices, e.g. --cluster {1 << (N.bit_length() - 1)}x{k} (one stage over all"
+                            " its nodes); or keep more layers when merging (a larger profile --merge-layers L_M)")
         if self.num_layers < need:
             raise too_few_layers(self.num_layers, self.num_nodes, self.devices_per_node, pipeline_only=self.pipeline_only)
         if self.max_stages is not None and self.max_stages < need:
