@@ -88,6 +88,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --device-memory 1KiB", "the lowest-memory plan does not fit"),
         Case("plan --db profile.sqlite --cluster 8x4", "use fewer devices"),
         Case("plan --db profile.sqlite --cluster 1000x1000", "use fewer devices"),
+        Case("plan --db profile.sqlite --cluster 3x1000 --allow-cross-node", "even across nodes"),
         Case("validate --db profile.sqlite --plan plan.json --device-memory 40GiB", "no --cluster was given"),
     )),
     ("Plan files", (
@@ -153,6 +154,10 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --objective throughput --mode bayesian", "solves the memory objective"),
         Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),
         Case(f"{PLAN} --pipeline-only --space extended", "contradict each other"),
+        Case(f"{PLAN} --recompute-db profile.sqlite --fewest-devices --device-memory 1GiB",
+             "not searched by --fewest-devices"),
+        Case(f"{PLAN} --recompute-db profile.sqlite", "was profiled without recompute"),
+        Case(f"{PLAN} --allow-cross-node --pipeline-only", "adds stages over whole nodes"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
         Case(f"{RUN} --backend sim --share-gpu", "simulated devices share nothing", before_torch=False),
         Case(f"{PROFILE} --time --share-gpu", "not representative"),

@@ -108,13 +108,82 @@ def test_the_extended_space_is_never_worse_and_holds_the_data_x_tensor_stage(bas
 @pytest.mark.parametrize("args, message", [
     (["--pipeline-only", "--space", "extended"], "--pipeline-only and --space extended contradict each other"),
     (["--space", "extended", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only, --zero and --space apply to --objective memory"),
+     "--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space apply to --objective memory"),
     (["--space", "everything"], "argument --space: invalid choice"),
     (["--zero", "--pipeline-only"], "--zero searches sharded data stages, which --pipeline-only and --fewest-devices"),
+    (["--allow-cross-node", "--pipeline-only"], "--allow-cross-node adds stages over whole nodes"),
+    (["--recompute-db", "{d}/p.sqlite", "--fewest-devices", "--device-memory", "1GiB"],
+     "--recompute-db is not searched by --fewest-devices"),
     (["--zero", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only, --zero and --space apply to --objective memory"),
+     "--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space apply to --objective memory"),
 ])
 def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):
     assert main(base + [a.format(d=mlp_files) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+@pytest.fixture(scope="module")
+def recompute_db(mlp_files, tmp_path_factory):
+    """The MLP profiled as ``p.sqlite`` was (tests/conftest.py), with activation checkpointing."""
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+    from tests.cli.conftest import MLP
+
+    path = tmp_path_factory.mktemp("recompute") / "r.sqlite"
+    with ProfileStore(path) as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)),
+                                run_options={"backend": "sim", "activation_checkpointing": True}), store).run()
+    return path
+
+
+def test_recompute_db_lets_each_stage_recompute_and_predict_agrees(base, mlp_files, recompute_db, capsys, tmp_path):
+    """With a recompute profile the search may recompute any stage. Pipeline-only on 1x4 at a batch of 4096 the
+    MLP's peak sits on a one-layer stage whose recompute holds less (the two profiles say so): the search with
+    --recompute-db finds a strictly lower peak, on a plan that recomputes some stage, no higher than the plain
+    best or that plan with every stage recomputed; and the written plan's peak is what ``predict --recompute-db``
+    says for it."""
+    from hybridplan.plan import Plan
+
+    big = base + ["--pipeline-only", "--global-batch-size", "4096"]
+    plain = _best(big, capsys)
+    both = _best(big + ["--recompute-db", str(recompute_db)], capsys)
+    assert both["predicted_peak_bytes"] < plain["predicted_peak_bytes"]
+    assert any(s.get("recompute") == "full" for s in both["stages"])
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite", recompute_db=recompute_db)
+    all_recomputed = Plan.from_dict({**plain, "stages": [{**s, "recompute": "full"} for s in plain["stages"]]})
+    assert both["predicted_peak_bytes"] <= predictor.predict(all_recomputed).peak_memory_bytes
+    written = tmp_path / "best.json"
+    written.write_text(json.dumps(both))
+    assert main(["predict", "--db", str(mlp_files / "p.sqlite"), "--recompute-db", str(recompute_db),
+                 "--plan", str(written), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_memory_bytes"] == both["predicted_peak_bytes"]
+
+
+def test_recompute_db_must_be_a_recompute_profile(base, mlp_files, capsys):
+    assert main(base + ["--recompute-db", str(mlp_files / "p.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert "was profiled without recompute" in err and "Traceback" not in err
+
+
+def test_allow_cross_node_finds_the_stage_over_both_nodes(mlp_files, capsys):
+    """On 2x2, one node per stage needs two stages; across nodes the extended space also has one stage of data x2 +
+    tensor x2 over both nodes (its tensor groups one per node). The answer is at most the one-node best and at most
+    that stage, each as the predictor says; the written plan is valid on the mesh."""
+    from hybridplan.plan import Cluster, Plan
+
+    base = ["plan", "--db", str(mlp_files / "p.sqlite"), "--cluster", "2x2", "--space", "extended"]
+    one_node = _best(base, capsys)
+    across = _best(base + ["--allow-cross-node"], capsys)
+    assert across["predicted_peak_bytes"] <= one_node["predicted_peak_bytes"]
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    written = Plan.from_dict(across)
+    written.validate(num_layers=5, cluster=Cluster.uniform(2, 2))
+    assert predictor.predict(written).peak_memory_bytes == across["predicted_peak_bytes"]
+    spanning = Plan.from_dict({**one_node, "stages": [{"layers": [0, 5], "parallelism": "data+tensor", "degree": 4,
+                                                       "tensor_degree": 2, "devices": [0, 1, 2, 3]}]})
+    spanning.validate(num_layers=5, cluster=Cluster.uniform(2, 2))
+    assert across["predicted_peak_bytes"] <= predictor.predict(spanning).peak_memory_bytes

@@ -378,10 +378,16 @@ class MemoryPredictor:
         return float(np.max(peak_terms(self.schedule, stages_after, self.num_microbatches) @ q[:_PEAK]))
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0, zero: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> float:
         """Predicted per-device peak bytes of a stage (``inf`` if the profile cannot predict it); a "data+tensor"
         stage of ``degree`` devices gives its ``tensor_degree`` too ([Note: a data x tensor stage is a tensor
-        stage at a smaller batch]); a ZeRO stage its level, and the value is its largest device's."""
+        stage at a smaller batch]); a ZeRO stage its level, and the value is its largest device's. A recomputed
+        stage is predicted by the recompute profile ([Note: recompute chosen per stage]; ``inf`` without one)."""
+        if recompute and not self.recompute:
+            if self.recomputed is None:
+                return math.inf
+            return self.recomputed.stage_memory(start, stop, kind, degree, stages_after, tensor_degree=tensor_degree,
+                                                zero=zero)
         if zero:
             peaks = self.zero_peaks(start, stop, kind, zero, degree, stages_after)
             return math.inf if peaks is None else max(peaks)
@@ -426,11 +432,13 @@ class MemoryPredictor:
             out.append(float(np.max(terms @ v)))
         return out
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
+                recompute: bool = False) -> bool:
         """Whether the profile predicts this stage config (and its batch split is possible)."""
         if kind in ("data", "data-zero3") and degree > 1 and self.microbatch_size % degree:
             return False
-        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree, zero=zero))
+        return math.isfinite(self.stage_memory(start, stop, kind, degree, 0, tensor_degree=tensor_degree, zero=zero,
+                                               recompute=recompute))
 
     def _replica(self, degree: int, tensor_degree: int) -> MemoryPredictor | None:
         """The predictor of one replica of a "data+tensor" stage (None if the micro-batch does not split)."""
@@ -444,10 +452,15 @@ class MemoryPredictor:
         return self._replicas[data]
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
         """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable)."""
         L = num_layers
         out = np.full((L, L + 1), math.inf)
+        if recompute and not self.recompute:
+            if self.recomputed is None:
+                return out
+            return self.recomputed.stage_memory_matrix(kind, degree, stages_after, L, tensor_degree=tensor_degree,
+                                                       zero=zero)
         if zero:
             source = self._zero_source(kind, zero)
             if source is None or self.zero_layout is None:
@@ -672,18 +685,19 @@ class UnitView:
         return len(self.bounds) - 1
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0, zero: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> float:
         return self.predictor.stage_memory(self.bounds[start], self.bounds[stop], kind, degree, stages_after,
-                                           tensor_degree=tensor_degree, zero=zero)
+                                           tensor_degree=tensor_degree, zero=zero, recompute=recompute)
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
+                recompute: bool = False) -> bool:
         return self.predictor.allowed(self.bounds[start], self.bounds[stop], kind, degree, tensor_degree=tensor_degree,
-                                      zero=zero)
+                                      zero=zero, recompute=recompute)
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
         full = self.predictor.stage_memory_matrix(kind, degree, stages_after, self.predictor.num_layers,
-                                                  tensor_degree=tensor_degree, zero=zero)
+                                                  tensor_degree=tensor_degree, zero=zero, recompute=recompute)
         b = np.array(self.bounds)
         return full[np.ix_(b[:-1], b)]
 

@@ -73,6 +73,8 @@ def plan_memory(
     pipeline_only: bool = False,
     composite: bool = False,
     zero: bool = False,
+    recompute_db: str | Path | None = None,
+    cross_node: bool = False,
     fewest: bool = False,
     seed: int = 0,
     progress: ProgressCallback | None = None,
@@ -91,6 +93,11 @@ def plan_memory(
             scenario's statistics: predict/memory.py).
         zero: data stages sharded by ZeRO-1 and ZeRO-3 too (predict/zero.py; ZeRO-3 where the profile has its
             scenario).
+        recompute_db: a profile of the same model taken with recompute (``profile --activation-checkpointing``):
+            every stage may then recompute its activations or not, each predicted from its own profile
+            ([Note: recompute chosen per stage] in predict/memory.py).
+        cross_node: data (and data x tensor) stages over 2, 4, ... whole nodes too ([Note: stages across nodes] in
+            search/memory/space.py); without it a stage never spans nodes (CAPTURE's space).
         fewest: the smallest sub-mesh of ``cluster`` on which the model fits (needs a capacity).
         seed: the Bayesian search's seed.
         progress: long searches report here (rate-limited, search/progress.py).
@@ -103,7 +110,8 @@ def plan_memory(
     """
     note = say or (lambda _msg: None)
     predictor = MemoryPredictor.from_db(db, schedule=schedule, global_batch_size=global_batch_size,
-                                        num_microbatches=num_microbatches, degree_fit=degree_fit)
+                                        num_microbatches=num_microbatches, degree_fit=degree_fit,
+                                        recompute_db=recompute_db)
     scaling = predictor.scaling_note()
     if scaling is not None:
         note(scaling)
@@ -126,7 +134,8 @@ def plan_memory(
                                composite=composite, progress=progress)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
-        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero)
+        space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,
+                                      recompute=recompute_db is not None, cross_node=cross_node)
         if mode == "bayesian":
             result = solve_bayesian(model, space, seed=seed, progress=progress)
         elif mode == "exhaustive":

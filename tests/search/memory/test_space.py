@@ -34,7 +34,7 @@ def test_configs_are_none_plus_data_and_tensor_at_each_power_of_two_in_canonical
         ranks = [({"none": 0, "data": 1, "tensor": 2}[c.kind], c.degree) for c in configs]
         assert ranks == sorted(ranks)
     assert [c.degree for c in stage_configs(6)] == [1, 2, 4, 2, 4]
-    assert stage_configs(8, pipeline_only=True) == (("none", 1, 0, 0),)
+    assert stage_configs(8, pipeline_only=True) == (("none", 1, 0, 0, False),)
 
 
 @pytest.mark.parametrize(

@@ -29,7 +29,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from hybridplan.errors import PlanError
-from hybridplan.plan import Parallelism, Plan, StagePlan, as_schedule
+from hybridplan.plan import Cluster, Parallelism, Plan, StagePlan, as_schedule
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.memory.space import PlanSpace, StageChoice, StageConfig
 
@@ -220,11 +220,13 @@ class PlacedStage:
     """The tensor degree of a "data+tensor" stage (0 otherwise)."""
     zero: int = 0
     """The ZeRO level of a sharded data stage (0 otherwise)."""
+    recompute: bool = False
+    """Whether the stage recomputes its activations (the plan's ``"recompute": "full"``)."""
 
     @property
     def label(self) -> str:
         """E.g. ``tensor x2`` or ``data x2 + tensor x2``."""
-        return StageConfig(self.kind, self.degree, self.tensor_degree, self.zero).label
+        return StageConfig(self.kind, self.degree, self.tensor_degree, self.zero, self.recompute).label
 
 
 @dataclass(frozen=True)
@@ -264,11 +266,12 @@ class SearchResult:
             schedule=as_schedule(schedule),
             global_batch_size=global_batch_size,
             num_microbatches=num_microbatches,
-            stages=tuple(StagePlan(s.start, s.stop, s.kind, s.degree, s.devices, {}, s.tensor_degree, s.zero)
+            stages=tuple(StagePlan(s.start, s.stop, s.kind, s.degree, s.devices, {}, s.tensor_degree, s.zero,
+                                   "full" if s.recompute else "none")
                          for s in self.stages),
         )
         plan.validate(num_layers=self.num_layers,
-                      cluster=PlanSpace(self.num_layers, self.num_nodes, self.devices_per_node).cluster())
+                      cluster=Cluster.uniform(self.num_nodes, self.devices_per_node))
         return plan
 
     def describe(self) -> str:
@@ -290,7 +293,8 @@ def build_result(solver: str, space: PlanSpace, value_of: Callable[[StageChoice,
     for i, (c, devs) in enumerate(zip(choices, devices)):
         cfg = space.configs[c.config]
         v = value_of(c, n - 1 - i)
-        stages.append(PlacedStage(c.start, c.stop, cfg.kind, cfg.degree, devs, v, cfg.tensor_degree, cfg.zero))
+        stages.append(PlacedStage(c.start, c.stop, cfg.kind, cfg.degree, devs, v, cfg.tensor_degree, cfg.zero,
+                                  cfg.recompute))
         for d in devs:
             per_device[d] = v
     return SearchResult(

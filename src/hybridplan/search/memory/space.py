@@ -27,6 +27,19 @@ larger items went to. On an empty mesh of ``N`` nodes of ``k`` devices the bound
 multiset of power-of-two degrees with total N*k packs exactly**, and the solvers need to track only
 the number of devices used. For other ``k`` they also track the size of the items ``>= t`` for the
 few ``t`` that do not divide ``k``.
+
+[Note: stages across nodes]
+``PlanSpace(cross_node=True)`` also lets a data (or data x tensor) stage's replicas span nodes, as plans allow
+(plan/plan.py: only a tensor group must share a node). Such a stage takes ``m`` *whole* nodes, ``m`` = 2, 4, ...:
+its degree is ``m*k``. Whole nodes because the value of a stage depends on its degree only, so a stage over parts
+of nodes (say 2 + 2 devices of two nodes of 4) would add no value and only make packing harder; and a stage over
+whole nodes keeps each tensor group of ``t | k`` consecutive devices inside one node and its replicas on the
+fewest nodes. Packing stays exact: the whole-node stages take ``W`` nodes, the others must pack onto the other
+``N - W`` nodes, i.e. for each ``t`` that does not divide ``k``,
+``(size of the smaller stages >= t) + W * t * floor(k/t) <= N * t * floor(k/t)``, which the state machine tracks
+by counting a whole-node stage as ``t * floor(k/t)`` per node for each such ``t`` (for a power-of-two ``k`` there
+is no such ``t``: the devices used are still the state). :func:`place_stages` gives a spanning stage the lowest
+``m`` nodes that are still empty, so the runtime sees an ordinary data stage whose devices cover whole nodes.
 """
 
 from __future__ import annotations
@@ -71,20 +84,30 @@ class StageConfig(NamedTuple):
     tensor_degree: int = 0
     zero: int = 0
     """ZeRO level of a "data" stage (0: unsharded; predict/zero.py)."""
+    recompute: bool = False
+    """Every layer of the stage recomputes its activations (predicted from a recompute profile:
+    [Note: recompute chosen per stage] in predict/memory.py)."""
 
     @property
     def model_kwargs(self) -> dict[str, int]:
         """What a stage-memory model is told beyond ``(kind, degree)``: the tensor degree of a data x tensor
-        stage, the ZeRO level of a sharded one (the protocol in search/memory/objective.py), nothing else."""
+        stage, the ZeRO level of a sharded one, ``recompute`` of a recomputed one (the protocol in
+        search/memory/objective.py), nothing else."""
         more = {"tensor_degree": self.tensor_degree} if self.kind == "data+tensor" else {}
-        return {**more, "zero": self.zero} if self.zero else more
+        if self.zero:
+            more["zero"] = self.zero
+        if self.recompute:
+            more["recompute"] = True
+        return more
 
     @property
     def label(self) -> str:
-        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``."""
+        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``, ``none x1 recompute``."""
         if self.kind == "data+tensor":
-            return f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
-        return f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
+            out = f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
+        else:
+            out = f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
+        return out + (" recompute" if self.recompute else "")
 
 
 class StageChoice(NamedTuple):
@@ -95,32 +118,43 @@ class StageChoice(NamedTuple):
     config: int
 
 
-def stage_configs(devices_per_node: int, *, pipeline_only: bool = False,
-                  composite: bool = False, zero: bool = False) -> tuple[StageConfig, ...]:
+def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composite: bool = False, zero: bool = False,
+                  recompute: bool = False, num_nodes: int = 1, cross_node: bool = False) -> tuple[StageConfig, ...]:
     """The stage configs of a node of ``devices_per_node`` devices, in canonical order.
 
     The order is by kind (none < data < tensor < data+tensor), then degree, then tensor degree, so that
     comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
     powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
-    adds, last, the data stages sharded by ZeRO-1 and ZeRO-3 (the levels a profile predicts, predict/zero.py).
+    adds the data stages sharded by ZeRO-1 and ZeRO-3 (the levels a profile predicts, predict/zero.py) after
+    those. ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
+    (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
+    degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms
+    ([Note: stages across nodes]). ``recompute`` then repeats every config so far with activation recompute, last:
+    each stage of a plan may recompute or not, and the indices of the configs without it stay as they were.
 
     >>> [f"{c.kind}{c.degree}" for c in stage_configs(4)]
     ['none1', 'data2', 'data4', 'tensor2', 'tensor4']
     >>> [c.label for c in stage_configs(8, composite=True)][-3:]
     ['data x2 + tensor x2', 'data x4 + tensor x2', 'data x2 + tensor x4']
+    >>> [c.label for c in stage_configs(2, recompute=True)]
+    ['none x1', 'data x2', 'tensor x2', 'none x1 recompute', 'data x2 recompute', 'tensor x2 recompute']
     """
-    if pipeline_only:
-        return (StageConfig("none", 1),)
     degrees = [2**a for a in range(1, devices_per_node.bit_length()) if 2**a <= devices_per_node]
     both = tuple(StageConfig("data+tensor", d * t, t) for d in degrees for t in degrees if d * t <= devices_per_node)
-    return (
+    k = devices_per_node
+    spans = [m * k for m in (2**a for a in range(1, num_nodes.bit_length())) if m <= num_nodes] if cross_node else []
+    plain = (StageConfig("none", 1),) if pipeline_only else (
         (StageConfig("none", 1),)
         + tuple(StageConfig("data", d) for d in degrees)
         + tuple(StageConfig("tensor", d) for d in degrees)
         + (tuple(sorted(both, key=lambda c: (c.degree, c.tensor_degree))) if composite else ())
         + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in degrees) if zero else ())
+        + tuple(StageConfig("data", d) for d in spans)
+        + (tuple(StageConfig("data+tensor", d, t) for d in spans for t in degrees if k % t == 0) if composite else ())
+        + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in spans) if zero else ())
     )
+    return plain + (tuple(c._replace(recompute=True) for c in plain) if recompute else ())
 
 
 class MeshPacking:
@@ -153,14 +187,15 @@ class MeshPacking:
         Args:
             num_nodes: N.
             devices_per_node: k.
-            degrees: the stage degrees (powers of two ``<= k``).
+            degrees: the stage degrees (powers of two ``<= k``, and multiples of ``k`` above it: stages over
+                whole nodes, [Note: stages across nodes]).
             max_stages: keep only the states of plans of at most this many stages (``None``: all).
             progress: receives progress lines (:mod:`~hybridplan.search.progress`), for the large machines.
         """
         report = Progress.of(progress)
         self.degrees = tuple(sorted(set(degrees)))
         total = num_nodes * devices_per_node
-        binding = [t for t in self.degrees if devices_per_node % t]
+        binding = [t for t in self.degrees if devices_per_node % t and t < devices_per_node]
         caps = [num_nodes * t * (devices_per_node // t) for t in binding]
         start_key = (0,) + (0,) * len(binding)
         index = {start_key: 0}
@@ -179,7 +214,7 @@ class MeshPacking:
                 continue
             row = []
             for d in self.degrees:
-                new = (key[0] + d,) + tuple(v + (d if d >= t else 0) for v, t in zip(key[1:], binding))
+                new = (key[0] + d,) + tuple(v + _claim(d, t, devices_per_node) for v, t in zip(key[1:], binding))
                 if new[0] > total or any(v > c for v, c in zip(new[1:], caps)):
                     row.append(-1)
                     continue
@@ -256,6 +291,12 @@ class PlanSpace:
     """The extended space: also stages of data x tensor devices (:func:`stage_configs`)."""
     zero: bool = False
     """Also data stages sharded by ZeRO-1 and ZeRO-3 (:func:`stage_configs`)."""
+    recompute: bool = False
+    """Every stage config also with activation recompute (:func:`stage_configs`; the model needs a recompute
+    profile to predict them)."""
+    cross_node: bool = False
+    """Also data (and data x tensor) stages over 2, 4, ... whole nodes ([Note: stages across nodes]); without it a
+    stage never spans nodes (CAPTURE's space)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_nodes", "devices_per_node"):
@@ -269,6 +310,13 @@ class PlanSpace:
         # Checked by arithmetic, before anything is built: the packing of a 1000x1000 mesh alone would
         # take hours (issue 9), and a space without plans should fail at once.
         need = self.min_stages
+        if self.num_layers < need and self.cross_node and not self.pipeline_only:
+            N, k = self.num_nodes, self.devices_per_node
+            raise PlanError(f"a {self.mesh} mesh needs at least {need} stages even across nodes (a stage over 2, 4, ..."
+                            f" whole nodes each, a node left over filled by powers of two) but the model has"
+                            f" {self.num_layers} layers (one stage holds at least one)",
+                            fix=f"use fewer devices, e.g. --cluster {1 << (N.bit_length() - 1)}x{k} (one stage over all"
+                            " its nodes); or keep more layers when merging (a larger profile --merge-layers L_M)")
         if self.num_layers < need:
             raise too_few_layers(self.num_layers, self.num_nodes, self.devices_per_node, pipeline_only=self.pipeline_only)
         if self.max_stages is not None and self.max_stages < need:
@@ -284,9 +332,11 @@ class PlanSpace:
 
     @classmethod
     def for_cluster(cls, cluster: Cluster, num_layers: int, *, pipeline_only: bool = False,
-                    max_stages: int | None = None, composite: bool = False, zero: bool = False) -> PlanSpace:
+                    max_stages: int | None = None, composite: bool = False, zero: bool = False,
+                    recompute: bool = False, cross_node: bool = False) -> PlanSpace:
         """The space of a :class:`~hybridplan.plan.cluster.Cluster`'s mesh."""
-        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite, zero)
+        return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite, zero,
+                   recompute, cross_node)
 
     @property
     def num_devices(self) -> int:
@@ -309,6 +359,9 @@ class PlanSpace:
         """
         if self.pipeline_only:
             return self.num_devices
+        if self.cross_node:  # the nodes in runs of 2, 4, ... (one stage each), a node left over filled as above
+            N = self.num_nodes
+            return (N >> 1).bit_count() + (N & 1) * self.devices_per_node.bit_count()
         return self.num_nodes * self.devices_per_node.bit_count()
 
     @property
@@ -321,7 +374,8 @@ class PlanSpace:
     def configs(self) -> tuple[StageConfig, ...]:
         """The stage configs, in canonical order."""
         return stage_configs(self.devices_per_node, pipeline_only=self.pipeline_only, composite=self.composite,
-                             zero=self.zero)
+                             zero=self.zero, recompute=self.recompute, num_nodes=self.num_nodes,
+                             cross_node=self.cross_node)
 
     @property
     def packing(self) -> MeshPacking:
@@ -410,6 +464,15 @@ def _fewest_to_finish(nxt: np.ndarray, used: np.ndarray, total: int) -> np.ndarr
     return to_finish
 
 
+def _claim(d: int, t: int, k: int) -> int:
+    """What a stage of ``d`` devices takes of the mesh's room for stages of ``t`` devices ([Note: packing powers of
+    two], [Note: stages across nodes]): ``d`` if it is at least ``t`` (on a node, within a node's room for them),
+    nothing if smaller; a stage over ``d/k`` whole nodes takes those nodes' room, ``t*floor(k/t)`` each."""
+    if d > k:
+        return (d // k) * t * (k // t)
+    return d if d >= t else 0
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
 
@@ -420,40 +483,63 @@ def place_stages(degrees: Sequence[int], num_nodes: int, devices_per_node: int) 
     Each stage goes on the node of the previous stage if it fits there and the remaining stages still
     pack ([Note: packing powers of two]), else on the lowest-numbered node where that holds; within a
     node it takes the lowest free devices. So consecutive stages share a node where possible (their
-    activations cross the fast intra-node link) and the pipeline walks the nodes in order.
+    activations cross the fast intra-node link) and the pipeline walks the nodes in order. A stage of
+    more than ``k`` devices (a multiple of ``k``: [Note: stages across nodes]) takes the lowest-numbered
+    nodes that are still empty and leave the rest packable.
 
     Raises:
         PlanError: if the degrees do not pack onto the mesh exactly.
 
     >>> place_stages([1, 2, 1, 4], 2, 4)
     ((0,), (1, 2), (3,), (4, 5, 6, 7))
+    >>> place_stages([2, 8, 2], 3, 4)
+    ((0, 1), (4, 5, 6, 7, 8, 9, 10, 11), (2, 3))
     """
     k = devices_per_node
-    if sum(degrees) != num_nodes * k or any(d < 1 or d & (d - 1) for d in degrees):
+    if sum(degrees) != num_nodes * k or any(d < 1 or (d & (d - 1) if d <= k else d % k) for d in degrees):
         raise PlanError(f"stage degrees {list(degrees)} cannot fill a {num_nodes}x{k} mesh exactly",
-                        fix=f"degrees must be powers of two summing to {num_nodes * k}")
-    sizes = sorted(set(degrees))
+                        fix=f"degrees must be powers of two up to {k}, or multiples of {k} (whole nodes), summing to"
+                        f" {num_nodes * k}")
+    sizes = sorted({d for d in degrees if d <= k})
     free = [k] * num_nodes
-    remaining = {t: sum(d for d in degrees if d >= t) for t in sizes}
-    capacity = {t: num_nodes * t * (k // t) for t in sizes}
-    if any(remaining[t] > capacity[t] for t in sizes):
+    empty = num_nodes
+    whole = sum(d // k for d in degrees if d > k)  # nodes the spanning stages still need (they must be empty)
+    remaining = {t: sum(d for d in degrees if t <= d <= k) for t in sizes}
+    capacity = {t: num_nodes * t * (k // t) for t in sizes}  # room for stages >= t over all nodes
+
+    def packs(empty: int, whole: int, capacity: dict[int, int], remaining: dict[int, int]) -> bool:
+        """The spanning stages onto empty nodes, the others onto the rest ([Note: stages across nodes])."""
+        return whole <= empty and all(remaining[t] <= capacity[t] - whole * t * (k // t) for t in sizes)
+
+    if not packs(empty, whole, capacity, remaining):
         raise PlanError(f"stage degrees {sorted(degrees, reverse=True)} do not pack onto {num_nodes} nodes of {k} devices")
     out: list[tuple[int, ...]] = []
     current = 0
     for d in degrees:
+        if d > k:  # any m empty nodes leave the same room: the lowest
+            nodes = [n for n in range(num_nodes) if free[n] == k][: d // k]
+            for n in nodes:
+                free[n] = 0
+                for t in sizes:
+                    capacity[t] -= t * (k // t)
+            empty -= len(nodes)
+            whole -= len(nodes)
+            out.append(tuple(n * k + i for n in nodes for i in range(k)))
+            continue
+        after = {t: remaining[t] - (d if d >= t else 0) for t in sizes}
         for n in [current] + [n for n in range(num_nodes) if n != current]:
             f = free[n]
-            if f >= d and all(
-                remaining[t] - (d if d >= t else 0) <= capacity[t] - t * (f // t) + t * ((f - d) // t) for t in sizes
-            ):
+            if f >= d and packs(empty - (f == k), whole,
+                                {t: capacity[t] - t * (f // t) + t * ((f - d) // t) for t in sizes}, after):
                 break
         else:  # pragma: no cover - excluded by the packing condition checked above
             raise PlanError(f"internal: cannot place a stage of degree {d}")
         first = n * k + (k - f)
         out.append(tuple(range(first, first + d)))
         for t in sizes:
-            remaining[t] -= d if d >= t else 0
             capacity[t] += t * ((f - d) // t) - t * (f // t)
+        remaining = after
+        empty -= f == k
         free[n] -= d
         current = n
     return tuple(out)

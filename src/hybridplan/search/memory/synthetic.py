@@ -13,7 +13,10 @@ import numpy as np
 
 from hybridplan.search.memory.space import stage_configs
 
-__all__ = ["AdditiveStageModel", "TableStageModel"]
+__all__ = ["AdditiveStageModel", "TableStageModel", "RECOMPUTE_KEPT"]
+
+RECOMPUTE_KEPT = 0.25
+"""Stand-in only (not measured): the part of a stage's activations a recomputed micro-batch keeps in flight."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -25,7 +28,9 @@ class AdditiveStageModel:
     activations ``A``. In flight: ``min(stages_after+1, H)`` (1F1B with ``H`` micro-batches; H = 1 is GPipe).
     Data parallelism at degree ``d`` splits the activations, tensor parallelism splits everything
     (a deliberately simple stand-in for CAPTURE's fitted logarithmic curves); ZeRO splits the rest of a data
-    stage as fp32 AdamW's thirds would be (1: two of three, the optimizer state; 3: all).
+    stage as fp32 AdamW's thirds would be (1: two of three, the optimizer state; 3: all). A recomputed stage
+    keeps, per extra micro-batch in flight, only :data:`RECOMPUTE_KEPT` of its activations (the layer inputs;
+    one micro-batch's full activations still live while it recomputes), an arbitrary stand-in fraction.
     """
 
     isolated: tuple[float, ...]
@@ -67,7 +72,8 @@ class AdditiveStageModel:
         not_ok = np.concatenate([[0], np.cumsum(~ok)])
         return iso, added, act, not_ok
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
+                recompute: bool = False) -> bool:
         """Tensor stages need every layer tensor-capable; data degrees must divide the micro-batch size."""
         data = degree // tensor_degree if kind == "data+tensor" else degree if kind == "data" else 1
         if kind in ("tensor", "data+tensor"):
@@ -79,20 +85,20 @@ class AdditiveStageModel:
         return True
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0, zero: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> float:
         """See the class docstring; the same arithmetic as :meth:`stage_memory_matrix`, bit for bit."""
         iso, added, act, _ = self._prefix
         base = iso[start] + (added[stop] - added[start + 1])
         a = act[stop] - act[start]
-        return float(self._combine(base, a, kind, degree, stages_after, tensor_degree, zero))
+        return float(self._combine(base, a, kind, degree, stages_after, tensor_degree, zero, recompute))
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
-                            tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
+                            tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
         """All ``[start, stop]`` values at once (``inf`` where not allowed), for :class:`StageTable`."""
         iso, added, act, not_ok = self._prefix
         base = iso[:, None] + (added[None, :] - added[1:, None])
         a = act[None, :] - act[:-1, None]
-        out = self._combine(base, a, kind, degree, stages_after, tensor_degree, zero)
+        out = self._combine(base, a, kind, degree, stages_after, tensor_degree, zero, recompute)
         if kind in ("tensor", "data+tensor"):
             out = np.where(not_ok[None, :] == not_ok[:-1, None], out, np.inf)
         data = degree // tensor_degree if kind == "data+tensor" else degree if kind == "data" else 1
@@ -101,8 +107,8 @@ class AdditiveStageModel:
         return out
 
     def _combine(self, base: np.ndarray, a: np.ndarray, kind: str, degree: int, stages_after: int,
-                 tensor_degree: int = 0, zero: int = 0) -> np.ndarray:
-        extra = min(stages_after + 1, self.position_horizon) - 1
+                 tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
+        extra = (min(stages_after + 1, self.position_horizon) - 1) * (RECOMPUTE_KEPT if recompute else 1.0)
         if kind == "none":
             return base + a * extra
         if kind == "data":
@@ -133,28 +139,36 @@ class TableStageModel:
 
     @classmethod
     def random(cls, num_layers: int, devices_per_node: int, *, horizon: int, seed: int, levels: int = 3,
-               p_disallowed: float = 0.0, composite: bool = False, zero: bool = False) -> TableStageModel:
+               p_disallowed: float = 0.0, composite: bool = False, zero: bool = False,
+               recompute: bool = False, num_nodes: int = 1, cross_node: bool = False) -> TableStageModel:
         """Integer values in ``[0, levels)`` for every config of a node of ``devices_per_node`` devices (and the
-        data x tensor configs with ``composite``, the ZeRO ones with ``zero``: drawn after the others, so
+        data x tensor configs with ``composite``, the ZeRO ones with ``zero``, the recomputed ones with
+        ``recompute``, those over ``num_nodes`` whole nodes with ``cross_node``: drawn after the others, so
         CAPTURE's tables stay the same)."""
         rng = np.random.default_rng(seed)
         L = num_layers
         values, disallowed = {}, {}
-        for cfg in stage_configs(devices_per_node, composite=composite, zero=zero):
+        for cfg in stage_configs(devices_per_node, composite=composite, zero=zero, recompute=recompute,
+                                 num_nodes=num_nodes, cross_node=cross_node):
             values[cfg] = rng.integers(0, levels, size=(horizon, L, L + 1)).astype(np.float64)
             if p_disallowed > 0 and cfg.kind != "none":
                 disallowed[cfg] = rng.random((L, L + 1)) < p_disallowed
-        return cls({(k.kind + (f"-zero{k.zero}" if k.zero else ""), k.degree, k.tensor_degree): v for k, v in values.items()},
-                   {(k.kind + (f"-zero{k.zero}" if k.zero else ""), k.degree, k.tensor_degree): v
-                    for k, v in disallowed.items()})
+        return cls({_key(k.kind, k.degree, k.tensor_degree, k.zero, k.recompute): v for k, v in values.items()},
+                   {_key(k.kind, k.degree, k.tensor_degree, k.zero, k.recompute): v for k, v in disallowed.items()})
 
-    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0) -> bool:
+    def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
+                recompute: bool = False) -> bool:
         """False where the ``disallowed`` table says so."""
-        mask = self.disallowed.get((kind + (f"-zero{zero}" if zero else ""), degree, tensor_degree))
+        mask = self.disallowed.get(_key(kind, degree, tensor_degree, zero, recompute))
         return mask is None or not bool(mask[start, stop])
 
     def stage_memory(self, start: int, stop: int, kind: str, degree: int, stages_after: int, *,
-                     tensor_degree: int = 0, zero: int = 0) -> float:
+                     tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> float:
         """A table look-up at ``min(stages_after, H-1)``."""
-        table = self.values[(kind + (f"-zero{zero}" if zero else ""), degree, tensor_degree)]
+        table = self.values[_key(kind, degree, tensor_degree, zero, recompute)]
         return float(table[min(stages_after, table.shape[0] - 1), start, stop])
+
+
+def _key(kind: str, degree: int, tensor_degree: int, zero: int, recompute: bool) -> tuple[str, int, int]:
+    """A :class:`TableStageModel` key: ZeRO and recompute ride on the kind (``data-zero1``, ``none-recompute``)."""
+    return kind + (f"-zero{zero}" if zero else "") + ("-recompute" if recompute else ""), degree, tensor_degree
