@@ -49,7 +49,8 @@ def _campaign(args: list[str]) -> tuple[float, int, float]:
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         code = cli(args)
-    assert code == 0, f"{args} exited with {code}"
+    if code != 0:
+        raise SystemExit(f"{args} exited with {code}")
     seconds = time.perf_counter() - started
     db = args[args.index("--db") + 1]
     with sqlite3.connect(db) as conn:

@@ -100,7 +100,8 @@ def _figures(case: Case, backend: str) -> dict[str, float]:
     if not result.ok:
         raise SystemExit(f"{case.name} ({backend}): {result.status}: {result.reason}")
     d = result.devices[0]
-    assert d.peak_memory_bytes is not None and d.reserved_peak_bytes is not None and d.overhead_bytes is not None
+    if d.peak_memory_bytes is None or d.reserved_peak_bytes is None or d.overhead_bytes is None:
+        raise SystemExit(f"{case.name} ({backend}): the run reported no CUDA memory figures")
     return {"tensor_peak": d.peak_memory_bytes / MIB, "reserved": d.reserved_peak_bytes / MIB,
             "outside": d.overhead_bytes / MIB, "seconds": time.perf_counter() - t0}
 

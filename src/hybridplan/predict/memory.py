@@ -561,7 +561,9 @@ class MemoryPredictor:
             # same schedule position; its gradient all-reduce leaves no buffer behind. So it is the tensor
             # stage predicted at the global batch B/d (same micro-batch count).
             base = self.recomputed if stage.recompute == "full" and not self.recompute else self
-            assert base is not None  # _check_measured_kinds refused a recomputed stage without a recompute profile
+            if base is None:  # _check_measured_kinds refuses this first; kept for a caller that skipped it
+                raise ProfileError(f"stage {i} ({stage.describe()}) recomputes, but no recompute profile was given",
+                                   fix="pass --recompute-db, a profile taken with --activation-checkpointing")
             source, degree = base, stage.degree
             kind: str = stage.kind
             if stage.zero:  # [Note: predicting ZeRO from a profile] (predict/zero.py); refused by now if unpredictable

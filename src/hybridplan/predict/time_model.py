@@ -72,6 +72,7 @@ from typing import Any
 
 import numpy as np
 
+from hybridplan.errors import PlanError
 from hybridplan.plan import Cluster, Plan, StagePlan, spec
 from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes
 
@@ -289,7 +290,8 @@ def _stage_device_type(profile: TimeProfile, cluster: Cluster, stage: StagePlan)
         key = (spec.type, 1.0) if spec.type in profile.device_types else (profile.reference_device_type, spec.speed)
         if worst is None or key[1] < worst[1]:
             worst = key
-    assert worst is not None  # a stage has devices (Plan.validate)
+    if worst is None:
+        raise PlanError(f"stage {stage.describe()} has no devices", fix="give every stage at least one device")
     return worst
 
 

@@ -67,7 +67,8 @@ def layer_stash_bytes(
         tp = None
         if tensor:
             world = dist.group.WORLD
-            assert world is not None  # fake_process_group made the default group
+            if world is None:  # fake_process_group makes the default group; torch did not
+                raise RuntimeError("the fake process group has no default group")
             with unset_fake_temporarily():
                 mesh = DeviceMesh.from_group(world, "cpu")
             tp = TensorParallelGroup(world, mesh, 0, degree)
