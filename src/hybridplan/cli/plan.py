@@ -63,7 +63,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--allow-cross-node", action="store_true",
                    help="memory objective: also data (and, with --space extended, data x tensor) stages over 2, 4, ..."
                    " whole nodes (tensor groups stay inside a node); default: a stage never spans nodes (CAPTURE)")
-    p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory)")
+    p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory); in the space the"
+                   " other options choose (--space, --zero, --recompute-db, --allow-cross-node)")
     p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
     p.add_argument("--global-batch-size", type=positive_int, help="target global batch (default: the profile's)")
     p.add_argument("--num-microbatches", type=positive_int, help="target micro-batch count (default: the profile's)")
@@ -106,15 +107,12 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError(f"--mode {args.mode} plans for throughput", fix=f"add --objective throughput (or pareto), or use --mode {'/'.join(MODES)}")
     if not args.db:
         raise UsageError("--objective memory needs a profile database", fix="give --db FILE from 'hybridplan profile'")
-    if args.zero and (args.pipeline_only or args.fewest_devices):
-        raise UsageError("--zero searches sharded data stages, which --pipeline-only and --fewest-devices do not",
-                         fix="drop --zero, or --pipeline-only / --fewest-devices")
-    if args.allow_cross_node and (args.pipeline_only or args.fewest_devices):
-        raise UsageError("--allow-cross-node adds stages over whole nodes, which --pipeline-only and --fewest-devices"
-                         " do not search", fix="drop --allow-cross-node, or --pipeline-only / --fewest-devices")
-    if args.recompute_db and args.fewest_devices:
-        raise UsageError("--recompute-db is not searched by --fewest-devices",
-                         fix="drop --recompute-db, or --fewest-devices")
+    if args.zero and args.pipeline_only:
+        raise UsageError("--zero searches sharded data stages, which --pipeline-only excludes",
+                         fix="drop --zero, or --pipeline-only")
+    if args.allow_cross_node and args.pipeline_only:
+        raise UsageError("--allow-cross-node adds data stages over whole nodes, which --pipeline-only excludes",
+                         fix="drop --allow-cross-node, or --pipeline-only")
     if args.pipeline_only and args.space == "extended":
         raise UsageError("--pipeline-only and --space extended contradict each other",
                          fix="choose one: pipeline-only stages (mCAP), or the extended space of data x tensor stages")

@@ -131,7 +131,8 @@ def plan_memory(
             raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
         outside = predictor.outside_bytes(None)  # CUDA: the floor outside the allocator (communicators come with a plan)
         found = fewest_devices(model, cluster, L, capacity=capacity - (outside or 0), pipeline_only=pipeline_only,
-                               composite=composite, progress=progress)
+                               composite=composite, zero=zero, recompute=recompute_db is not None,
+                               cross_node=cross_node, progress=progress)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,
