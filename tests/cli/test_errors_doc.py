@@ -153,6 +153,9 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --mode 2bw", "plans for throughput"),
         Case(f"{PLAN} --objective throughput --mode bayesian", "solves the memory objective"),
         Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),
+        Case(f"{PLAN} --objective throughput --zero --mode 2bw --model {MLP}", "not PipeDream-2BW's"),
+        Case("plan --time-profile times.json --cluster 1x4 --global-batch-size 32 --objective throughput"
+             " --recompute-db profile.sqlite", "and there are none"),
         Case(f"{PLAN} --pipeline-only --space extended", "contradict each other"),
         Case(f"{PLAN} --recompute-db profile.sqlite", "was profiled without recompute"),
         Case(f"{PLAN} --allow-cross-node --pipeline-only", "adds data stages over whole nodes"),

@@ -108,12 +108,12 @@ def test_the_extended_space_is_never_worse_and_holds_the_data_x_tensor_stage(bas
 @pytest.mark.parametrize("args, message", [
     (["--pipeline-only", "--space", "extended"], "--pipeline-only and --space extended contradict each other"),
     (["--space", "extended", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space apply to --objective memory"),
+     "--fewest-devices, --pipeline-only and --space apply to --objective memory"),
     (["--space", "everything"], "argument --space: invalid choice"),
     (["--zero", "--pipeline-only"], "--zero searches sharded data stages, which --pipeline-only excludes"),
     (["--allow-cross-node", "--pipeline-only"], "--allow-cross-node adds data stages over whole nodes"),
-    (["--zero", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space apply to --objective memory"),
+    (["--zero", "--objective", "throughput", "--mode", "2bw", "--time-profile", "{d}/t.json"],
+     "--zero and --recompute-db choose per-stage options of AMP's plans, not PipeDream-2BW's"),
 ])
 def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):
     assert main(base + [a.format(d=mlp_files) for a in args]) == 2

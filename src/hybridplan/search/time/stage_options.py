@@ -50,9 +50,11 @@ its capacity), or ``None`` where the plan cannot run or be predicted (search/tim
 
 
 def stage_options(stage: StagePlan, zero_levels: Sequence[int], recompute: bool) -> tuple[Option, ...]:
-    """The options of a stage, the plain one first: ZeRO levels only with data replicas, each with and without
-    recompute when ``recompute``."""
-    zeros = [0] + sorted({z for z in zero_levels if z > 0 and stage.data_degree > 1})
+    """The options of a stage, the plain one first: ZeRO levels only with data replicas (ZeRO-2/3 only without
+    tensor parallelism, which the runtime does not shard yet: runtime/config.py), each with and without recompute
+    when ``recompute``."""
+    zeros = [0] + sorted({z for z in zero_levels
+                          if z > 0 and stage.data_degree > 1 and (z == 1 or stage.tensor_degree == 1)})
     return tuple((z, r) for r in ((False, True) if recompute else (False,)) for z in zeros)
 
 
