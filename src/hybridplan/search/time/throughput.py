@@ -50,7 +50,7 @@ from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, bottleneck_min_max, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
-from hybridplan.search.time.stage_options import StagePeaks, choose_options, option_table, with_options
+from hybridplan.search.time.stage_options import StagePeaks, choose_options, option_table, options_label, with_options
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
 
 __all__ = [
@@ -132,7 +132,7 @@ class ThroughputSearchResult:
             mem = "-" if c.peak_memory_bytes is None else f"{c.peak_memory_bytes / 2**30:.2f} GiB"
             lines.append(
                 f"{i + 1:>3} {c.pipeline_degree:>3} {c.data_degree:>3} {c.tensor_degree:>3} {c.micro_batch_size:>4}"
-                f" {c.iteration_s:>8.3f} {mem:>10}  {list(c.plan.boundaries)}"
+                f" {c.iteration_s:>8.3f} {mem:>10}  {list(c.plan.boundaries)}{options_label(c.plan)}"
             )
         lines.append(
             f"{self.evaluated} strategies evaluated, {self.rejected_by_memory} rejected by memory, {self.seconds:.3f} s"
