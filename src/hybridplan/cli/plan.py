@@ -66,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " whole nodes (tensor groups stay inside a node); default: a stage never spans nodes (CAPTURE)."
                    " throughput/pareto: always so (AMP's strategies put the replicas of a stage larger than a node on"
                    " several nodes, synced over the inter-node link)")
-    p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory); in the space the"
+    p.add_argument("--fewest-devices", action="store_true",
+                   help="find the smallest sub-mesh on which the model fits (needs --device-memory), in the space the"
                    " other options choose (--space, --zero, --recompute-db, --allow-cross-node)")
     p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
     p.add_argument("--global-batch-size", type=positive_int, help="target global batch (default: the profile's)")
