@@ -178,3 +178,20 @@ def test_extended_options_are_refused_where_they_do_not_apply(sharded):
     with Sources.open(None, time_profile=str(sharded / "t.json"), model=MLP) as sources:
         with pytest.raises(UsageError, match="and there are none"):
             plan_throughput(sources, Cluster.parse("1x2"), global_batch_size=32, recompute_db=sharded / "r.sqlite")
+
+
+def test_recompute_is_refused_when_the_layer_times_were_measured_with_it(sharded, tmp_path):
+    """A database whose layer times were taken with activation checkpointing (its time identity says so): their
+    backward already holds the recomputation, so the plain stages could not be timed; refused, naming the fix."""
+    import shutil
+
+    from hybridplan.profiling.store import ProfileStore
+
+    db = tmp_path / "p.sqlite"
+    shutil.copy(sharded / "p.sqlite", db)
+    with ProfileStore(db) as store:
+        store.set_meta("time_identity", {"model": MLP, "activation_checkpointing": True})
+    with Sources.open(db, time_profile=str(sharded / "t.json"), model=MLP) as sources:
+        with pytest.raises(UsageError, match="measured with activation checkpointing") as caught:
+            plan_throughput(sources, Cluster.parse("1x2"), global_batch_size=32, recompute_db=sharded / "r.sqlite")
+    assert "without --activation-checkpointing" in caught.value.fix
