@@ -23,12 +23,11 @@ def test_the_reserved_peak_is_a_whole_number_of_2_mib_at_least_the_tensor_peak()
 
 def test_the_excess_is_what_was_reserved_beyond_the_tensor_peak_rounded_up():
     """One span at two micro-batch sizes: tensor 65 MiB + 1 B -> least 66 MiB, reserved 70: excess 4 MiB; tensor
-    exactly 68 MiB, reserved 76: excess 8 MiB. The straight line through (2, 4) and (4, 8) gives 6 at 3, 16 at 8,
-    and would give 0 at 0 and -4 at -2 (clamped)."""
+    exactly 68 MiB, reserved 76: excess 8 MiB. Any other size takes the nearest profiled size's (the larger on a tie)."""
     g = ReservedGaps([("none", 1, 8, 2, 0, 2, 65 * M + 1, 70 * M), ("none", 1, 16, 4, 0, 2, 68 * M, 76 * M)])
-    assert [g.gap(0, 2, "none", 1, b) for b in (2, 3, 4, 8)] == [4 * M, 6 * M, 8 * M, 16 * M]
-    assert g.gap(0, 2, "none", 1, 1) == 2 * M
-    assert ReservedGaps([("none", 1, 8, 2, 0, 2, M, 20 * M), ("none", 1, 16, 4, 0, 2, M, 2 * M)]).gap(0, 2, "none", 1, 8) == 0
+    assert [g.gap(0, 2, "none", 1, b) for b in (1, 2, 3, 4, 8)] == [4 * M, 4 * M, 8 * M, 8 * M, 8 * M]
+    # reserved below the rounded tensor peak cannot happen on a device; the excess is never below 0
+    assert ReservedGaps([("none", 1, 8, 2, 0, 2, 3 * M, 2 * M)]).gap(0, 2, "none", 1, 2) == 0
     # several devices measuring the same span at the same size: the largest excess
     assert ReservedGaps([("none", 1, 8, 2, 0, 2, M, 2 * M), ("none", 1, 8, 2, 0, 2, M, 6 * M)]).gap(0, 2, "none", 1, 2) == 4 * M
 
@@ -71,8 +70,8 @@ def test_the_predictor_adds_the_reserved_peak_and_totals_it_with_the_memory_outs
 @pytest.mark.parametrize("micro, expected", [(2, 2 * M), (8, 6 * M)])
 def test_a_data_tensor_stage_takes_the_tensor_excess_at_its_replicas_micro_batch(micro, expected):
     """[Note: a data x tensor stage is a tensor stage at a smaller batch]: 2 replicas of a 2-way tensor group at
-    micro-batches of ``micro`` take the tensor-2 excess at ``micro / 2``: 0 MiB at 1 (the line through 0 at 2 and
-    4 MiB at 4 is clamped), 4 MiB at 4."""
+    micro-batches of ``micro`` take the tensor-2 excess at ``micro / 2``: at 1 the excess profiled at 2 (0 MiB), at 4
+    the one profiled at 4 (4 MiB); the tensor peak is a few KB, one 2 MiB segment."""
     stats = {("tensor", 2): [stats_at(2, 8, linear), stats_at(4, 16, linear)]}
     excess = ReservedGaps([("tensor", 2, 8, 2, 0, 4, M, 2 * M), ("tensor", 2, 16, 4, 0, 4, M, 6 * M)])
     plan = Plan("1f1b", micro * 4, 4, (StagePlan(0, 4, "data+tensor", 4, (0, 1, 2, 3), tensor_degree=2),))

@@ -60,7 +60,7 @@ def handle(args: argparse.Namespace) -> int:
         print(f"{d.device:>6} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>15}"
               + (f" {reserved:>12} {format_bytes(d.overhead_bytes):>12} {format_bytes(d.total_bytes):>12}" if cuda else ""))
     if cuda and not exact:
-        print("reserved peak not predicted: the profile records no reserved gaps (taken before they were recorded);"
+        print("reserved peak not predicted: the profile records no reserved peaks (taken before they were recorded);"
               " the total is tensor peak + outside, a lower bound; profile again into a new --db to predict it")
     print(f"plan peak: {format_bytes(prediction.peak_memory_bytes)}")
     return 0

@@ -61,13 +61,13 @@ class DevicePrediction:
 
     [Note: predicting a CUDA device] From a profile taken on (simulated or real) CUDA devices, the peak is in
     the caching allocator's terms (blocks and cuBLAS workspaces: runtime/gpu_memory.py), what
-    ``max_memory_allocated`` shows. The allocator's RESERVED peak is that peak plus the gap the profile measured
-    for the nearest profiled span of the stage's scenario, rounded up to whole 2 MiB ([Note: predicting the
-    reserved peak] in predict/reserved.py). The memory outside the allocator is added from the plan
-    (``estimate_overhead_bytes``: the context, every library a zoo model may load, the device's NCCL
-    communicators), so ``total_bytes`` = reserved + outside is what must fit the device. A CUDA profile
-    written before the gaps were recorded does not predict the reserved peak (``reserved_peak_bytes`` None);
-    its ``total_bytes`` is tensor peak + outside, a lower bound.
+    ``max_memory_allocated`` shows. The allocator's RESERVED peak is that peak plus the excess the profile
+    measured (reserved beyond the tensor peak rounded up to 2 MiB) for the nearest profiled span of the stage's
+    scenario, rounded up to whole 2 MiB ([Note: predicting the reserved peak] in predict/reserved.py). The
+    memory outside the allocator is added from the plan (``estimate_overhead_bytes``: the context, every library
+    a zoo model may load, the device's NCCL communicators), so ``total_bytes`` = reserved + outside is what must
+    fit the device. A CUDA profile written before reserved peaks were recorded does not predict the reserved
+    peak (``reserved_peak_bytes`` None); its ``total_bytes`` is tensor peak + outside, a lower bound.
     """
 
     device: int
