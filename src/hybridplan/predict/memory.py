@@ -78,8 +78,8 @@ class DevicePrediction:
     overhead_bytes: int | None = None
     """CUDA: memory outside the caching allocator, estimated (runtime/gpu_memory.py); None on a CPU."""
     reserved_peak_bytes: int | None = None
-    """CUDA: the allocator's predicted reserved peak; None on a CPU or from a profile without measured gaps
-    (see [Note: predicting a CUDA device])."""
+    """CUDA: the allocator's predicted reserved peak; None on a CPU or from a profile that did not record reserved
+    peaks (see [Note: predicting a CUDA device])."""
     total_bytes: int | None = None
     """CUDA: ``reserved_peak_bytes + overhead_bytes`` (``peak_memory_bytes + overhead_bytes``, a lower bound, when
     the reserved peak is not predicted), the device memory the plan needs; None on a CPU."""
@@ -216,7 +216,7 @@ class MemoryPredictor:
         """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
         profile] in predict/zero.py); None for a profile that did not record them."""
         self.reserved = reserved
-        """CUDA: the gaps the profile measured above the tensor peak, which predict the allocator's reserved peak
+        """CUDA: the excess the profile measured above the tensor peak, which predicts the allocator's reserved peak
         ([Note: predicting the reserved peak] in predict/reserved.py); None: not predicted."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
@@ -608,9 +608,10 @@ class MemoryPredictor:
                 gap = None if outside is None or source.reserved is None else source.reserved.gap(
                     stage.start, stage.stop, kind, degree, source.microbatch_size)
                 reserved = None if gap is None else reserved_from_gap(rounded, gap)
+                held = rounded if reserved is None else reserved  # what the allocator holds, at least
                 devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
                                                 reserved_peak_bytes=reserved,
-                                                total_bytes=None if outside is None else (reserved or rounded) + outside))
+                                                total_bytes=None if outside is None else held + outside))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
 
