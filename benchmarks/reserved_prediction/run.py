@@ -1,7 +1,7 @@
-"""Predicted against simulated reserved peak of the CUDA caching allocator, over random plans (1x4, gpt-tiny and
-wresnet-tiny, both schedules).
+"""Predicted against simulated reserved peak of the CUDA caching allocator, over random plans (1x4, gpt-tiny,
+wresnet-tiny and gpt3-125m, both schedules).
 
-[Note: predicting the reserved peak] (predict/reserved.py) predicts each device's reserved peak from the gaps a
+[Note: predicting the reserved peak] (predict/reserved.py) predicts each device's reserved peak from the excess a
 CUDA profile measured above the tensor peak. This benchmark measures it against the allocator's replay:
 
 - each model is profiled once on 1x4 simulated CUDA devices (``--backend sim --device cuda``; every run records
@@ -12,7 +12,7 @@ CUDA profile measured above the tensor peak. This benchmark measures it against 
   pipeline-only plans) among those the profile predicts;
 - every plan runs whole on simulated CUDA devices (``hybridplan validate --backend sim --device cuda``), whose
   allocator replay gives the reserved peak per device; the predictor gives its prediction, and, for comparison,
-  the least the allocator can reserve for the predicted tensor peak (rounded up to 2 MiB, no gap).
+  the least the allocator can reserve for the predicted tensor peak (rounded up to 2 MiB, no excess).
 
 Run from the repository root (resumable: rerun to continue)::
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 from hybridplan.plan import Cluster
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.predict.reserved import reserved_from_gap
+from hybridplan.predict.reserved import reserved_peak_from
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.search import PlanSpace
 from hybridplan.workflows.runs import ResultStore, ensure_profile, plan_from_choices
@@ -78,7 +78,7 @@ def measure(model: str, schedule: str, count: int, seed: int, store: ResultStore
         simulated = store[key]["simulated"]
         devices = [{"device": p.device, "stage": p.stage, "tensor_predicted": p.peak_memory_bytes,
                     "tensor_simulated": simulated[str(p.device)][0], "reserved_simulated": simulated[str(p.device)][1],
-                    "reserved_predicted": p.reserved_peak_bytes, "reserved_floor": reserved_from_gap(p.peak_memory_bytes, 0)}
+                    "reserved_predicted": p.reserved_peak_bytes, "reserved_floor": reserved_peak_from(p.peak_memory_bytes, 0)}
                    for p in predictor.predict(plan).devices]
         worst = max(abs(d["reserved_predicted"] - d["reserved_simulated"]) for d in devices)
         print(f"{key}: {plan.num_stages} stages, largest reserved error {worst / MIB:.1f} MiB", flush=True)

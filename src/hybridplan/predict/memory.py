@@ -34,7 +34,7 @@ import numpy as np
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
-from hybridplan.predict.reserved import ReservedGaps, reserved_from_gap, reserved_gaps
+from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.zero import ZeroLayout
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
@@ -185,7 +185,7 @@ class MemoryPredictor:
         recomputed: MemoryPredictor | None = None,
         device_type: str = "cpu",
         zero_layout: ZeroLayout | None = None,
-        reserved: ReservedGaps | None = None,
+        reserved: ReservedExcess | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -309,7 +309,7 @@ class MemoryPredictor:
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
             device_type=db.run_options.get("device_type", "cpu"),
             zero_layout=None if shapes is None else ZeroLayout(shapes),
-            reserved=reserved_gaps(db),
+            reserved=reserved_excess(db),
         )
 
     @property
@@ -605,9 +605,9 @@ class MemoryPredictor:
                                     stage.start, stage.stop, stage.zero, degree, r)}
                 rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)
-                gap = None if outside is None or source.reserved is None else source.reserved.gap(
+                excess = None if outside is None or source.reserved is None else source.reserved.excess(
                     stage.start, stage.stop, kind, degree, source.microbatch_size)
-                reserved = None if gap is None else reserved_from_gap(rounded, gap)
+                reserved = None if excess is None else reserved_peak_from(rounded, excess)
                 held = rounded if reserved is None else reserved  # what the allocator holds, at least
                 devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
                                                 reserved_peak_bytes=reserved,
