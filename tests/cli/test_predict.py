@@ -43,10 +43,13 @@ def test_the_plans_batch_and_schedule_are_the_targets(files, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out) == _predicted(files, plan, "capture").to_dict()
 
 
-def test_a_cuda_profile_adds_the_memory_outside_the_allocator(files, tmp_path, capsys):
-    """A profile taken on simulated CUDA devices: each device also gets the memory outside the allocator (the H100's
-    context 618.8 MiB, the libraries' 84 MiB, 562 MiB per NCCL communicator: ../shared/notes/gpu-h100-facts.md)
-    and the total that must fit; the reserved peak is not predicted."""
+def test_a_cuda_profile_adds_the_reserved_peak_and_the_memory_outside_the_allocator(files, tmp_path, capsys):
+    """A profile taken on simulated CUDA devices: each device also gets the allocator's reserved peak, the memory
+    outside the allocator (the H100's context 618.8 MiB, the libraries' 84 MiB, 562 MiB per NCCL communicator:
+    ../shared/notes/gpu-h100-facts.md) and their total, which must fit. A profile written before reserved peaks
+    were recorded still loads: its reserved peak is not predicted, and the table says its total is a lower bound."""
+    import sqlite3
+
     from hybridplan.plan.cluster import Cluster
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
     from hybridplan.profiling.partitions import Scenario
@@ -64,6 +67,28 @@ def test_a_cuda_profile_adds_the_memory_outside_the_allocator(files, tmp_path, c
     communicators = {0: 3, 1: 3, 2: 4, 3: 2}  # MIXED, by hand: tests/runtime/test_gpu_memory.py
     for d in devices:
         assert d["overhead_bytes"] == round(618.8 * mib) + 84 * mib + communicators[d["device"]] * 562 * mib
-        assert d["total_bytes"] == d["peak_memory_bytes"] + d["overhead_bytes"] and d["reserved_peak_bytes"] is None
+        assert d["total_bytes"] == d["reserved_peak_bytes"] + d["overhead_bytes"]
+    # Reserved, by hand from the allocator's rules (runtime/cuda_allocator.py), on a plan whose every stage starts
+    # with a Linear (see docs/prediction.md, "Reserved peak", on stages that start with a layer without matmuls):
+    # each device's two 32 MiB cuBLAS workspaces (forward and backward threads) take a 32 MiB segment each (>= 10
+    # MiB: the request rounded up to 2 MiB); every other block is at most 1 MiB (the 1 MiB cuBLASLt workspace, the
+    # MLP's few KiB of tensors) and all fit one 2 MiB small segment: 66 MiB.
+    aligned = {**MIXED, "stages": [{"layers": [0, 2], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
+                                   {"layers": [2, 4], "parallelism": "none", "degree": 1, "devices": [2]},
+                                   {"layers": [4, 5], "parallelism": "none", "degree": 1, "devices": [3]}]}
+    (tmp_path / "aligned.json").write_text(json.dumps(aligned))
+    assert main(["predict", "--db", str(db), "--plan", str(tmp_path / "aligned.json"), "--json"]) == 0
+    for d in json.loads(capsys.readouterr().out)["devices"]:
+        assert d["reserved_peak_bytes"] == 66 * mib and d["total_bytes"] == 66 * mib + d["overhead_bytes"]
+    assert main(["predict", "--db", str(db), "--plan", str(tmp_path / "aligned.json")]) == 0
+    out = capsys.readouterr().out
+    assert "total (min)" not in out and "not predicted" not in out and format_bytes(66 * mib) in out
+
+    with sqlite3.connect(db) as old:  # as written before the reserved peaks were recorded
+        old.execute("DROP TABLE reserved_peaks")
+    assert main(["predict", "--db", str(db), "--plan", str(files / "plan.json"), "--json"]) == 0
+    for d in json.loads(capsys.readouterr().out)["devices"]:
+        assert d["reserved_peak_bytes"] is None and d["total_bytes"] == d["peak_memory_bytes"] + d["overhead_bytes"]
     assert main(["predict", "--db", str(db), "--plan", str(files / "plan.json")]) == 0
-    assert "total (min)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "total (min)" in out and "reserved peak not predicted" in out

@@ -34,6 +34,7 @@ import numpy as np
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
+from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.zero import ZeroLayout
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
@@ -60,13 +61,13 @@ class DevicePrediction:
 
     [Note: predicting a CUDA device] From a profile taken on (simulated or real) CUDA devices, the peak is in
     the caching allocator's terms (blocks and cuBLAS workspaces: runtime/gpu_memory.py), what
-    ``max_memory_allocated`` shows. The memory outside the allocator is added from the plan
-    (``estimate_overhead_bytes``: the context, every library a zoo model may load, the device's NCCL
-    communicators), so ``total_bytes`` is what must fit the device. The allocator's RESERVED peak is not
-    predicted (``reserved_peak_bytes`` None): it depends on the order of every allocation of the whole
-    stage, which only a run replays (``validate --backend sim --device cuda`` reports it); the reserved
-    memory above the tensor peak ranged from 0.4 MiB to 1.5 GiB on the H100 runs of
-    ../shared/notes/gpu-h100-facts.md, so ``total_bytes`` is a lower bound by that much.
+    ``max_memory_allocated`` shows. The allocator's RESERVED peak is that peak plus the excess the profile
+    measured (reserved beyond the tensor peak rounded up to 2 MiB) for the nearest profiled span of the stage's
+    scenario, rounded up to whole 2 MiB ([Note: predicting the reserved peak] in predict/reserved.py). The
+    memory outside the allocator is added from the plan (``estimate_overhead_bytes``: the context, every library
+    a zoo model may load, the device's NCCL communicators), so ``total_bytes`` = reserved + outside is what must
+    fit the device. A CUDA profile written before reserved peaks were recorded does not predict the reserved
+    peak (``reserved_peak_bytes`` None); its ``total_bytes`` is tensor peak + outside, a lower bound.
     """
 
     device: int
@@ -77,9 +78,11 @@ class DevicePrediction:
     overhead_bytes: int | None = None
     """CUDA: memory outside the caching allocator, estimated (runtime/gpu_memory.py); None on a CPU."""
     reserved_peak_bytes: int | None = None
-    """The allocator's reserved peak: not predicted from a profile (see [Note: predicting a CUDA device])."""
+    """CUDA: the allocator's predicted reserved peak; None on a CPU or from a profile that did not record reserved
+    peaks (see [Note: predicting a CUDA device])."""
     total_bytes: int | None = None
-    """CUDA: ``peak_memory_bytes + overhead_bytes``, the device memory the plan needs at least; None on a CPU."""
+    """CUDA: ``reserved_peak_bytes + overhead_bytes`` (``peak_memory_bytes + overhead_bytes``, a lower bound, when
+    the reserved peak is not predicted), the device memory the plan needs; None on a CPU."""
 
     @property
     def needed_bytes(self) -> int:
@@ -182,6 +185,7 @@ class MemoryPredictor:
         recomputed: MemoryPredictor | None = None,
         device_type: str = "cpu",
         zero_layout: ZeroLayout | None = None,
+        reserved: ReservedExcess | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -211,6 +215,9 @@ class MemoryPredictor:
         self.zero_layout = zero_layout
         """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
         profile] in predict/zero.py); None for a profile that did not record them."""
+        self.reserved = reserved
+        """CUDA: the excess the profile measured above the tensor peak, which predicts the allocator's reserved peak
+        ([Note: predicting the reserved peak] in predict/reserved.py); None: not predicted."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -302,6 +309,7 @@ class MemoryPredictor:
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
             device_type=db.run_options.get("device_type", "cpu"),
             zero_layout=None if shapes is None else ZeroLayout(shapes),
+            reserved=reserved_excess(db),
         )
 
     @property
@@ -529,6 +537,7 @@ class MemoryPredictor:
                 schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
             device_type=self.device_type,
             zero_layout=self.zero_layout,
+            reserved=self.reserved,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -596,8 +605,13 @@ class MemoryPredictor:
                                     stage.start, stage.stop, stage.zero, degree, r)}
                 rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)
+                excess = None if outside is None or source.reserved is None else source.reserved.excess(
+                    stage.start, stage.stop, kind, degree, source.microbatch_size)
+                reserved = None if excess is None else reserved_peak_from(rounded, excess)
+                held = rounded if reserved is None else reserved  # what the allocator holds, at least
                 devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
-                                                total_bytes=None if outside is None else rounded + outside))
+                                                reserved_peak_bytes=reserved,
+                                                total_bytes=None if outside is None else held + outside))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
 
