@@ -130,3 +130,89 @@ def test_min_max_same_period_and_fill_as_the_reference(data: st.DataObject, num_
         return sum(float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)) + sum(e[j - 1][b[j] - 1] for j in range(1, k))
 
     assert fill(found.boundaries) == pytest.approx(fill(reference.boundaries), rel=1e-9, abs=1e-12)
+
+
+def _tied_corners(num_layers: int, k: int, gas: int, noise: np.ndarray) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The adversarial family of the module note: stage 1 is the slowest, and the costs of boundaries 1 and 2
+    pay back exactly what its time costs, ``e_0(m) + e_1(m') = g (p(L) - (p(m') - p(m)))``, so that every cut
+    with a slowest middle stage ties up to ``noise``: ``Theta(L^2)`` corners of ``S(P)`` to tell apart."""
+    t = np.ones(num_layers) + noise[:num_layers] * 1e-3
+    p = np.concatenate(([0.0], np.cumsum(t)))
+    g = gas - 1
+    e0 = g * p[1:] + noise[num_layers : 2 * num_layers] * 1e-6
+    e1 = g * (p[-1] - p[1:]) + noise[2 * num_layers :] * 1e-6
+    return [t] * k, [e0, e1] + [np.zeros(num_layers)] * (k - 3)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), num_layers=st.integers(3, 12), gas=st.integers(2, 9))
+def test_tied_corners_same_optimum_as_amps_program(data: st.DataObject, num_layers: int, gas: int) -> None:
+    k = data.draw(st.integers(3, num_layers))
+    noise = np.array(data.draw(st.lists(st.floats(0.0, 1.0), min_size=3 * num_layers, max_size=3 * num_layers)))
+    stage_costs, cut_costs = _tied_corners(num_layers, k, gas, noise)
+    reference = amp_layer_assignment(stage_costs, cut_costs, gas)
+    found = bottleneck_assignment(stage_costs, cut_costs, gas)
+    assert found.objective == pytest.approx(reference.objective, rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), num_layers=st.integers(2, 9), gas=st.sampled_from([1, 2, 1000]), kinds=st.integers(1, 3),
+       floors=st.booleans())
+def test_adversarial_families_least_total_of_every_cut(data: st.DataObject, num_layers: int, gas: int, kinds: int,
+                                                       floors: bool) -> None:
+    # several device types (stage cost vectors), floors near the stage times, a sync as large as the pipeline
+    # term, tiny and huge g: against brute force; and the evaluations within the module note's bound
+    from hybridplan.search.time import bottleneck_cuts
+
+    k = data.draw(st.integers(2, num_layers))
+    types = [_costs(data, num_layers, True) + 1 for _ in range(kinds)]
+    stage_costs = [types[j % kinds] for j in range(k)]
+    cut_costs = [_costs(data, num_layers, True) / 4 for _ in range(k - 1)]
+    cut_floors = [_costs(data, num_layers, True) * num_layers / k for _ in range(k - 1)] if floors else None
+    sync = SyncCosts(range_sums(_costs(data, num_layers, True)), tuple(float(gas) * (1 + j % 2) for j in range(k)))
+    calls = []
+    original = bottleneck_cuts._Problem.evaluate
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bottleneck_cuts._Problem, "evaluate",
+                      lambda self, p, q: calls.append((p, q)) or original(self, p, q))
+        found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync)
+
+    def parts(b: tuple[int, ...]) -> tuple[list[float], list[float], float]:  # every u, every sync, the sum
+        t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
+        u = t + ([float(cut_floors[j - 1][b[j] - 1]) for j in range(1, k)] if cut_floors else [])
+        w = [sync.factors[j] * float(sync.range_bytes[b[j], b[j + 1]]) for j in range(k)]
+        return u, w, sum(t) + sum(float(cut_costs[j - 1][b[j] - 1]) for j in range(1, k))
+
+    def total(b: tuple[int, ...]) -> float:
+        u, w, s = parts(b)
+        return (gas - 1 or 1e-9) * max(u) + max(w) + s
+
+    cuts = all_cuts(num_layers, k)
+    assert total(found.boundaries) == pytest.approx(min(total(b) for b in cuts), rel=1e-9, abs=1e-12)
+    # the bound: one evaluation without caps, then each at a distinct pair of candidates (stage 0 holds a prefix,
+    # a later stage any range [a, b) with a >= 1; any stage any sync)
+    ranges = [(a, b) for a in range(num_layers) for b in range(a + 1, num_layers + 1)]
+    us = {float(stage_costs[0][:b].sum()) for b in range(1, num_layers + 1)} | {
+        max(float(stage_costs[j][a:b].sum()), float(cut_floors[j - 1][a - 1]) if cut_floors else 0.0)
+        for j in range(1, k) for a, b in ranges if a >= 1}
+    ws = {0.0} | {sync.factors[j] * float(sync.range_bytes[a, b]) for j in range(k) for a, b in ranges}
+    assert len(set(calls)) == len(calls) <= 1 + len(us) * len(ws)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), n=st.integers(1, 70), factor=st.sampled_from([0.0, float("inf")]))
+def test_window_minima_both_ways_are_the_minimum_of_each_window(data: st.DataObject, n: int, factor: float) -> None:
+    from hybridplan.search.time import bottleneck_cuts
+
+    h = np.array(data.draw(st.lists(st.floats(-5, 5), min_size=n + 2, max_size=n + 2)))
+    h[0] = h[n] = h[n + 1] = np.inf
+    ends = np.arange(n + 1)
+    # non-decreasing starts at least 1 (the search's windows), some windows empty
+    lo = np.maximum.accumulate(np.array(data.draw(st.lists(st.integers(1, n + 1), min_size=n + 1, max_size=n + 1))))
+    lo = np.minimum(lo, n)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bottleneck_cuts, "SPARSE_TABLE_FACTOR", factor)
+        minima = bottleneck_cuts._WindowMinima(lo, ends)(h)
+    for i in range(n + 1):
+        if lo[i] < i:
+            assert minima[i] == min(h[lo[i]:i])

@@ -104,6 +104,44 @@ def range_sums(values: Sequence[float], groups: Sequence[str | None] | None = No
     return np.triu(out, 1)
 
 
+SPARSE_TABLE_FACTOR = 4.0
+"""Window minima use a sparse table once the windows' total width exceeds this factor times its ``L log w``
+cost (both give the same floats, a minimum being exact): a choice of speed, not of result. The worst-case
+benchmark (benchmarks/search_time/worst_case.py) sets it to infinity to time the reduceat-only evaluation."""
+
+
+class _WindowMinima:
+    """The minimum of ``h[lo[i] : ends[i]]`` for every ``i``, for any ``h`` (windows fixed, values not): the
+    windows' starts and ends are both non-decreasing in ``i``.
+
+    Two ways, the cheaper chosen once per set of windows: ``np.minimum.reduceat`` over the ``[lo_i, i)`` pairs,
+    ``O(sum of widths)`` (``O(L w)``); or a sparse table, ``O(L log w)``: level ``s`` holds the minima of
+    the ``2^s`` values from each position, and a window of width ``d`` is the minimum of two overlapping
+    blocks of ``2^floor(log2 d)``. An empty window (``lo >= end``) gives some value of ``h``; callers add inf."""
+
+    def __init__(self, lo: np.ndarray, ends: np.ndarray) -> None:
+        width = np.maximum(ends - lo, 1)
+        self.levels = int(width.max()).bit_length()  # levels 0 .. floor(log2 w)
+        self.sparse = float(width.sum()) > SPARSE_TABLE_FACTOR * len(ends) * (self.levels + 2)
+        if self.sparse:
+            level = np.frexp(width)[1] - 1  # floor(log2 d), exact: frexp reads the exponent
+            self.level, self.left, self.right = level, lo, np.maximum(ends - (1 << level), lo)
+        else:
+            self.pairs = np.empty(2 * len(ends), dtype=np.intp)
+            self.pairs[0::2], self.pairs[1::2] = lo, ends
+
+    def __call__(self, h: np.ndarray) -> np.ndarray:
+        if not self.sparse:
+            # every window's minimum in one pass, the in-between results dropped
+            return np.minimum.reduceat(h, self.pairs)[0::2]
+        table = np.full((self.levels, len(h)), np.inf)
+        table[0] = h
+        for s in range(1, self.levels):
+            half = 1 << (s - 1)
+            np.minimum(table[s - 1, : len(h) - half], table[s - 1, half:], out=table[s, : len(h) - half])
+        return np.minimum(table[self.level, self.left], table[self.level, self.right])
+
+
 @functools.lru_cache(maxsize=8)
 def _not_a_range(n: int) -> np.ndarray:
     """``(n + 1) x (n + 1)``: -inf where ``a >= b`` (no range ``[a, b)``), 0 elsewhere; added to a matrix of
@@ -220,19 +258,17 @@ class _Problem:
         n = self.n
         lo_p = [self._first_starts(s, cap_p) for s in self.seg]
         lo_q = [self._first_starts(s, cap_q) for s in self.sync]
-        windows: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        windows: dict[tuple[int, int], tuple[np.ndarray, _WindowMinima, np.ndarray]] = {}
         links: dict[tuple[int, int], np.ndarray] = {}
 
-        def window(j: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-            """Starts ``lo`` (window ``[lo[i], i - 1]``), reduceat indices, and ``p_j`` with inf at the ends
+        def window(j: int) -> tuple[np.ndarray, _WindowMinima, np.ndarray]:
+            """Starts ``lo`` (window ``[lo[i], i - 1]``), the window minima, and ``p_j`` with inf at the ends
             whose window is empty."""
             key = (self.kind[j], self.sync_kind[j] if self.sync else 0)
             if key not in windows:
                 lo = np.maximum(lo_p[key[0]], lo_q[key[1]]) if self.sync else lo_p[key[0]]
                 lo = np.maximum(lo, 1)
-                pairs = np.empty(2 * (n + 1), dtype=np.intp)
-                pairs[0::2], pairs[1::2] = lo, self.ends
-                windows[key] = (lo, pairs, np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
+                windows[key] = (lo, _WindowMinima(lo, self.ends), np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
             return windows[key]
 
         def link(j: int) -> np.ndarray:
@@ -250,10 +286,9 @@ class _Problem:
         h = np.full(n + 2, np.inf)  # h[a] for a stage starting at layer a; h[0], h[n], h[n + 1] (padding) stay inf
         for j in range(1, self.k):
             np.add(f[1:n], link(j), out=h[1:n])
-            _, pairs, p = window(j)
+            _, minima, p = window(j)
             fs.append(f)
-            # every window's minimum in one pass: reduceat over [lo_i, i) pairs, the in-between results dropped
-            f = np.minimum.reduceat(h, pairs)[0::2] + p
+            f = minima(h) + p
         total = float(f[n])
         if not np.isfinite(total):
             return total, None
