@@ -111,34 +111,43 @@ benchmark (benchmarks/search_time/worst_case.py) sets it to infinity to time the
 
 
 class _WindowMinima:
-    """The minimum of ``h[lo[i] : ends[i]]`` for every ``i``, for any ``h`` (windows fixed, values not): the
-    windows' starts and ends are both non-decreasing in ``i``.
+    """The minimum of ``h[r, lo[r, i] : i]`` for every row ``r`` and end ``i``, for any ``h`` of ``rows x (L + 2)``
+    (windows fixed, values not); the starts are non-decreasing in ``i``. A row is one cap (one evaluation of
+    ``S``): rows are flattened into one array, which no window crosses.
 
     Two ways, the cheaper chosen once per set of windows: ``np.minimum.reduceat`` over the ``[lo_i, i)`` pairs,
-    ``O(sum of widths)`` (``O(L w)``); or a sparse table, ``O(L log w)``: level ``s`` holds the minima of
-    the ``2^s`` values from each position, and a window of width ``d`` is the minimum of two overlapping
-    blocks of ``2^floor(log2 d)``. An empty window (``lo >= end``) gives some value of ``h``; callers add inf."""
+    ``O(sum of widths)`` (``O(L w)`` per row); or a sparse table, ``O(L log w)`` per row: level ``s`` holds
+    the minima of the ``2^s`` values from each position, and a window of width ``d`` is the minimum of two
+    overlapping blocks of ``2^floor(log2 d)``. An empty window (``lo >= i``) gives some value of ``h``;
+    callers add inf."""
 
-    def __init__(self, lo: np.ndarray, ends: np.ndarray) -> None:
-        width = np.maximum(ends - lo, 1)
+    def __init__(self, lo: np.ndarray) -> None:
+        rows, ends = lo.shape[0], lo.shape[1]
+        stride = ends + 1
+        end = np.arange(ends)[None, :]
+        width = np.maximum(end - lo, 1)
+        offset = (np.arange(rows) * stride)[:, None]
         self.levels = int(width.max()).bit_length()  # levels 0 .. floor(log2 w)
-        self.sparse = float(width.sum()) > SPARSE_TABLE_FACTOR * len(ends) * (self.levels + 2)
+        self.sparse = float(width.sum()) > SPARSE_TABLE_FACTOR * width.size * (self.levels + 2)
         if self.sparse:
             level = np.frexp(width)[1] - 1  # floor(log2 d), exact: frexp reads the exponent
-            self.level, self.left, self.right = level, lo, np.maximum(ends - (1 << level), lo)
+            self.level, self.left, self.right = level, lo + offset, np.maximum(end - (1 << level), lo) + offset
         else:
-            self.pairs = np.empty(2 * len(ends), dtype=np.intp)
-            self.pairs[0::2], self.pairs[1::2] = lo, ends
+            self.pairs = np.empty((rows, 2 * ends), dtype=np.intp)
+            self.pairs[:, 0::2], self.pairs[:, 1::2] = lo + offset, end + offset
+            self.pairs = self.pairs.ravel()
+        self.shape = lo.shape
 
     def __call__(self, h: np.ndarray) -> np.ndarray:
+        flat = h.ravel()
         if not self.sparse:
             # every window's minimum in one pass, the in-between results dropped
-            return np.minimum.reduceat(h, self.pairs)[0::2]
-        table = np.full((self.levels, len(h)), np.inf)
-        table[0] = h
+            return np.minimum.reduceat(flat, self.pairs)[0::2].reshape(self.shape)
+        table = np.full((self.levels, len(flat)), np.inf)
+        table[0] = flat
         for s in range(1, self.levels):
             half = 1 << (s - 1)
-            np.minimum(table[s - 1, : len(h) - half], table[s - 1, half:], out=table[s, : len(h) - half])
+            np.minimum(table[s - 1, : len(flat) - half], table[s - 1, half:], out=table[s, : len(flat) - half])
         return np.minimum(table[self.level, self.left], table[self.level, self.right])
 
 
@@ -217,16 +226,16 @@ class _Problem:
         qs = np.concatenate([[0.0]] + [s[(s <= q_max) & self.upper] for s in self.sync])
         return np.unique(ps[(ps >= low) & (ps <= high)]), np.unique(qs)
 
-    def _first_starts(self, ranges: np.ndarray, cap: float) -> np.ndarray:
-        """For every end ``i``, the first start ``a`` with ``ranges[a, i] <= cap``: a binary search over all
-        ends at once. A range's time or bytes shrink as its start moves right (non-negative layer costs;
+    def _first_starts(self, ranges: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """For every cap (row) and end ``i``, the first start ``a`` with ``ranges[a, i] <= cap``: a binary search
+        over all ends at once. A range's time or bytes shrink as its start moves right (non-negative layer costs;
         cumulative sums and differences of floats keep that order), so the allowed starts are ``[a, i - 1]``
         (``ranges[i, i]`` is -inf: the search ends at ``i`` at the latest)."""
-        lo = np.zeros(self.n + 1, dtype=np.intp)
-        hi = self.ends.copy()
+        lo = np.zeros((len(caps), self.n + 1), dtype=np.intp)
+        hi = np.broadcast_to(self.ends, lo.shape)
         for _ in range(self.steps):
             mid = (lo + hi) // 2
-            ok = ranges[mid, self.ends] <= cap
+            ok = ranges[mid, self.ends] <= caps[:, None]
             hi = np.where(ok, mid, hi)
             lo = np.where(ok, lo, mid + 1)
         return hi
@@ -256,19 +265,42 @@ class _Problem:
     def evaluate(self, cap_p: float, cap_q: float) -> tuple[float, tuple[int, ...] | None]:
         """``S(P, Q)`` and a cut reaching it (None where no cut fits the caps)."""
         n = self.n
-        lo_p = [self._first_starts(s, cap_p) for s in self.seg]
-        lo_q = [self._first_starts(s, cap_q) for s in self.sync]
+        totals, fs, window, link = self._paths(np.array([cap_p]), cap_q, keep=True)
+        total = float(totals[0])
+        if not np.isfinite(total):
+            return total, None
+        bounds = [n]
+        for j in range(self.k - 1, 0, -1):
+            i = bounds[-1]
+            lo = int(window(j)[0][0, i])
+            bounds.append(lo + int(np.argmin(fs[j - 1][0, lo:i] + link(j)[0, lo - 1 : i - 1])))
+        bounds.append(0)
+        return total, tuple(reversed(bounds))
+
+    def sums(self, caps_p: np.ndarray, cap_q: float) -> np.ndarray:
+        """``S(P, cap_q)`` for every ``P`` in ``caps_p`` at once (inf where no cut fits): the shortest paths of
+        :meth:`evaluate`, one row per cap, without the cuts."""
+        return self._paths(caps_p, cap_q, keep=False)[0]
+
+    def _paths(self, caps_p: np.ndarray, cap_q: float, keep: bool) -> tuple[
+            np.ndarray, list[np.ndarray], Callable[[int], tuple[np.ndarray, _WindowMinima, np.ndarray]],
+            Callable[[int], np.ndarray]]:
+        """The least sums at the end of the chain for every cap ``P`` (row), and (``keep``) every stage's table
+        with the windows and links, for the traceback."""
+        n, rows = self.n, len(caps_p)
+        lo_p = [self._first_starts(s, caps_p) for s in self.seg]
+        lo_q = [self._first_starts(s, np.array([cap_q])) for s in self.sync]
         windows: dict[tuple[int, int], tuple[np.ndarray, _WindowMinima, np.ndarray]] = {}
         links: dict[tuple[int, int], np.ndarray] = {}
 
         def window(j: int) -> tuple[np.ndarray, _WindowMinima, np.ndarray]:
-            """Starts ``lo`` (window ``[lo[i], i - 1]``), the window minima, and ``p_j`` with inf at the ends
+            """Starts ``lo`` (window ``[lo[r, i], i - 1]``), the window minima, and ``p_j`` with inf at the ends
             whose window is empty."""
             key = (self.kind[j], self.sync_kind[j] if self.sync else 0)
             if key not in windows:
                 lo = np.maximum(lo_p[key[0]], lo_q[key[1]]) if self.sync else lo_p[key[0]]
                 lo = np.maximum(lo, 1)
-                windows[key] = (lo, _WindowMinima(lo, self.ends), np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
+                windows[key] = (lo, _WindowMinima(lo), np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
             return windows[key]
 
         def link(j: int) -> np.ndarray:
@@ -276,29 +308,22 @@ class _Problem:
             boundary exceeds the cap."""
             key = (self.kind[j], self.link_kind[j])
             if key not in links:
-                links[key] = np.where(self.floors[j - 1] <= cap_p, self.cuts[j - 1] - self.prefix[key[0]][1:n], np.inf)
+                links[key] = np.where(self.floors[j - 1][None, :] <= caps_p[:, None],
+                                      self.cuts[j - 1] - self.prefix[key[0]][1:n], np.inf)
             return links[key]
 
         p0 = self.prefix[self.kind[0]]
         f = np.where(np.maximum(lo_p[self.kind[0]], lo_q[self.sync_kind[0]] if self.sync else 0) == 0, p0, np.inf)
-        f[0] = np.inf
+        f[:, 0] = np.inf
         fs = []
-        h = np.full(n + 2, np.inf)  # h[a] for a stage starting at layer a; h[0], h[n], h[n + 1] (padding) stay inf
+        h = np.full((rows, n + 2), np.inf)  # h[a]: a stage starting at layer a; h[0], h[n], h[n + 1] stay inf
         for j in range(1, self.k):
-            np.add(f[1:n], link(j), out=h[1:n])
+            np.add(f[:, 1:n], link(j), out=h[:, 1:n])
             _, minima, p = window(j)
-            fs.append(f)
+            if keep:
+                fs.append(f)
             f = minima(h) + p
-        total = float(f[n])
-        if not np.isfinite(total):
-            return total, None
-        bounds = [n]
-        for j in range(self.k - 1, 0, -1):
-            i = bounds[-1]
-            lo = int(window(j)[0][i])
-            bounds.append(lo + int(np.argmin(fs[j - 1][lo:i] + link(j)[lo - 1 : i - 1])))
-        bounds.append(0)
-        return total, tuple(reversed(bounds))
+        return f[:, n], fs, window, link
 
     def maxima(self, b: tuple[int, ...]) -> tuple[float, float]:
         """The cut's own ``max u`` and ``max sync`` (the same floats the candidates hold)."""
@@ -306,6 +331,37 @@ class _Problem:
                 + [float(self.floors[j - 1][b[j] - 1]) for j in range(1, self.k)])
         q = max((float(self.sync[self.sync_kind[j]][b[j], b[j + 1]]) for j in range(self.k)), default=0.0) if self.sync else 0.0
         return u, max(q, 0.0)
+
+
+SWEEP_AFTER = 64
+"""Evaluations of the box search after which a search without sync sweeps the candidates left instead (module
+note): about three times what the search needs on the plan search's cases (benchmarks/search_time: about 20
+per cut), so that the sweep only takes over where corners are many. A choice of speed, not of result: both
+are exact. The worst-case benchmark sets it to infinity to time the box search alone."""
+
+_SWEEP_ELEMENTS = 1 << 18
+"""Caps per sweep batch times ``L + 2``: a batch's arrays of about 2 MB each (the sparse table ``log w`` of
+them), small against memory and large enough that numpy, not Python, sets the pace."""
+
+
+def _sweep(problem: _Problem, caps: np.ndarray, g: float, least_sum: float, best_value: float,
+           best_cut: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+    """The best cut among the incumbent and those of ``S(P)`` for every cap ``P`` in ``caps`` (sorted) with
+    ``g P + least_sum < best_value``: ``S`` of a batch of caps at once (:meth:`_Problem.sums`), then the cut of
+    the batch's best cap, which becomes the incumbent and prunes the later batches."""
+    rows = max(1, _SWEEP_ELEMENTS // (problem.n + 2))
+    for start in range(0, len(caps), rows):
+        batch = caps[start : start + rows]
+        batch = batch[g * batch + least_sum < best_value]  # sorted: an empty batch ends the sweep
+        if len(batch) == 0:
+            break
+        values = g * batch + problem.sums(batch, 0.0)
+        r = int(np.argmin(values))
+        if values[r] < best_value:
+            total, cut = problem.evaluate(float(batch[r]), 0.0)
+            if cut is not None and problem.value(cut, g)[0] < best_value:
+                best_value, best_cut = problem.value(cut, g)[0], cut
+    return best_value, best_cut
 
 
 def bottleneck_assignment(
@@ -398,6 +454,10 @@ def bottleneck_assignment(
     first_q = least_feasible(len(qs), lambda i: (len(ps) - 1, i))
     dead: list[tuple[int, int]] = [(first_p - 1, len(qs) - 1), (len(ps) - 1, first_q - 1)]
     while boxes:
+        if not problem.sync and len(seen) > SWEEP_AFTER:
+            # many corners (module note, worst case): every candidate left, in batches, instead of the boxes
+            best_value, best_cut = _sweep(problem, ps[first_p:], g, least_sum, best_value, best_cut)
+            break
         bound, _, pl, ph, ql, qh, total = heapq.heappop(boxes)
         if bound >= best_value:
             break
