@@ -205,6 +205,8 @@ class _Problem:
                     self.sync.append(f * sync.range_bytes + below)
                 self.sync_kind.append(fkeys[f])
         self.upper = below == 0
+        self.link_base: dict[tuple[int, int], np.ndarray] = {}  # e_j(a) - p_j(a) per (cost vector, link kind)
+        self.floor_max = [float(fl.max(initial=-np.inf)) for fl in self.floors]  # below every cap: no mask needed
         self.ends = np.arange(n + 1)
         self.steps = max(1, int(np.ceil(np.log2(n + 1))))
 
@@ -232,12 +234,14 @@ class _Problem:
         cumulative sums and differences of floats keep that order), so the allowed starts are ``[a, i - 1]``
         (``ranges[i, i]`` is -inf: the search ends at ``i`` at the latest)."""
         lo = np.zeros((len(caps), self.n + 1), dtype=np.intp)
-        hi = np.broadcast_to(self.ends, lo.shape)
+        hi = np.empty_like(lo)
+        hi[:] = self.ends
+        flat, column, cap = ranges.ravel(), self.ends, caps[:, None]
         for _ in range(self.steps):
-            mid = (lo + hi) // 2
-            ok = ranges[mid, self.ends] <= caps[:, None]
-            hi = np.where(ok, mid, hi)
-            lo = np.where(ok, lo, mid + 1)
+            mid = (lo + hi) >> 1
+            ok = flat[mid * (self.n + 1) + column] <= cap
+            np.copyto(hi, mid, where=ok)
+            np.copyto(lo, mid + 1, where=~ok)
         return hi
 
     def value(self, cut: tuple[int, ...], g: float) -> tuple[float, float]:
@@ -292,6 +296,7 @@ class _Problem:
         lo_q = [self._first_starts(s, np.array([cap_q])) for s in self.sync]
         windows: dict[tuple[int, int], tuple[np.ndarray, _WindowMinima, np.ndarray]] = {}
         links: dict[tuple[int, int], np.ndarray] = {}
+        least_cap = float(caps_p.min())
 
         def window(j: int) -> tuple[np.ndarray, _WindowMinima, np.ndarray]:
             """Starts ``lo`` (window ``[lo[r, i], i - 1]``), the window minima, and ``p_j`` with inf at the ends
@@ -308,8 +313,10 @@ class _Problem:
             boundary exceeds the cap."""
             key = (self.kind[j], self.link_kind[j])
             if key not in links:
-                links[key] = np.where(self.floors[j - 1][None, :] <= caps_p[:, None],
-                                      self.cuts[j - 1] - self.prefix[key[0]][1:n], np.inf)
+                if key not in self.link_base:
+                    self.link_base[key] = self.cuts[j - 1] - self.prefix[key[0]][1:n]
+                links[key] = (self.link_base[key][None, :] if self.floor_max[j - 1] <= least_cap
+                              else np.where(self.floors[j - 1][None, :] <= caps_p[:, None], self.link_base[key], np.inf))
             return links[key]
 
         p0 = self.prefix[self.kind[0]]
