@@ -190,10 +190,10 @@ def main() -> None:
                 runs: dict[str, dict[str, Any] | None] = {}
                 for which in ("old", "new"):
                     # a search stopped at some L is not run at larger L (it would be stopped again)
-                    runs[which] = None if stopped[which] else in_child(which, name, num_layers, k, args.limit)
-                    stopped[which] = runs[which] is None
-                    if runs[which] is not None:
-                        results.setdefault((name, k, which), []).append((num_layers, runs[which]))
+                    run = None if stopped[which] else in_child(which, name, num_layers, k, args.limit)
+                    runs[which], stopped[which] = run, run is None
+                    if run is not None:
+                        results.setdefault((name, k, which), []).append((num_layers, run))
                 old, new = runs["old"], runs["new"]
 
                 def cell(run: dict[str, Any] | None, key: str, fmt: Callable[[Any], str]) -> str:
