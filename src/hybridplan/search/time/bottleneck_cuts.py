@@ -17,9 +17,9 @@ this fast:
    ``a >= lo_j(i)``: layer times and bytes are non-negative, so a range's time and bytes grow with it and the
    allowed starts form a window ``[lo_j(i), i - 1]`` (boundaries whose floor exceeds ``P`` are masked). With
    ``t_j(a, i) = p_j(i) - p_j(a)`` (prefix sums), ``f_j(i) = p_j(i) + min_{a in window} (f_{j-1}(a) - p_j(a)
-   + e_j(a))``: a minimum over a window, for all ``i`` in one ``np.minimum.reduceat``; the windows come from
-   a binary search over all ends at once. ``O(L w)`` per stage with ``w`` the widest window (at most ``L``),
-   ``O(k L w + L log L)`` per evaluation.
+   + e_j(a))``: a minimum over a window, for all ``i`` in one numpy pass (``reduceat`` or a sparse table);
+   the windows come from a binary search over all ends at once. ``O(k L log L)`` per evaluation (cost note
+   below), and a batch of caps in one pass.
 2. ``S`` is non-increasing in both caps, and the cut found at ``(P, Q)`` has its own maxima ``(P', Q') <= (P,
    Q)`` with the same sum: every ``(P'', Q'')`` with ``P' <= P'' <= P`` and ``Q' <= Q'' <= Q`` is dominated by
    ``(P', Q')``. One evaluation therefore removes a quadrant of the candidate box; more generally a known cut
@@ -35,12 +35,44 @@ Before the boxes: two incumbents (the least sum without caps, whose sum bounds e
 time) bound the caps a better cut can have, so only candidates in that range are built; then a binary search
 finds the least feasible ``P`` (any ``Q``) and the least feasible ``Q`` (any ``P``), below which all is dead.
 
-The search is exact (every candidate pair is either evaluated, dominated or bounded out). Its cost is the
-number of evaluations times ``O(k L w + L log L)``, plus ``O(L^2)`` per distinct stage cost vector for the
-range sums and the candidates (``O(k L^2)`` at worst). Evaluations are few in practice (about 20 per cut at
-1024 devices and 384 layers, benchmarks/search_time), but not bounded by a polynomial of small degree on
-adversarial inputs; tests/search/time/test_bottleneck_cuts.py checks the search against AMP's program and
-brute force.
+The search is exact: every candidate pair is either evaluated, dominated or bounded out.
+
+[Note: bottleneck search cost] What the search costs at worst, and why that is not ``O(k L^2)``.
+
+*One evaluation* of ``S(P, Q)`` costs ``O(k L log L)``: the windows' starts by a binary search over all ends,
+``O(L log L)`` per distinct stage cost vector and sync factor; per stage the window minima either by
+``reduceat`` (``O(L w)``) or by a sparse table (``O(L log w)``), whichever is cheaper for those windows (both
+give the same floats, a minimum being exact: :class:`_WindowMinima`); the traceback ``O(k w)``.
+
+*The number of evaluations* ``E`` is at most ``1 + |C_P| |C_Q|``, with ``C_P`` the candidate bottlenecks in
+``[p_floor, p_max]`` and ``C_Q`` the candidate syncs up to ``q_max`` (and 0). Proof: after the first
+evaluation (no caps), the binary searches and the boxes evaluate only at pairs ``(ps[i], qs[j])`` of candidates,
+through ``seen``, a cache keyed by the pair, so no pair is evaluated twice; and the search ends, since a popped
+box is either dropped or evaluated at its top corner ``(ph, qh)``, and the boxes it leaves (``P < ps[pu]`` or
+``Q < qs[qu]``, with ``pu <= ph`` and ``qu <= qh``) lie inside it without that corner. Without a sync term
+(``|C_Q| = 1``) the search stops after :data:`SWEEP_AFTER` evaluations and computes ``S(P)`` of every
+candidate ``P`` left, ascending, in batches of caps (one numpy pass per stage for the batch,
+:meth:`_Problem.sums`; batches past ``g P + least sum >= best`` are skipped, and each batch's best cap is
+evaluated for its cut): again each candidate at most once, with numpy instead of Python setting the pace.
+``|C_P| <= L + D L (L + 1) / 2`` with ``D`` the distinct (stage cost vector, boundary floors) pairs of stages
+1 .. k-1 (stage 0 only holds prefixes), and ``|C_Q| <= 1 + F L (L + 1) / 2`` with ``F`` the distinct sync
+factors. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term (``O(k L^3 log L)`` on
+one device type) and ``O(D F k L^5 log L)`` with one; on the plan search's inputs ``E`` is about 20.
+
+*Why not* ``O(k L^2)``. The tied-corners family (tests/search/time/test_bottleneck_cuts.py,
+benchmarks/search_time/worst_case.py) makes ``Theta(L^2)`` cuts tie up to noise: layer times about 1 (all range
+sums distinct), three or more stages, and boundary costs ``e_0(m) = g p(m)`` and ``e_1(m') = g (p(L) - p(m'))``
+that pay back ``g`` times the middle stage's time ``p(m') - p(m)``, so that every cut whose middle stage is the
+slowest costs ``g p(L)`` plus the noise. Each is the least-sum cut for the caps from its own bottleneck ``B_c``
+up to the next one, so an evaluation reveals one of them, and the bound the other evaluations give it (``g B_c +
+S(B_next)``, ``g (B_next - B_c)`` below ``g p(L)``) cannot exclude it: a search that learns ``S`` by evaluating
+it must evaluate at a cap of each, ``Omega(L^2)`` evaluations reading ``Theta(k L)`` table entries each,
+``Omega(k L^3)``, which the search reaches up to the ``log L``. A second tie on the sync, on other stages,
+multiplies the corners (``Theta(L^4)``: the ``|C_P| |C_Q|`` above). The programs that do not evaluate cap by cap
+are no cheaper at worst: AMP's carries the tolerance, ``O(k L^2 |C_P|) = O(k L^4)`` (no sync); one carrying the
+Pareto set of (bottleneck, sum) per (stage, end) holds ``Theta(L)`` labels per state on this family and up to
+``|C_P|`` in general, ``O(k L^2 |C_P|)`` as well. benchmarks/search_time (worst case) measures both searches
+on these families; the search stays exact on every one (the tests against AMP's program and brute force).
 """
 
 from __future__ import annotations
