@@ -237,6 +237,7 @@ class _Problem:
                     self.sync.append(f * sync.range_bytes + below)
                 self.sync_kind.append(fkeys[f])
         self.upper = below == 0
+        self._remembered: dict[tuple[str, int, float], np.ndarray] = {}  # window starts per single cap
         self.link_base: dict[tuple[int, int], np.ndarray] = {}  # e_j(a) - p_j(a) per (cost vector, link kind)
         self.floor_max = [float(fl.max(initial=-np.inf)) for fl in self.floors]  # below every cap: no mask needed
         self.ends = np.arange(n + 1)
@@ -259,6 +260,18 @@ class _Problem:
         ps = np.concatenate(values)
         qs = np.concatenate([[0.0]] + [s[(s <= q_max) & self.upper] for s in self.sync])
         return np.unique(ps[(ps >= low) & (ps <= high)]), np.unique(qs)
+
+    def _starts(self, key: tuple[str, int], ranges: np.ndarray, caps: np.ndarray) -> np.ndarray:
+        """:meth:`_first_starts`, remembered for single caps: the boxes evaluate one cap of ``P`` with many of
+        ``Q`` and the reverse, and the windows of a cap do not change (at most 4096 kept, then forgotten)."""
+        if len(caps) != 1:
+            return self._first_starts(ranges, caps)
+        entry = (key[0], key[1], float(caps[0]))
+        if entry not in self._remembered:
+            if len(self._remembered) >= 4096:
+                self._remembered.clear()
+            self._remembered[entry] = self._first_starts(ranges, caps)
+        return self._remembered[entry]
 
     def _first_starts(self, ranges: np.ndarray, caps: np.ndarray) -> np.ndarray:
         """For every cap (row) and end ``i``, the first start ``a`` with ``ranges[a, i] <= cap``: a binary search
@@ -324,8 +337,8 @@ class _Problem:
         """The least sums at the end of the chain for every cap ``P`` (row), and (``keep``) every stage's table
         with the windows and links, for the traceback."""
         n, rows = self.n, len(caps_p)
-        lo_p = [self._first_starts(s, caps_p) for s in self.seg]
-        lo_q = [self._first_starts(s, np.array([cap_q])) for s in self.sync]
+        lo_p = [self._starts(("p", i), s, caps_p) for i, s in enumerate(self.seg)]
+        lo_q = [self._starts(("q", i), s, np.array([cap_q])) for i, s in enumerate(self.sync)]
         windows: dict[tuple[int, int], tuple[np.ndarray, _WindowMinima, np.ndarray]] = {}
         links: dict[tuple[int, int], np.ndarray] = {}
         least_cap = float(caps_p.min())
@@ -381,6 +394,33 @@ are exact. The worst-case benchmark sets it to infinity to time the box search a
 _SWEEP_ELEMENTS = 1 << 18
 """Caps per sweep batch times ``L + 2``: a batch's arrays of about 2 MB each (the sparse table ``log w`` of
 them), small against memory and large enough that numpy, not Python, sets the pace."""
+
+
+class _KnownCuts:
+    """The cuts found, as the indices of their maxima ``(pu, qu)`` and their sums: what shrinks a box (module
+    note, fact 2). Arrays that grow by doubling, so that shrinking a box is one numpy pass, not a Python loop
+    over every cut found (thousands on the adversarial inputs)."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.p, self.q, self.sums = np.zeros(16, dtype=np.intp), np.zeros(16, dtype=np.intp), np.zeros(16)
+
+    def add(self, pu: int, qu: int, total: float) -> None:
+        if self.size == len(self.p):
+            self.p = np.concatenate((self.p, np.zeros_like(self.p)))
+            self.q = np.concatenate((self.q, np.zeros_like(self.q)))
+            self.sums = np.concatenate((self.sums, np.zeros_like(self.sums)))
+        self.p[self.size], self.q[self.size], self.sums[self.size] = pu, qu, total
+        self.size += 1
+
+    def shrink(self, pl: int, ph: int, ql: int, qh: int, total: float) -> tuple[int, int]:
+        """The box's top corner once every known cut of sum ``<= total`` has removed what it dominates: ``P >=
+        its pu`` where it spans the box's whole ``Q`` side (``qu <= ql``), and likewise ``Q >= qu``."""
+        p, q = self.p[: self.size], self.q[: self.size]
+        cheaper = self.sums[: self.size] <= total
+        ph = min(ph, int(p[cheaper & (q <= ql)].min(initial=ph + 1)) - 1)
+        qh = min(qh, int(q[cheaper & (p <= pl)].min(initial=qh + 1)) - 1)
+        return ph, qh
 
 
 def _sweep(problem: _Problem, caps: np.ndarray, g: float, least_sum: float, best_value: float,
@@ -455,7 +495,7 @@ def bottleneck_assignment(
         (-np.inf, 0, 0, len(ps) - 1, 0, len(qs) - 1, least_sum)]
     serial = 1
     # dead: (pi, qi) such that no cut fits caps P <= ps[pi] and Q <= qs[qi]
-    known: list[tuple[int, int, float]] = []  # (pu, qu, S) of the cuts found: their maxima's indices and sums
+    known = _KnownCuts()
 
     def learn(cut: tuple[int, ...], total: float) -> tuple[int, int]:
         """Keep a cut found: as the incumbent if it is the best, and (always) for its dominance."""
@@ -465,7 +505,7 @@ def bottleneck_assignment(
             best_value, best_cut = value, cut
         u, q = problem.maxima(cut)
         pu, qu = int(np.searchsorted(ps, u, side="left")), int(np.searchsorted(qs, q, side="left"))
-        known.append((pu, qu, total))
+        known.add(pu, qu, total)
         return pu, qu
 
     for cut in {best_cut, balanced}:
@@ -502,12 +542,7 @@ def bottleneck_assignment(
             break
         # A known cut of sum S_c <= total (every sum in the box is >= total) beats every cap pair above its own
         # maxima; what earlier evaluations found infeasible lies below a dead corner. Both shrink the box.
-        for pu, qu, sc in known:
-            if sc <= total:
-                if qu <= ql:
-                    ph = min(ph, pu - 1)
-                if pu <= pl:
-                    qh = min(qh, qu - 1)
+        ph, qh = known.shrink(pl, ph, ql, qh, total)
         ql = max([ql] + [qi + 1 for pi, qi in dead if pi >= ph])
         pl = max([pl] + [pi + 1 for pi, qi in dead if qi >= qh])
         if pl > ph or ql > qh or g * float(ps[pl]) + float(qs[ql]) + total >= best_value:
