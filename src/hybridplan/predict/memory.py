@@ -35,7 +35,8 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
-from hybridplan.predict.zero import ZeroLayout
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, gathering_transient,
+                                     zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -335,7 +336,7 @@ class MemoryPredictor:
         where the profile cannot say (ZeRO-2, ZeRO of a data x tensor stage, no parameter shapes recorded)."""
         if self.zero_layout is None or kind != "data":
             return None
-        return {1: "data", 3: "data-zero3"}.get(zero)
+        return {1: "data", 2: "data-zero3", 3: "data-zero3"}.get(zero)
 
     def profiled_degrees(self, kind: str) -> list[int]:
         """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
@@ -417,6 +418,8 @@ class MemoryPredictor:
         source, layout = self._zero_source(kind, zero), self.zero_layout
         if source is None or layout is None:
             return None
+        if zero == 2:
+            return self._zero2_peaks(start, stop, degree, stages_after)
         q = self.span_quantities(start, stop, source, degree) if (source, degree) in self.stats else None
         if q is None or self.method == "capture":
             base = self.stage_memory(start, stop, source, degree, stages_after)
@@ -430,6 +433,40 @@ class MemoryPredictor:
             v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
             v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
             out.append(float(np.max(terms @ v)))
+        return out
+
+    def _zero2_peaks(self, start: int, stop: int, degree: int, stages_after: int) -> list[float] | None:
+        """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
+        ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
+        forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``."""
+        layout = self.zero_layout
+        if layout is None or self.method == "capture" or not {("data-zero3", degree), ("data", degree)} <= set(self.stats):
+            return None
+        q = self.span_quantities(start, stop, "data-zero3", degree)
+        plain = self.span_quantities(start, stop, "data", degree)
+        if q is None or plain is None:
+            return None
+        gathered = layout.gathered_bytes(start, stop, degree)
+        total = sum(gathered)
+
+        def column(spans: list[tuple[int, int]], name: str) -> list[float]:  # unknown spans raise nothing
+            found = [self.span_quantities(a, b, "data-zero3", degree) for a, b in spans]
+            return [-math.inf if v is None else float(v[INDEX[name]]) for v in found]
+
+        prefixes = [(start, k + 1) for k in range(start, stop)]
+        suffixes = [(j, stop) for j in range(start, stop)]
+        activation = float(q[INDEX["activation"]])
+        transients = Zero2Transients(
+            gathering_forward=gathering_transient(column(prefixes, "forward_transient"), gathered, activation + total),
+            gathered_forward=float(plain[INDEX["forward_transient"]]),
+            first_backward=gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
+            gathered_backward=gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
+        )
+        out = []
+        for r in range(degree):
+            v = q[:_PEAK].copy()
+            v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
+            out.append(zero2_peak(v, transients, total, self.schedule, stages_after, self.num_microbatches))
         return out
 
     def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
@@ -583,6 +620,10 @@ class MemoryPredictor:
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
             ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
             peaks = base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after) if stage.zero else None
+            if stage.zero and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
+                raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
+                                   f" data{degree} and data{degree}-zero3 scenarios' quantities",
+                                   fix="predict with the default method (quantities), or profile with --zero")
             for d in stage.devices:
                 mine, peak = breakdown, value
                 if peaks is not None and base.zero_layout is not None:
@@ -632,16 +673,20 @@ class MemoryPredictor:
         """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
         where = f"stage {i} ({stage.describe()})"
         instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
-        if stage.kind != "data" or stage.zero == 2:
-            what = "ZeRO-2" if stage.zero == 2 else f"ZeRO-{stage.zero} of a {stage.kind} stage"
-            raise ProfileError(f"{where}: {what} is not yet predicted from a profile", fix=instead)
+        if stage.kind != "data":
+            raise ProfileError(f"{where}: ZeRO-{stage.zero} of a {stage.kind} stage is not yet predicted from a profile",
+                               fix=instead)
         if base.zero_layout is None:
             raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
                                fix="run the same 'hybridplan profile' command on the database again: it resumes and"
                                " records them")
-        if stage.zero == 3 and not base.profiled_degrees("data-zero3"):
-            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario",
+        if stage.zero in (2, 3) and not base.profiled_degrees("data-zero3"):
+            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
                                fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+        if stage.zero == 2 and not {("data-zero3", stage.degree), ("data", stage.degree)} <= set(base.stats):
+            raise ProfileError(f"{where}: ZeRO-2 is predicted from the data{stage.degree} and data{stage.degree}-zero3"
+                               " scenarios, and the profile lacks one (no fit across degrees for ZeRO-2)",
+                               fix=f"profile with --zero on a mesh with {stage.degree} devices per node, or " + instead)
 
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)

@@ -30,17 +30,46 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   the optimizer state of their dim-0 chunks (FSDP2 ``_init_sharded_param``: ``torch.chunk`` rows, the last
   ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
-- **ZeRO-2** (``reshard_after_forward=False``) keeps a layer's gathered parameters from the first forward
-  after a backward until the next backward, which frees them: a level that rises in some forwards and not in
-  others, unlike every quantity of profiling/quantities.py. Not predicted yet (the predictor says so).
+- **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
+
+[Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
+ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
+gradients), and differs only in WHEN a layer's parameters are gathered: a forward that finds them resharded
+gathers each layer and keeps it (``gathered_bytes``: every rank's padded chunk) until the layer's next backward,
+which frees it (``reshard_after_backward``). So each action is one of five kinds, each with a transient that
+the ZeRO-3 and data scenarios measured or that follows from them and the parameter shapes (no profiling run is
+added; measured on gpt-tiny, wresnet-tiny and the MLP in the timelines of ``hybridplan run --backend sim``):
+
+- a forward after the iteration start or a backward *gathers*: it keeps ``activation + G`` (G: the stage's
+  gathered bytes); its transient is ZeRO-3's forward transient at the layer that sets it, plus the layers before
+  it, still gathered (:func:`gathering_transient`, from the ZeRO-3 transients of the span's prefixes);
+- a forward after a forward finds every layer gathered: no all-gather, exactly the unsharded data stage's
+  forward (its transient, measured equal in every timeline tried);
+- a backward after a forward (the first backward; 1F1B's steady state) finds them gathered and frees each after
+  its backward: ZeRO-3's backward transient at the layer that sets it less that layer's and the later layers'
+  gathered bytes, which ZeRO-2 holds in its level or has freed by then (:func:`gathered_backward_transient`, from
+  the suffixes);
+- a backward after a backward (GPipe; 1F1B's cool-down) finds them resharded: ZeRO-3's backward, measured equal;
+- the step: ZeRO-3's.
+
+:func:`zero2_peak` replays a stage's actions with that one state more (gathered or not). Exact on the MLP's and
+gpt-tiny's profiled spans; composed spans inherit the ZeRO-3 scenario's composition errors (a prefix or suffix
+the campaign did not measure is composed by M_a like any span).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
+import numpy as np
+
+from hybridplan.plan.schedule import stage_actions
+from hybridplan.profiling.quantities import INDEX
+
+__all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathering_transient", "gathered_backward_transient",
+           "zero2_peak", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -115,6 +144,20 @@ class ZeroLayout:
         base = self.optimizer_bytes(start, stop, 0 if zero == 1 else zero, degree, 0)
         return self.optimizer_bytes(start, stop, zero, degree, rank) - base
 
+    def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
+        """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over
+        ``degree`` ranks: each parameter as ``degree`` padded chunks of ``ceil(dim0 / degree)`` rows (FSDP2
+        ``FSDPParam.init_all_gather_outputs`` allocates ``world_size`` x the padded shard; the unsharded parameter
+        is a view of it). 0 for a layer without parameters (not an FSDP unit: runtime/sharding.py)."""
+        out = []
+        for layer in self.shapes[start:stop]:
+            total = 0
+            for element, shape in layer:
+                dims = shape or (1,)
+                total += element * degree * fsdp_rows(dims[0], degree, 0) * math.prod(dims[1:])
+            out.append(total)
+        return out
+
     def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
         parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
@@ -124,3 +167,95 @@ class ZeroLayout:
         sizes = [e * math.prod(shape) for e, shape in params]
         share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
         return 2 * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
+
+
+@dataclass(frozen=True)
+class Zero2Transients:
+    """A ZeRO-2 stage's transients (bytes above the level an action starts from), one per kind of action
+    ([Note: predicting ZeRO-2 from the ZeRO-3 scenario]); the other quantities are the ZeRO-3 stage's."""
+
+    gathering_forward: float
+    """A forward that all-gathers its layers and keeps them (the first after the iteration starts or a backward)."""
+    gathered_forward: float
+    """A forward whose layers are already gathered: the unsharded data stage's forward transient."""
+    first_backward: float
+    """The first backward (its layers always gathered: it follows a forward)."""
+    gathered_backward: float
+    """A later backward that follows a forward (1F1B's steady state): its layers are gathered."""
+
+
+def gathering_transient(prefix_forward: Sequence[float], gathered: Sequence[int], floor: float) -> float:
+    """ZeRO-2's gathering forward from the ZeRO-3 forward transients of the span's prefixes.
+
+    ``prefix_forward[k]`` is the ZeRO-3 forward transient of the span's first ``k + 1`` layers, the largest over
+    those layers of what layer ``j`` adds above the level (the activations before it, its all-gather, its
+    temporaries). Where a prefix raises it, layer ``k`` sets it, so ZeRO-2's value at ``k`` is that plus the
+    layers before ``k``, which ZeRO-2 keeps gathered and ZeRO-3 has freed; a layer that raises nothing is below
+    its prefix's value and is left out (an under-estimate where ZeRO-2's kept layers lift it above the others).
+    ``floor``: what the forward leaves (activation + every gathered layer), which the transient cannot be below.
+
+    >>> gathering_transient([10, 30, 25], [4, 8, 2], 0)  # layer 1 sets ZeRO-3's peak: 30 + layer 0's 4 bytes
+    34
+    """
+    best, kept, highest = floor, 0, -math.inf
+    for value, size in zip(prefix_forward, gathered):
+        if value > highest:
+            best, highest = max(best, value + kept), value
+        kept += size
+    return best
+
+
+def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequence[int], floor: float) -> float:
+    """A ZeRO-2 backward whose layers are gathered, from the ZeRO-3 backward transients of the span's suffixes.
+
+    ``suffix_backward[j]`` is the ZeRO-3 transient of the span's layers ``j..`` (a backward runs them last to
+    first, so a suffix's backward is the span's until it reaches layer ``j``). Where adding layer ``j`` raises
+    it, the peak is at ``j`` (its all-gather: ``gathered[j]``) or at ``j + 1``, whose backward prefetches ``j``
+    (FSDP2's backward prefetch of the previous unit): either way ZeRO-3 then holds ``j``'s layers gathered and
+    the layers after, already resharded, none; their own all-gathers aside. ZeRO-2 holds every layer's gathered
+    parameters from the start of the backward (in its level) and frees each after its backward, so at that
+    point it is below ZeRO-3 by the gathered bytes of layers ``j..``: in both cases ``gathered[j:]``.
+
+    >>> gathered_backward_transient([50, 70, 40], [10, 20, 5], 0)  # layer 1 (raising 40 to 70): 70 - 25
+    45
+    """
+    best, highest = floor, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            best, highest = max(best, suffix_backward[j] - sum(gathered[j:])), suffix_backward[j]
+    return best
+
+
+def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
+               num_microbatches: int) -> float:
+    """Peak bytes of a ZeRO-2 stage: its actions replayed with whether its layers are gathered.
+
+    ``q``: the rank's quantity vector (profiling/quantities.py), the ZeRO-3 stage's; ``gathered``: the bytes of
+    every layer of the stage all-gathered. Like profiling/schedule_memory.py's replay, with one more state:
+    a forward that finds the layers resharded gathers and keeps them (``gathered`` more), the next backward
+    frees them.
+
+    >>> q = np.array([100, 0, 10, 6, 3, 20, 8, 2])  # static, data, activation, gradient, then the transients
+    >>> t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=4, gathered_backward=2)
+    >>> zero2_peak(q, t, 50, "gpipe", 0, 2)  # F0 gathers: 100 + 7; F1: 160 + 3; B0: 170 + 4; B1: 116 + 8
+    174.0
+    """
+    after = 0 if schedule == "gpipe" else min(stages_after, num_microbatches)
+    level = float(q[INDEX["static"]] + q[INDEX["data"]])
+    activation, peak = float(q[INDEX["activation"]]), -math.inf
+    held, first = False, True
+    for action in stage_actions(schedule, after + 1, 0, num_microbatches):
+        if action.kind == "F":
+            peak = max(peak, level + (transients.gathered_forward if held else transients.gathering_forward))
+            level += activation + (0.0 if held else gathered)
+            held = True
+        elif first:
+            peak = max(peak, level + (transients.first_backward if held else q[INDEX["first_backward_transient"]]))
+            level += q[INDEX["gradient"]] - activation - (gathered if held else 0.0)
+            held, first = False, False
+        else:
+            peak = max(peak, level + (transients.gathered_backward if held else q[INDEX["backward_transient"]]))
+            level -= activation + (gathered if held else 0.0)
+            held = False
+    level -= q[INDEX["data"]]
+    return float(max(peak, level + q[INDEX["step_transient"]]))
