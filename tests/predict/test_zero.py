@@ -15,7 +15,7 @@ from hybridplan.predict.memory import MemoryPredictor
 import numpy as np
 
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient,
-                                     gathering_transient, zero1_shares, zero2_peak)
+                                     sharded_forward_transient, zero1_shares, zero2_peak)
 from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
@@ -116,10 +116,13 @@ def test_gathered_bytes_pad_each_parameter_to_whole_chunks():
 
 
 def test_zero2_transients_by_hand():
-    # prefixes' ZeRO-3 forward transients 10, 30, 25: layer 1 raises it (layer 0's 4 bytes stay gathered under
-    # ZeRO-2), layer 2 does not; the floor (what the forward leaves) wins when larger
-    assert gathering_transient([10, 30, 25], [4, 8, 2], 0) == 34
-    assert gathering_transient([10, 30, 25], [4, 8, 2], 40) == 40
+    # the data stage's prefixes: forward transients 10, 30, 25, activations 5, 12, 20; gathered 4, 8, 2 bytes.
+    # Layer 0: 10 + 2 * 4; layer 1 raises the transient: 30 + 2 * 8; layer 2 does not: at least the activations
+    # before it, 12 + 2 * 2. ZeRO-3: the largest, 46. ZeRO-2 keeps the earlier layers: 18, 46 + 4, 16 + 12 -> 50
+    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=False) == 46
+    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=True) == 50
+    # layer 2 would set it with a large all-gather: 12 + 2 * 40 (+ 12 kept)
+    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 40], keep=True) == 104
     # suffixes' backward transients (layers 0.., 1.., 2..) 50, 70, 40: layer 2 sets 40 - 5, layer 1 70 - (20 + 5)
     assert gathered_backward_transient([50, 70, 40], [10, 20, 5], 0) == 45
     # 50, 30, 40: layer 1 raises nothing; layer 0 raises it to 50, which is 50 - 35 = 15 under ZeRO-2; layer 2's 35

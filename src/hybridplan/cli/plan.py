@@ -54,8 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory objective: CAPTURE's stages (none, data or tensor; default), or extended: also data x"
                    " tensor stages (predicted from the tensor scenario's statistics)")
     p.add_argument("--zero", action="store_true",
-                   help="memory objective: also data stages sharded by ZeRO-1 (predicted from the data scenario) and"
-                   " ZeRO-3 (where the profile has its data<d>-zero3 scenario: profile --zero)")
+                   help="memory objective: also data stages sharded by ZeRO-1 (predicted from the data scenario),"
+                   " ZeRO-2 and ZeRO-3 (where the profile has the data<d>-zero3 scenario: profile --zero)")
     p.add_argument("--recompute-db", metavar="FILE",
                    help="memory objective: a profile of the same model and cluster taken with"
                    " --activation-checkpointing; every stage may then recompute its activations (predicted from it)"

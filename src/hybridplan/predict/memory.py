@@ -35,8 +35,8 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, gathering_transient,
-                                     zero2_peak)
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient,
+                                     sharded_forward_transient, unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -427,13 +427,28 @@ class MemoryPredictor:
                 return None
             return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
+        forward = self._sharded_forward(start, stop, degree, keep=False) if zero == 3 else None
         out = []
         for r in range(degree):
             v = q[:_PEAK].copy()
+            if forward is not None:
+                v[INDEX["forward_transient"]] = forward
             v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
             v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
             out.append(float(np.max(terms @ v)))
         return out
+
+    def _sharded_forward(self, start: int, stop: int, degree: int, *, keep: bool) -> float | None:
+        """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
+        ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown."""
+        if self.zero_layout is None or ("data", degree) not in self.stats:
+            return None
+        prefixes = [self.span_quantities(start, k + 1, "data", degree) for k in range(start, stop)]
+        if any(v is None for v in prefixes):
+            return None
+        return sharded_forward_transient([float(v[INDEX["forward_transient"]]) for v in prefixes if v is not None],
+                                         [float(v[INDEX["activation"]]) for v in prefixes if v is not None],
+                                         self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
 
     def _zero2_peaks(self, start: int, stop: int, degree: int, stages_after: int) -> list[float] | None:
         """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
@@ -453,14 +468,18 @@ class MemoryPredictor:
             found = [self.span_quantities(a, b, "data-zero3", degree) for a, b in spans]
             return [-math.inf if v is None else float(v[INDEX[name]]) for v in found]
 
-        prefixes = [(start, k + 1) for k in range(start, stop)]
+        gathering = self._sharded_forward(start, stop, degree, keep=True)
+        if gathering is None:
+            return None
         suffixes = [(j, stop) for j in range(start, stop)]
         activation = float(q[INDEX["activation"]])
         transients = Zero2Transients(
-            gathering_forward=gathering_transient(column(prefixes, "forward_transient"), gathered, activation + total),
+            gathering_forward=max(activation + total, gathering),
             gathered_forward=float(plain[INDEX["forward_transient"]]),
-            first_backward=gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
-            gathered_backward=gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
+            first_backward=min(gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
+                               unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree)),
+            gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
+                                  unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree)),
         )
         out = []
         for r in range(degree):

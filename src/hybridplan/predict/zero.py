@@ -30,7 +30,21 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   the optimizer state of their dim-0 chunks (FSDP2 ``_init_sharded_param``: ``torch.chunk`` rows, the last
   ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
+  Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
+
+[Note: the sharded forward from the data stage] A ZeRO-3 forward runs the data stage's forward with each layer
+all-gathered just before it and freed just after; measured (gpt-tiny's blocks and wresnet-tiny's largest
+bottleneck, 2 replicas, micro-batches of 8 per replica), its transient is the data stage's at the layer that sets
+it plus exactly twice that layer's gathered bytes (the gathered copy and the all-gather's buffer): gpt-tiny
+layers 0-3, 1,650,688 + 2 x 199,936 = 2,050,560 measured; layers 1-6, 3,235,840 + 399,872 = 3,635,712 measured;
+wresnet-tiny layers 5-6, 91,136 + 2 x 595,456 = 1,282,048 measured. The scenario's own statistic is a maximum
+of a part that does not grow with the batch (the all-gathers) and one that does (the compute), whose place can
+move between the profiled batches and the target, so its straight-line batch scaling and its M_a composition
+miss (composed 1,931,264 and 3,397,120 where the rule gives the measured values). The data scenario's prefixes scale
+and compose well (data devices within 0.4% in benchmarks/zero_accuracy), so :func:`sharded_forward_transient`
+takes each layer's value from them. It over-counts a loss head (FSDP frees the head's parameters before the loss
+runs: by at most twice the head's bytes, 66,560 on gpt-tiny).
 
 [Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
 ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
@@ -41,8 +55,8 @@ the ZeRO-3 and data scenarios measured or that follows from them and the paramet
 added; measured on gpt-tiny, wresnet-tiny and the MLP in the timelines of ``hybridplan run --backend sim``):
 
 - a forward after the iteration start or a backward *gathers*: it keeps ``activation + G`` (G: the stage's
-  gathered bytes); its transient is ZeRO-3's forward transient at the layer that sets it, plus the layers before
-  it, still gathered (:func:`gathering_transient`, from the ZeRO-3 transients of the span's prefixes);
+  gathered bytes); its transient is ZeRO-3's forward at each layer plus the layers before it, still gathered
+  (:func:`sharded_forward_transient` with ``keep``; [Note: the sharded forward from the data stage]);
 - a forward after a forward finds every layer gathered: no all-gather, exactly the unsharded data stage's
   forward (its transient, measured equal in every timeline tried);
 - a backward after a forward (the first backward; 1F1B's steady state) finds them gathered and frees each after
@@ -68,8 +82,8 @@ import numpy as np
 from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
-__all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathering_transient", "gathered_backward_transient",
-           "zero2_peak", "STEP_COUNTER_BYTES"]
+__all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient",
+           "zero2_peak", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -184,27 +198,6 @@ class Zero2Transients:
     """A later backward that follows a forward (1F1B's steady state): its layers are gathered."""
 
 
-def gathering_transient(prefix_forward: Sequence[float], gathered: Sequence[int], floor: float) -> float:
-    """ZeRO-2's gathering forward from the ZeRO-3 forward transients of the span's prefixes.
-
-    ``prefix_forward[k]`` is the ZeRO-3 forward transient of the span's first ``k + 1`` layers, the largest over
-    those layers of what layer ``j`` adds above the level (the activations before it, its all-gather, its
-    temporaries). Where a prefix raises it, layer ``k`` sets it, so ZeRO-2's value at ``k`` is that plus the
-    layers before ``k``, which ZeRO-2 keeps gathered and ZeRO-3 has freed; a layer that raises nothing is below
-    its prefix's value and is left out (an under-estimate where ZeRO-2's kept layers lift it above the others).
-    ``floor``: what the forward leaves (activation + every gathered layer), which the transient cannot be below.
-
-    >>> gathering_transient([10, 30, 25], [4, 8, 2], 0)  # layer 1 sets ZeRO-3's peak: 30 + layer 0's 4 bytes
-    34
-    """
-    best, kept, highest = floor, 0, -math.inf
-    for value, size in zip(prefix_forward, gathered):
-        if value > highest:
-            best, highest = max(best, value + kept), value
-        kept += size
-    return best
-
-
 def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequence[int], floor: float) -> float:
     """A ZeRO-2 backward whose layers are gathered, from the ZeRO-3 backward transients of the span's suffixes.
 
@@ -224,6 +217,19 @@ def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequ
         if suffix_backward[j] > highest:
             best, highest = max(best, suffix_backward[j] - sum(gathered[j:])), suffix_backward[j]
     return best
+
+
+def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], degree: int) -> float:
+    """The most a ZeRO-2 backward whose layers are gathered holds above its level, from the unsharded data
+    stage's backward transient: it runs the same backward on the same (gathered) parameters, frees each layer's
+    parameters once the layer is done, and instead of keeping a layer's whole gradient reduce-scatters it into a
+    ``1/degree`` shard, which the data stage does not hold. So at layer ``j`` it holds at most the data stage's
+    bytes plus ``gathered[j] / degree`` less the layers after ``j``, already freed.
+
+    >>> unsharded_backward_bound(100, [40, 0, 8], 2)  # the first layer: 40 / 2 - 8 = 12, more than the last's 8 / 2
+    112.0
+    """
+    return data_transient + max(size / degree - sum(gathered[j + 1:]) for j, size in enumerate(gathered))
 
 
 def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
@@ -259,3 +265,28 @@ def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, sche
             held = False
     level -= q[INDEX["data"]]
     return float(max(peak, level + q[INDEX["step_transient"]]))
+
+
+def sharded_forward_transient(prefix_forward: Sequence[float], prefix_activation: Sequence[float],
+                              gathered: Sequence[int], *, keep: bool) -> float:
+    """An FSDP forward's transient from the UNSHARDED data stage's prefixes and the gathered bytes
+    ([Note: the sharded forward from the data stage]).
+
+    ``prefix_forward[k]`` and ``prefix_activation[k]``: the data stage's forward transient and activation of the
+    span's first ``k + 1`` layers; ``gathered[k]``: layer ``k``'s gathered bytes. Layer ``k`` adds twice its
+    gathered bytes to what the data stage holds at it (where its prefix's transient rises, layer ``k`` sets it;
+    elsewhere at least the activations before ``k``); ``keep`` (ZeRO-2's gathering forward) adds the earlier
+    layers, still gathered.
+
+    >>> sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=False)  # layer 1: 30 + 16
+    46
+    >>> sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=True)  # layer 2: 12 + 4 + 14
+    50
+    """
+    best, highest, before, kept = 0.0, -math.inf, 0.0, 0
+    for value, activation, size in zip(prefix_forward, prefix_activation, gathered):
+        at = value if value > highest else before
+        highest = max(highest, value)
+        best = max(best, at + 2 * size + (kept if keep else 0))
+        before, kept = activation, kept + size
+    return best
