@@ -443,11 +443,12 @@ class MemoryPredictor:
         ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown."""
         if self.zero_layout is None or ("data", degree) not in self.stats:
             return None
-        prefixes = [self.span_quantities(start, k + 1, "data", degree) for k in range(start, stop)]
-        if any(v is None for v in prefixes):
+        table = self._scaled_table("data", degree)  # every span at once: the search asks for every span
+        prefixes = None if table is None else table[start, start + 1:stop + 1]
+        if prefixes is None or np.isnan(prefixes[:, :_PEAK]).any():
             return None
-        return sharded_forward_transient([float(v[INDEX["forward_transient"]]) for v in prefixes if v is not None],
-                                         [float(v[INDEX["activation"]]) for v in prefixes if v is not None],
+        return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                         prefixes[:, INDEX["activation"]].tolist(),
                                          self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
 
     def _zero2_peaks(self, start: int, stop: int, degree: int, stages_after: int) -> list[float] | None:
@@ -464,9 +465,13 @@ class MemoryPredictor:
         gathered = layout.gathered_bytes(start, stop, degree)
         total = sum(gathered)
 
+        table = self._scaled_table("data-zero3", degree)
+        if table is None:
+            return None
+
         def column(spans: list[tuple[int, int]], name: str) -> list[float]:  # unknown spans raise nothing
-            found = [self.span_quantities(a, b, "data-zero3", degree) for a, b in spans]
-            return [-math.inf if v is None else float(v[INDEX[name]]) for v in found]
+            found = [table[a, b, INDEX[name]] for a, b in spans]
+            return [-math.inf if math.isnan(v) else float(v) for v in found]
 
         gathering = self._sharded_forward(start, stop, degree, keep=True)
         if gathering is None:
