@@ -15,7 +15,7 @@ from hybridplan.predict.memory import MemoryPredictor
 import numpy as np
 
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient,
-                                     sharded_forward_transient, zero1_shares, zero2_peak)
+                                     prefetched_bytes, sharded_forward_transient, zero1_shares, zero2_peak)
 from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
@@ -127,6 +127,15 @@ def test_zero2_transients_by_hand():
     assert gathered_backward_transient([50, 70, 40], [10, 20, 5], 0) == 45
     # 50, 30, 40: layer 1 raises nothing; layer 0 raises it to 50, which is 50 - 35 = 15 under ZeRO-2; layer 2's 35
     assert gathered_backward_transient([50, 30, 40], [10, 20, 5], 0) == 35
+
+
+def test_prefetched_layer_by_hand():
+    # suffixes' backward transients 50, 70, 40: layer 1 sets it; the layer before it with parameters is prefetched
+    assert prefetched_bytes([50, 70, 40], [10, 20, 5]) == 10
+    assert prefetched_bytes([50, 70, 40], [10, 0, 5]) == 10  # layer 1 has no parameters: layer 0 still
+    assert prefetched_bytes([50, 70, 40], [0, 20, 5]) == 0  # nothing before it to prefetch
+    assert prefetched_bytes([50, 30, 40], [10, 20, 5]) == 0  # layer 0 raises it to 50: nothing before layer 0
+    assert prefetched_bytes([60, 60, 60], [10, 20, 5]) == 20  # the last layer sets it, the others add nothing
 
 
 def test_zero2_replay_by_hand():

@@ -36,7 +36,8 @@ from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient,
-                                     sharded_forward_transient, unsharded_backward_bound, zero2_peak)
+                                     prefetched_bytes, sharded_forward_transient, unsharded_backward_bound,
+                                     zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -428,9 +429,11 @@ class MemoryPredictor:
             return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
         forward = self._sharded_forward(start, stop, degree, keep=False) if zero == 3 else None
+        unfetched = self._unfetched(start, stop, degree) if zero == 3 and self.schedule == "gpipe" else 0
         out = []
         for r in range(degree):
             v = q[:_PEAK].copy()
+            v[INDEX["backward_transient"]] -= unfetched
             if forward is not None:
                 v[INDEX["forward_transient"]] = forward
             v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
@@ -450,6 +453,16 @@ class MemoryPredictor:
         return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                          prefixes[:, INDEX["activation"]].tolist(),
                                          self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
+
+    def _unfetched(self, start: int, stop: int, degree: int) -> int:
+        """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
+        schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero.py)."""
+        table = self._scaled_table("data-zero3", degree)
+        if self.profile_schedule in (None, "gpipe") or table is None or self.zero_layout is None:
+            return 0
+        suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]
+        return prefetched_bytes([-math.inf if math.isnan(v) else float(v) for v in suffix],
+                                self.zero_layout.gathered_bytes(start, stop, degree))
 
     def _zero2_peaks(self, start: int, stop: int, degree: int, stages_after: int) -> list[float] | None:
         """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
@@ -489,6 +502,7 @@ class MemoryPredictor:
         out = []
         for r in range(degree):
             v = q[:_PEAK].copy()
+            v[INDEX["backward_transient"]] -= self._unfetched(start, stop, degree)  # its only use: after a backward
             v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
             out.append(zero2_peak(v, transients, total, self.schedule, stages_after, self.num_microbatches))
         return out

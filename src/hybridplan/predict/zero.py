@@ -31,7 +31,22 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
   Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
+  Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward].
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
+
+[Note: a backward after a backward] A ZeRO-3 backward that follows a forward finds the layer before the one it
+is running already all-gathered (FSDP2 prefetches in the order the forward recorded, which a backward resets):
+one that follows a backward has not gathered it yet at that moment. A profile taken under 1F1B (the default)
+measures the first kind in its later backwards (the steady state's, its largest), a GPipe plan runs only the
+second kind after its first backward. So under GPipe (and in ZeRO-2's backwards that find the layers resharded,
+which always follow a backward) the later backward's transient is the profile's less the gathered bytes of the
+layer before the one that sets it (:func:`prefetched_bytes`). Measured: wresnet-tiny layers 4-6, 2 replicas,
+micro-batches of 8 per replica, 1,347,068 bytes after a forward, 1,200,872 after a backward; the rule gives
+1,341,928 - 150,272 = 1,191,656 (layer 5 sets it; layer 4's 150,272 bytes). An approximation: gpt-tiny's blocks
+measure 629,504 against 432,640 (a block is 199,936 bytes: the rule gives 429,568) at 8 per replica, 547,584
+against 416,256 at 4 (the rule: 347,648). It cannot undo what the scenario's composition added: a span
+composed from a larger measured one (wresnet-tiny's layers 5-6 from 4-6 and 4-5) keeps the prefetch of a layer
+it does not have.
 
 [Note: the sharded forward from the data stage] A ZeRO-3 forward runs the data stage's forward with each layer
 all-gathered just before it and freed just after; measured (gpt-tiny's blocks and wresnet-tiny's largest
@@ -83,7 +98,7 @@ from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
 __all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient",
-           "zero2_peak", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
+           "zero2_peak", "prefetched_bytes", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -230,6 +245,22 @@ def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], deg
     112.0
     """
     return data_transient + max(size / degree - sum(gathered[j + 1:]) for j, size in enumerate(gathered))
+
+
+def prefetched_bytes(suffix_backward: Sequence[float], gathered: Sequence[int]) -> int:
+    """The gathered bytes of the layer a ZeRO-3 backward that follows a forward holds prefetched at its peak, and one
+    that follows a backward does not ([Note: a backward after a backward]): the span's layer before the one that
+    sets the backward transient (``suffix_backward`` as in :func:`gathered_backward_transient`); 0 when that is the
+    span's first layer with parameters.
+
+    >>> prefetched_bytes([50, 70, 40], [10, 20, 5])  # layer 1 sets it; layer 0 is prefetched
+    10
+    """
+    peak, highest = 0, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            peak, highest = j, suffix_backward[j]
+    return next((size for size in reversed(gathered[:peak]) if size), 0)
 
 
 def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
