@@ -15,7 +15,8 @@ from hybridplan.predict.memory import MemoryPredictor
 import numpy as np
 
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient,
-                                     prefetched_bytes, sharded_forward_transient, zero1_shares, zero2_peak)
+                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient, zero1_shares,
+                                     zero2_peak)
 from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
@@ -136,6 +137,13 @@ def test_prefetched_layer_by_hand():
     assert prefetched_bytes([50, 70, 40], [0, 20, 5]) == 0  # nothing before it to prefetch
     assert prefetched_bytes([50, 30, 40], [10, 20, 5]) == 0  # layer 0 raises it to 50: nothing before layer 0
     assert prefetched_bytes([60, 60, 60], [10, 20, 5]) == 20  # the last layer sets it, the others add nothing
+
+
+def test_sharded_backward_floor_by_hand():
+    # the data stage's suffixes 50, 70, 40; gathered 10, 20, 5: layer 2 sets 40 (+ its 5 + layer 1's 20 prefetched),
+    # layer 1 raises it to 70 (+ 20 + layer 0's 10), layer 0 raises nothing
+    assert sharded_backward_floor([50, 70, 40], [10, 20, 5]) == 100
+    assert sharded_backward_floor([90, 70, 40], [10, 20, 5]) == 100  # layer 0: 90 + 10, nothing before it
 
 
 def test_zero2_replay_by_hand():

@@ -36,8 +36,8 @@ from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient,
-                                     prefetched_bytes, sharded_forward_transient, unsharded_backward_bound,
-                                     zero2_peak)
+                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
+                                     unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -429,6 +429,8 @@ class MemoryPredictor:
             return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
         forward = self._sharded_forward(start, stop, degree, keep=False) if zero == 3 else None
+        if zero == 3:
+            q = self._floored_backwards(start, stop, degree, q)
         unfetched = self._unfetched(start, stop, degree) if zero == 3 and self.schedule == "gpipe" else 0
         out = []
         for r in range(degree):
@@ -453,6 +455,20 @@ class MemoryPredictor:
         return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                          prefixes[:, INDEX["activation"]].tolist(),
                                          self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
+
+    def _floored_backwards(self, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+        """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
+        scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known."""
+        table = self._scaled_table("data", degree)
+        if table is None or self.zero_layout is None:
+            return q
+        gathered = self.zero_layout.gathered_bytes(start, stop, degree)
+        out = q.copy()
+        for name in ("first_backward_transient", "backward_transient"):
+            suffix = table[start:stop, stop, INDEX[name]]
+            if not np.isnan(suffix).any():
+                out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered))
+        return out
 
     def _unfetched(self, start: int, stop: int, degree: int) -> int:
         """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a

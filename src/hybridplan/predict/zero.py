@@ -31,8 +31,18 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
   Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
-  Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward].
+  Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward]; and its
+  backwards are at least [Note: the sharded backward's floor].
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
+
+[Note: the sharded backward's floor] Like the forward, a ZeRO-3 backward that follows a forward runs the data
+stage's backward with the layer all-gathered and (FSDP2's backward prefetch) the layer before it too, and the
+scenario's own backward transients scale and compose badly for the same reason (gpt-tiny layers 0-3, 2 replicas,
+8 samples per replica: composed 413,824 bytes for the first backward, 629,504 measured). Measured on gpt-tiny's
+blocks: the data stage's transient plus the block's gathered bytes and the prefetched block's, 229,632 + 2 x
+199,936 = 629,504, to the byte; on wresnet-tiny's layers 4-6 the rule gives 1,027,264 below the 1,347,068
+measured (there its gradient's reduce-scatter sets the peak, which the data stage does not do), so it is a
+floor under the scenario's value, not a replacement (:func:`sharded_backward_floor`).
 
 [Note: a backward after a backward] A ZeRO-3 backward that follows a forward finds the layer before the one it
 is running already all-gathered (FSDP2 prefetches in the order the forward recorded, which a backward resets):
@@ -100,7 +110,7 @@ from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
 __all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient",
-           "zero2_peak", "prefetched_bytes", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
+           "zero2_peak", "prefetched_bytes", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -263,6 +273,24 @@ def prefetched_bytes(suffix_backward: Sequence[float], gathered: Sequence[int]) 
         if suffix_backward[j] > highest:
             peak, highest = j, suffix_backward[j]
     return next((size for size in reversed(gathered[:peak]) if size), 0)
+
+
+def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[int]) -> float:
+    """The least a ZeRO-3 backward that follows a forward holds above its level, from the UNSHARDED data stage's
+    suffixes ([Note: the sharded backward's floor]): at the layer that sets the data stage's transient
+    (``suffix_backward`` as in :func:`gathered_backward_transient`, the data stage's), that transient plus the
+    layer's gathered bytes and the prefetched layer's before it.
+
+    >>> sharded_backward_floor([50, 70, 40], [10, 20, 5])  # layer 2: 40 + 5 + 20; layer 1: 70 + 20 + 10
+    100
+    """
+    best, highest = -math.inf, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            highest = suffix_backward[j]
+            before = next((size for size in reversed(gathered[:j]) if size), 0)
+            best = max(best, suffix_backward[j] + gathered[j] + before)
+    return best
 
 
 def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
