@@ -112,6 +112,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("plan --db notadb.sqlite --cluster 1x4", "is not a hybridplan profile database"),
         Case("plan --db other.sqlite --cluster 1x4", "it has no 'meta' table"),
         Case("predict --db profile.sqlite --plan gpt_plan.json", "the model has 5 layers"),
+        Case("predict --db profile.sqlite --plan zero2.json", "no ZeRO-3 scenario (ZeRO-2 is predicted from it)"),
         Case("validate --db code.sqlite --plan plan.json", "names the model 'this:x', which is not a zoo model"),
         Case("plan --baseline equal --db profile.sqlite --cluster 1x4",
              f"add --model {MLP}"),
@@ -213,6 +214,9 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     data = {**gpt, "stages": [{"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2,
                                "devices": [0, 1, 2, 3], "zero": 2}]}
     (folder / "zero.json").write_text(json.dumps(data))
+    zero2 = {**MIXED, "stages": [{"layers": [0, 3], "parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 2},
+                                  {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [2]}]}
+    (folder / "zero2.json").write_text(json.dumps(zero2))
     (folder / "nostages.json").write_text(json.dumps({k: v for k, v in gpt.items() if k != "stages"}))
     (folder / "notjson.json").write_text('{"schedule": "1f1b", "stages": [')
     (folder / "bad.toml").write_text("nodes = [1\n")

@@ -54,9 +54,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory objective: CAPTURE's stages (none, data or tensor; default), or extended: also data x"
                    " tensor stages (predicted from the tensor scenario's statistics)")
     p.add_argument("--zero", action="store_true",
-                   help="also data stages sharded by ZeRO-1 (predicted from the data scenario) and ZeRO-3 (where the"
-                   " profile has its data<d>-zero3 scenario: profile --zero); throughput/pareto: each data stage may"
-                   " take the ZeRO level that makes it fit fastest")
+                   help="also data stages sharded by ZeRO-1 (predicted from the data scenario), ZeRO-2 and ZeRO-3"
+                   " (where the profile has the data<d>-zero3 scenario: profile --zero); throughput/pareto: each data"
+                   " stage may take the ZeRO level that makes it fit fastest")
     p.add_argument("--recompute-db", metavar="FILE",
                    help="a profile of the same model and cluster taken with --activation-checkpointing; every stage"
                    " may then recompute its activations (predicted from it) or not, and the plan marks the stages that"

@@ -36,7 +36,9 @@ from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
-from hybridplan.predict.zero import ZeroLayout
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient,
+                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
+                                     unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -343,7 +345,7 @@ class MemoryPredictor:
         where the profile cannot say (ZeRO-2, ZeRO of a data x tensor stage, no parameter shapes recorded)."""
         if self.zero_layout is None or kind != "data":
             return None
-        return {1: "data", 3: "data-zero3"}.get(zero)
+        return {1: "data", 2: "data-zero3", 3: "data-zero3"}.get(zero)
 
     def profiled_degrees(self, kind: str) -> list[int]:
         """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
@@ -425,6 +427,8 @@ class MemoryPredictor:
         source, layout = self._zero_source(kind, zero), self.zero_layout
         if source is None or layout is None:
             return None
+        if zero == 2:
+            return self._zero2_peaks(start, stop, degree, stages_after)
         q = self.span_quantities(start, stop, source, degree) if (source, degree) in self.stats else None
         if q is None or self.method == "capture":
             base = self.stage_memory(start, stop, source, degree, stages_after)
@@ -432,12 +436,99 @@ class MemoryPredictor:
                 return None
             return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
+        forward = self._sharded_forward(start, stop, degree, keep=False) if zero == 3 else None
+        if zero == 3:
+            q = self._floored_backwards(start, stop, degree, q)
+        unfetched = self._unfetched(start, stop, degree) if zero == 3 and self.schedule == "gpipe" else 0
         out = []
         for r in range(degree):
             v = q[:_PEAK].copy()
+            v[INDEX["backward_transient"]] -= unfetched
+            if forward is not None:
+                v[INDEX["forward_transient"]] = forward
             v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
             v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
             out.append(float(np.max(terms @ v)))
+        return out
+
+    def _sharded_forward(self, start: int, stop: int, degree: int, *, keep: bool) -> float | None:
+        """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
+        ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown."""
+        if self.zero_layout is None or ("data", degree) not in self.stats:
+            return None
+        table = self._scaled_table("data", degree)  # every span at once: the search asks for every span
+        prefixes = None if table is None else table[start, start + 1:stop + 1]
+        if prefixes is None or np.isnan(prefixes[:, :_PEAK]).any():
+            return None
+        return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                         prefixes[:, INDEX["activation"]].tolist(),
+                                         self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
+
+    def _floored_backwards(self, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+        """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
+        scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known."""
+        table = self._scaled_table("data", degree)
+        if table is None or self.zero_layout is None:
+            return q
+        gathered = self.zero_layout.gathered_bytes(start, stop, degree)
+        out = q.copy()
+        for name in ("first_backward_transient", "backward_transient"):
+            suffix = table[start:stop, stop, INDEX[name]]
+            if not np.isnan(suffix).any():
+                out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered))
+        return out
+
+    def _unfetched(self, start: int, stop: int, degree: int) -> int:
+        """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
+        schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero.py)."""
+        table = self._scaled_table("data-zero3", degree)
+        if self.profile_schedule in (None, "gpipe") or table is None or self.zero_layout is None:
+            return 0
+        suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]
+        return prefetched_bytes([-math.inf if math.isnan(v) else float(v) for v in suffix],
+                                self.zero_layout.gathered_bytes(start, stop, degree))
+
+    def _zero2_peaks(self, start: int, stop: int, degree: int, stages_after: int) -> list[float] | None:
+        """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
+        ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
+        forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``."""
+        layout = self.zero_layout
+        if layout is None or self.method == "capture" or not {("data-zero3", degree), ("data", degree)} <= set(self.stats):
+            return None
+        q = self.span_quantities(start, stop, "data-zero3", degree)
+        plain = self.span_quantities(start, stop, "data", degree)
+        if q is None or plain is None:
+            return None
+        gathered = layout.gathered_bytes(start, stop, degree)
+        total = sum(gathered)
+
+        table = self._scaled_table("data-zero3", degree)
+        if table is None:
+            return None
+
+        def column(spans: list[tuple[int, int]], name: str) -> list[float]:  # unknown spans raise nothing
+            found = [table[a, b, INDEX[name]] for a, b in spans]
+            return [-math.inf if math.isnan(v) else float(v) for v in found]
+
+        gathering = self._sharded_forward(start, stop, degree, keep=True)
+        if gathering is None:
+            return None
+        suffixes = [(j, stop) for j in range(start, stop)]
+        activation = float(q[INDEX["activation"]])
+        transients = Zero2Transients(
+            gathering_forward=max(activation + total, gathering),
+            gathered_forward=float(plain[INDEX["forward_transient"]]),
+            first_backward=min(gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
+                               unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree)),
+            gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
+                                  unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree)),
+        )
+        out = []
+        for r in range(degree):
+            v = q[:_PEAK].copy()
+            v[INDEX["backward_transient"]] -= self._unfetched(start, stop, degree)  # its only use: after a backward
+            v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
+            out.append(zero2_peak(v, transients, total, self.schedule, stages_after, self.num_microbatches))
         return out
 
     def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
@@ -592,6 +683,10 @@ class MemoryPredictor:
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
             ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
             peaks = base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after) if stage.zero else None
+            if stage.zero and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
+                raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
+                                   f" data{degree} and data{degree}-zero3 scenarios' quantities",
+                                   fix="predict with the default method (quantities), or profile with --zero")
             for d in stage.devices:
                 mine, peak = breakdown, value
                 if peaks is not None and base.zero_layout is not None:
@@ -646,16 +741,20 @@ class MemoryPredictor:
         """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
         where = f"stage {i} ({stage.describe()})"
         instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
-        if stage.kind != "data" or stage.zero == 2:
-            what = "ZeRO-2" if stage.zero == 2 else f"ZeRO-{stage.zero} of a {stage.kind} stage"
-            raise ProfileError(f"{where}: {what} is not yet predicted from a profile", fix=instead)
+        if stage.kind != "data":
+            raise ProfileError(f"{where}: ZeRO-{stage.zero} of a {stage.kind} stage is not yet predicted from a profile",
+                               fix=instead)
         if base.zero_layout is None:
             raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
                                fix="run the same 'hybridplan profile' command on the database again: it resumes and"
                                " records them")
-        if stage.zero == 3 and not base.profiled_degrees("data-zero3"):
-            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario",
+        if stage.zero in (2, 3) and not base.profiled_degrees("data-zero3"):
+            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
                                fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+        if stage.zero == 2 and not {("data-zero3", stage.degree), ("data", stage.degree)} <= set(base.stats):
+            raise ProfileError(f"{where}: ZeRO-2 is predicted from the data{stage.degree} and data{stage.degree}-zero3"
+                               " scenarios, and the profile lacks one (no fit across degrees for ZeRO-2)",
+                               fix=f"profile with --zero on a mesh with {stage.degree} devices per node, or " + instead)
 
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)
