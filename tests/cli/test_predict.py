@@ -87,10 +87,11 @@ def test_a_cuda_profile_adds_the_reserved_peak_and_the_memory_outside_the_alloca
         assert d["overhead_bytes"] == round(618.8 * mib) + 84 * mib + communicators[d["device"]] * 562 * mib
         assert d["total_bytes"] == d["reserved_peak_bytes"] + d["overhead_bytes"]
     # Reserved, by hand from the allocator's rules (runtime/cuda_allocator.py), on a plan whose every stage starts
-    # with a Linear (see docs/prediction.md, "Reserved peak", on stages that start with a layer without matmuls):
-    # each device's two 32 MiB cuBLAS workspaces (forward and backward threads) take a 32 MiB segment each (>= 10
-    # MiB: the request rounded up to 2 MiB); every other block is at most 1 MiB (the 1 MiB cuBLASLt workspace, the
-    # MLP's few KiB of tensors) and all fit one 2 MiB small segment: 66 MiB.
+    # with a Linear (so it holds the workspaces however they are composed: see below) and on MIXED: each device's
+    # two 32 MiB cuBLAS workspaces (forward and backward threads) take a 32 MiB segment each (>= 10 MiB: the
+    # request rounded up to 2 MiB); every other block is at most 1 MiB (the 1 MiB cuBLASLt workspace, the MLP's few
+    # KiB of tensors) and all fit one 2 MiB small segment: 66 MiB.
+    assert [d["reserved_peak_bytes"] for d in devices] == [66 * mib] * 4
     aligned = {**MIXED, "stages": [{"layers": [0, 2], "parallelism": "tensor", "degree": 2, "devices": [0, 1]},
                                    {"layers": [2, 4], "parallelism": "none", "degree": 1, "devices": [2]},
                                    {"layers": [4, 5], "parallelism": "none", "degree": 1, "devices": [3]}]}
