@@ -38,7 +38,8 @@ class RunOutcome:
     reason: str | None
     devices: list[dict[str, Any]] = field(default_factory=list)
     """Per measured device: device, stage, peak_memory_bytes, static_memory_bytes, data_bytes, timeline, and on a
-    CUDA device ``reserved``: (tensor peak, reserved peak) of the same iterations (predict/reserved.py)."""
+    CUDA device ``reserved``: (tensor peak, reserved peak) of the same iterations (predict/reserved.py), and on a
+    simulated CUDA device ``workspaces``: the cuBLAS workspaces inside ``static`` (profiling/statistics.py)."""
 
     @property
     def failed_stage(self) -> int | None:
@@ -97,6 +98,7 @@ def simulate_stages(
             "static_memory_bytes": static, "data_bytes": data, "timeline": report.timeline,
             # the simulated run's own peaks, with two micro-batches (predict/reserved.py [Note: predicting the reserved peak])
             "reserved": (report.iteration_peaks[-1], report.reserved_peaks[-1]) if report.reserved_peaks else None,
+            "workspaces": report.workspaces,  # inside ``static``: profiling/statistics.py [Note: workspaces are per device]
         })
     return RunOutcome("ok", None, devices)
 
@@ -111,6 +113,6 @@ def measurements_of(outcome: RunOutcome, plan: Plan, batch: int) -> list[dict[st
             "kind": "none" if s.degree == 1 else s.parallelism + (f"-zero{s.zero}" if s.zero else ""), "degree": s.degree,
             "batch_size": batch, "microbatch_size": plan.microbatch_size,
             "peak": d["peak_memory_bytes"], "quantities": quantities_from_report(d), "timeline": d["timeline"],
-            "reserved": d.get("reserved"),
+            "reserved": d.get("reserved"), "workspaces": d.get("workspaces"),
         })
     return rows

@@ -25,6 +25,11 @@ Tables:
   tensor peak and the caching allocator's reserved peak of the same iterations of that run
   (``max_memory_allocated``, ``max_memory_reserved``), from which predict/reserved.py predicts the reserved
   peak. Absent from databases written before it, and empty for CPU profiles: their reserved peak is not predicted.
+- ``workspaces(run_id, device, name, bytes)``: on simulated CUDA devices, the cuBLAS workspaces
+  (``"cublas/forward"``, ...) held at the start of the measured iteration, which its ``static`` includes; a device
+  that holds none has one row ``("", 0)``. A device without rows (a CPU, a real CUDA device, a database written
+  before the table) keeps its workspaces, if any, in ``static`` (profiling/statistics.py [Note: workspaces are per
+  device]).
 
 Each run is committed in one transaction, so an interrupted campaign loses at most the run in flight.
 """
@@ -77,6 +82,9 @@ CREATE TABLE IF NOT EXISTS run_costs (
 CREATE TABLE IF NOT EXISTS reserved_peaks (
     run_id INTEGER NOT NULL REFERENCES runs(id), device INTEGER NOT NULL, tensor_bytes INTEGER NOT NULL,
     reserved_bytes INTEGER NOT NULL, PRIMARY KEY (run_id, device));
+CREATE TABLE IF NOT EXISTS workspaces (
+    run_id INTEGER NOT NULL REFERENCES runs(id), device INTEGER NOT NULL, name TEXT NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, device, name));
 """
 
 
@@ -109,6 +117,8 @@ class Measurement:
     microbatch_size: int
     peak: int
     quantities: np.ndarray
+    workspaces: dict[str, int] | None = None
+    """The library workspaces inside ``quantities``' static (table ``workspaces``); None where not recorded."""
 
 
 class ProfileStore:
@@ -242,6 +252,9 @@ class ProfileStore:
                 if m.get("reserved") is not None:  # (tensor peak, reserved peak) of the same iterations
                     db.execute("INSERT INTO reserved_peaks(run_id, device, tensor_bytes, reserved_bytes) VALUES (?, ?, ?, ?)",
                                (run_id, m["device"], *(int(v) for v in m["reserved"])))
+                if m.get("workspaces") is not None:  # held once per device: profiling/statistics.py
+                    db.executemany("INSERT INTO workspaces(run_id, device, name, bytes) VALUES (?, ?, ?, ?)",
+                                   [(run_id, m["device"], name, int(n)) for name, n in (m["workspaces"] or {"": 0}).items()])
         return run_id
 
     def measurements(self, *, kind: str | None = None, degree: int | None = None, batch_size: int | None = None) -> list[Measurement]:
@@ -257,7 +270,14 @@ class ProfileStore:
             f"SELECT run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak, {', '.join(QUANTITIES)}"
             f" FROM measurements {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY run_id, device"
         )
-        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[10:], dtype=float))
+        held: dict[tuple[int, int], dict[str, int]] = {}
+        if self._has("workspaces"):
+            for run_id, device, name, nbytes in self._db.execute("SELECT run_id, device, name, bytes FROM workspaces"):
+                entry = held.setdefault((int(run_id), int(device)), {})
+                if name:
+                    entry[str(name)] = int(nbytes)
+        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[10:], dtype=float),
+                            held.get((r[0], r[1])))
                 for r in self._db.execute(sql, args)]
 
     def reserved_peaks(self) -> list[tuple[str, int, int, int, int, int, int, int]]:
