@@ -11,6 +11,12 @@ per stage], which argues the same for the devices of one stage). So one simulate
 ``(start, stop, kind, degree, warm-up)`` measures every plan made of such stages; over 500 random plans of
 an 18-layer model that is a few hundred stage simulations instead of thousands.
 
+A ZeRO-sharded stage's devices differ (ZeRO-1's shares of whole parameters are uneven, FSDP's last chunks
+smaller: predict/zero.py), but what each holds is fixed by its place in the stage's data group, which is its
+place in the stage's device list (plans list devices ascending; ``dist.new_group`` orders a group by global
+rank), not by which devices they are. So a ZeRO stage is cached too, as the list of its devices' peaks in
+device-list order, every device simulated once (``simulate`` simulates every device of a ZeRO stage as well).
+
 This is an argument about the runtime, so :class:`StageCache` is checked against whole-plan simulations
 (``simulate``) by the benchmark that uses it (benchmarks/prediction_error: byte-identical peaks on every
 device of the plans it checks) and by tests/workflows/test_stage_cache.py.
@@ -34,12 +40,13 @@ __all__ = ["StageCache", "stage_key"]
 def stage_key(plan: Plan, index: int) -> str:
     """What the memory of stage ``index`` of ``plan`` depends on ([Note: what a simulated stage's memory
     depends on]): ``"start,stop,kind,degree,warmup"``, then ``",t<tensor degree>"`` for a data x tensor stage
-    (degree 8 is 2 x 4 or 4 x 2) and ``",recompute"`` for a recomputed one (the keys of other stages are
-    unchanged, so cache files written before stay valid). A ZeRO-sharded stage has no key: its replicas
-    hold uneven shares (runtime/sim.py), so it is simulated whole, not cached."""
+    (degree 8 is 2 x 4 or 4 x 2), ``",recompute"`` for a recomputed one and ``",zero<level>"`` for a ZeRO-sharded
+    one, whose entry lists every device's peak (the keys of other stages are unchanged, so cache files written
+    before stay valid)."""
     s = plan.stages[index]
-    if s.zero:
-        raise ValueError(f"stage {index} ({s.describe()}) is ZeRO-sharded: its devices differ; simulate the plan whole")
+    if s.zero and list(s.devices) != sorted(s.devices):
+        raise ValueError(f"stage {index} ({s.describe()}) is ZeRO-sharded over devices not in ascending order: a"
+                         " device's share follows its group rank, not its place in the list; simulate the plan whole")
     after = plan.num_stages - index - 1
     warmup = 0 if plan.schedule == "gpipe" else min(after, plan.num_microbatches)
     key = f"{s.start},{s.stop},{s.kind},{s.degree},{warmup}"
@@ -47,6 +54,8 @@ def stage_key(plan: Plan, index: int) -> str:
         key += f",t{s.tensor_degree}"
     if s.recompute == "full":
         key += ",recompute"
+    if s.zero:
+        key += f",zero{s.zero}"
     return key
 
 
@@ -68,7 +77,7 @@ class StageCache:
         self.cluster = cluster
         self.run_options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
         self.progress = progress
-        self.peaks: dict[str, int] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.peaks: dict[str, int | list[int]] = json.loads(self.path.read_text()) if self.path.exists() else {}
         self.simulated = 0
         self._specs: Any = None
 
@@ -87,13 +96,18 @@ class StageCache:
                 validate_config(cfg)
                 if self._specs is None:
                     self._specs = boundary_specs(resolve_model(self.model))
-                report = simulate_stage(cfg, i, iterations=2, specs=self._specs)
-                self.peaks[key] = max(report.iteration_peaks[1:])  # the measured iteration, as launch reports it
+                # One device per stage, every device of a ZeRO stage ([Note: what a simulated stage's memory
+                # depends on]); the measured iteration's peak, as launch reports it.
+                peaks = [max(simulate_stage(cfg, i, iterations=2, specs=self._specs, rank=d).iteration_peaks[1:])
+                         for d in (stage.devices if stage.zero else stage.devices[:1])]
+                self.peaks[key] = peaks if stage.zero else peaks[0]
                 self.simulated += 1
                 self._save()
                 if self.progress is not None:
                     self.progress(f"simulated stage {key}: {self.peaks[key]} bytes")
-            out += [DeviceMemory(d, i, None, self.peaks[key]) for d in stage.devices]
+            value = self.peaks[key]
+            each = value if isinstance(value, list) else [value] * len(stage.devices)
+            out += [DeviceMemory(d, i, None, peak) for d, peak in zip(stage.devices, each)]
         return sorted(out, key=lambda d: d.device)
 
     def _save(self) -> None:
