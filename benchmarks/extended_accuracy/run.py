@@ -146,7 +146,10 @@ def measure(model: str, schedule: str, args: argparse.Namespace, store: ResultSt
     base_profile(model)
     recompute_profile(model)
     cluster = Cluster.parse(MESH)
-    cache = StageCache(WORK / f"stages-{model}.json", model=model, cluster=cluster, run_options={"backend": "sim"})
+    # One cache per schedule: a key names a stage's warm-up forwards, not the schedule (GPipe's last stage and
+    # 1F1B's both have none, and differ).
+    cache = StageCache(WORK / f"stages-{model}-{schedule}.json", model=model, cluster=cluster,
+                       run_options={"backend": "sim"})
     firsts: dict[str, int] = {}
     for key, stratum, plan in draw(model, schedule, args):
         n = firsts[stratum] = firsts.get(stratum, -1) + 1
@@ -239,11 +242,13 @@ def score(store: ResultStore) -> dict[str, Any]:
             max(abs(d["predicted"] - d["measured"]) / d["measured"] for d in devices))
     lines = [f"{len(scored)} plans scored ({sum(1 for _, r, _, _ in scored if r.get('checked_real'))} also on the real"
              f" runtime, identical), {len(refused)} refused by the predictor, {not_run} not run", ""]
-    for name, title in (("overall", ""), ("model", "model | schedule"), ("kind", "stage kind (a device counts under"
-                                                                                  " each kind its stage has)")):
-        head = title.split(" (")[0] if title else ""
-        lines += ([title, ""] if title else []) + [
-            f"| {head} | devices | within 2% | within 5% | largest | exact to the byte |", "|---|---:|---:|---:|---:|---:|"]
+    for name, head in (("overall", ""), ("model", "model | schedule"), ("kind", "stage kind")):
+        if name == "kind":
+            lines += ["A device counts under each kind its stage has (a recomputed ZeRO-1 data stage: data, ZeRO-1,"
+                      " recompute).", ""]
+        cols = head.count("|") + 1
+        lines += [f"| {head} | devices | within 2% | within 5% | largest | exact to the byte |",
+                  "|" + "---|" * cols + "---:|" * 5]
         order = sorted(groups[name]) if name != "overall" else list(groups[name])
         lines += [f"| {g} | " + " | ".join(Row(groups[name][g]).cells()) + " |" for g in order] + [""]
     if worst[1]:

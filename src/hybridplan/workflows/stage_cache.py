@@ -62,6 +62,9 @@ def stage_key(plan: Plan, index: int) -> str:
 class StageCache:
     """Peak memory of simulated stages, each simulated once, kept in a JSON file between runs.
 
+    Keep one cache per schedule: a key names a stage's warm-up forwards, not the schedule, and GPipe's stages
+    and 1F1B's last stage (no warm-up either) hold different bytes.
+
     Args:
         path: the JSON file (created; reloaded when it exists).
         model: zoo name or ``module:function``.
