@@ -27,6 +27,8 @@ refused prediction is counted, not scored.
 Run from the repository root (resumable: rerun to continue)::
 
     .venv/bin/python -m benchmarks.extended_accuracy.run --plans 17 --cross 3 --check-real 1
+    # or one process per model (each writes its own results-<model>.json), then --rescore to score them all:
+    .venv/bin/python -m benchmarks.extended_accuracy.run --models gpt-tiny
     .venv/bin/python -m benchmarks.extended_accuracy.run --rescore     # predictions only, from the stored runs
 """
 
@@ -196,11 +198,18 @@ class Row:
                 f"{100 * sum(x == 0 for x in e) / len(e):.1f}%"]
 
 
-def score(store: ResultStore) -> dict[str, Any]:
+def stores() -> dict[str, ResultStore]:
+    """The measurements of each model: ``results-<model>.json`` (one file per model, so that models can be
+    measured by separate processes at once)."""
+    return {model: ResultStore(HERE / f"results-{model}.json") for model in MODELS}
+
+
+def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
     """Predict every stored plan again and compare with its measured bytes; prints and returns the tables."""
     predictors: dict[tuple[str, str], MemoryPredictor] = {}
     scored, refused, not_run = [], [], 0
-    for key, rec in sorted(store.records.items()):
+    records = sorted((key, rec) for store in stored.values() for key, rec in store.records.items())
+    for key, rec in records:
         if rec["status"] != "ok":
             not_run += 1
             continue
@@ -278,14 +287,14 @@ def main(argv: Iterable[str] | None = None) -> None:
                     help="draw plans with the kinds today's predictor refuses (ZeRO-2; ZeRO on data x tensor) instead")
     ap.add_argument("--rescore", action="store_true", help="measure nothing: predict the stored plans again and score")
     args = ap.parse_args(None if argv is None else list(argv))
-    store = ResultStore(HERE / "results.json")
+    stored = stores()
     if not args.rescore:
         for model in args.models.split(","):
             if model not in MODELS:
                 raise SystemExit(f"--models: unknown {model!r}; use some of {', '.join(MODELS)}")
             for schedule in SCHEDULES:
-                measure(model, schedule, args, store)
-    score(store)
+                measure(model, schedule, args, stored[model])
+    score(stored)
 
 
 if __name__ == "__main__":
