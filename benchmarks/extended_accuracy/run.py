@@ -238,6 +238,8 @@ def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
                     worst = (err, f"{key} device {d} ({'+'.join(tags)}, layers {stage.start}-{stage.stop})")
                 add = lambda group, name: groups[group].setdefault(name, []).append(err)  # noqa: E731
                 add("overall", "every device")
+                if key.startswith("future/"):
+                    add("overall", "devices of plans drawn --with-unpredicted")
                 add("overall", "devices of a new-kind stage" if is_new(tags) else "devices of an old-kind stage")
                 add("model", f"{rec['model']} | {'GPipe' if plan.schedule == 'gpipe' else '1F1B'}")
                 add("kind", {"none": "pipeline-only", "data": "data", "tensor": "tensor",
