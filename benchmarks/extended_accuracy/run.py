@@ -230,6 +230,7 @@ def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
     groups: dict[str, dict[str, list[float]]] = {"overall": {}, "model": {}, "kind": {}}
     plans_out = []
     worst = (0.0, "")
+    where: dict[tuple[str, str], tuple[float, str]] = {}
     for key, rec, plan, predicted in scored:
         devices = []
         for s, stage in enumerate(plan.stages):
@@ -240,7 +241,13 @@ def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
                 devices.append({"device": d, "stage": s, "predicted": p, "measured": m})
                 if err > worst[0]:
                     worst = (err, f"{key} device {d} ({'+'.join(tags)}, layers {stage.start}-{stage.stop})")
-                add = lambda group, name: groups[group].setdefault(name, []).append(err)  # noqa: E731
+                label = f"{100 * (p - m) / m:+.2f}% on {key} device {d} ({'+'.join(tags)}, layers {stage.start}-{stage.stop})"
+
+                def add(group: str, name: str) -> None:
+                    groups[group].setdefault(name, []).append(err)
+                    if err > where.get((group, name), (-1.0, ""))[0]:
+                        where[(group, name)] = (err, label)
+
                 add("overall", "every device")
                 if key.startswith("future/"):
                     add("overall", "devices of plans drawn --with-unpredicted")
@@ -254,6 +261,8 @@ def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
                              "data+tensor": "data x tensor"}[tags[0]])
                 for tag in tags[1:]:
                     add("kind", {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}.get(tag, tag))
+                    if tag.startswith("zero") and "across nodes" not in tags:
+                        add("kind", f"ZeRO-{tag[4:]} inside a node")
                 if not is_new(tags):
                     add("kind", "none of the new kinds")
         plans_out.append({"plan": rec["plan"], "devices": devices})
@@ -280,6 +289,8 @@ def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
         lines += [f"| {g} | " + " | ".join(Row(groups[name][g]).cells()) + " |" for g in order] + [""]
     if worst[1]:
         lines.append(f"largest error: {100 * worst[0]:.2f}% on {worst[1]}")
+        lines += ["", "Where each stage kind's largest error is (predicted - measured, of the measured):", ""]
+        lines += [f"- {name}: {where[('kind', name)][1]}" for name in sorted(groups["kind"])]
     lines += composed_across_nodes(scored, predictors)
     for key, why in refused[:5]:
         lines.append(f"refused: {key}: {why}")
