@@ -152,8 +152,8 @@ def measure(model: str, schedule: str, args: argparse.Namespace, store: ResultSt
     base_profile(model)
     recompute_profile(model)
     cluster = Cluster.parse(MESH)
-    # One cache per schedule: a key names a stage's warm-up forwards, not the schedule (GPipe's last stage and
-    # 1F1B's both have none, and differ).
+    # A cache file per schedule (stage_key names the schedule too; its first version did not, and the real-runtime
+    # check caught a GPipe last stage reused for 1F1B's).
     cache = StageCache(WORK / f"stages-{model}-{schedule}.json", model=model, cluster=cluster,
                        run_options={"backend": "sim"})
     firsts: dict[str, int] = {}

@@ -35,8 +35,23 @@ def test_stage_key_follows_the_schedule():
     choices = next(iter(enumerate_plans(space)))
     gpipe = plan_from_choices(space, choices, schedule="gpipe", global_batch_size=8, num_microbatches=2)
     one = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=8, num_microbatches=2)
-    assert [stage_key(gpipe, i)[-1] for i in range(4)] == ["0"] * 4
+    assert [stage_key(gpipe, i).split(",")[-2:] for i in range(4)] == [["0", "gpipe"]] * 4
     assert [stage_key(one, i).rsplit(",", 1)[1] for i in range(4)] == ["2", "2", "1", "0"]  # min(after, m)
+
+
+def test_one_cache_serves_both_schedules(tmp_path):
+    """GPipe's last stage and 1F1B's have no warm-up forwards alike but hold different bytes (GPipe keeps every
+    micro-batch in flight): the cache keeps them apart, each equal to its whole-plan simulation."""
+    cluster = Cluster.parse("1x2")
+    space = PlanSpace(5, 1, 2, pipeline_only=True)
+    choices = next(iter(enumerate_plans(space)))
+    plans = [plan_from_choices(space, choices, schedule=s, global_batch_size=16, num_microbatches=4)
+             for s in ("gpipe", "1f1b")]
+    cache = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster, run_options={"backend": "sim"})
+    measured = [[d.measured for d in cache.measure(p)] for p in plans]
+    for p, got in zip(plans, measured):
+        assert got == [d.measured for d in measure_plan(None, p, cluster=cluster, backend="sim", model=MLP).devices]
+    assert measured[0][1] != measured[1][1] and cache.simulated == 4
 
 
 def test_data_x_tensor_stages_are_cached_by_their_tensor_degree(tmp_path):

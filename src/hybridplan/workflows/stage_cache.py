@@ -41,8 +41,10 @@ def stage_key(plan: Plan, index: int) -> str:
     """What the memory of stage ``index`` of ``plan`` depends on ([Note: what a simulated stage's memory
     depends on]): ``"start,stop,kind,degree,warmup"``, then ``",t<tensor degree>"`` for a data x tensor stage
     (degree 8 is 2 x 4 or 4 x 2), ``",recompute"`` for a recomputed one and ``",zero<level>"`` for a ZeRO-sharded
-    one, whose entry lists every device's peak (the keys of other stages are unchanged, so cache files written
-    before stay valid)."""
+    one, whose entry lists every device's peak, and ``",<schedule>"`` unless the schedule is 1F1B: GPipe's stages
+    have no warm-up forwards either, like 1F1B's last stage, and hold more (all micro-batches in flight). (1F1B
+    keys are unchanged, so 1F1B cache files written before stay valid; GPipe entries of a file written before,
+    which had no suffix, are simulated again.)"""
     s = plan.stages[index]
     if s.zero and list(s.devices) != sorted(s.devices):
         raise ValueError(f"stage {index} ({s.describe()}) is ZeRO-sharded over devices not in ascending order: a"
@@ -56,14 +58,15 @@ def stage_key(plan: Plan, index: int) -> str:
         key += ",recompute"
     if s.zero:
         key += f",zero{s.zero}"
+    if plan.schedule != "1f1b":
+        key += f",{plan.schedule}"
     return key
 
 
 class StageCache:
     """Peak memory of simulated stages, each simulated once, kept in a JSON file between runs.
 
-    Keep one cache per schedule: a key names a stage's warm-up forwards, not the schedule, and GPipe's stages
-    and 1F1B's last stage (no warm-up either) hold different bytes.
+    One cache may serve plans of several schedules: a key names the schedule unless it is 1F1B (:func:`stage_key`).
 
     Args:
         path: the JSON file (created; reloaded when it exists).
