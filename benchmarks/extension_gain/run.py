@@ -11,6 +11,11 @@ spaces are compared:
 - **Megatron-style 3D**: the best uniform plan (``search/baselines.py`` ``uniform_3d_plan``: equal layer counts
   per stage, tensor inside a node, data across, ZeRO-1), over every (pp, tp, dp) of the mesh.
 
+ZeRO is searched (and given to the uniform plans) only for fp32 settings: the runtime shards in fp32 only, so a
+bf16 ZeRO plan could be neither run nor checked (:attr:`Setting.zero`). A plan whose degree is above the
+profiled ones (a data x8 stage across nodes) is predicted by the degree fit, not from a measurement of that
+degree; the uniform plans with such a degree are run on simulated devices and their measured peak stands.
+
 Columns: the lowest predicted peak per space (each chosen plan also run on simulated devices: its measured
 peak), the fewest devices per space (``plan --fewest-devices``, called through the command line so that the
 column fills in once the extended dimensions are searched there; until then the refusal is recorded), and the
@@ -32,7 +37,7 @@ import json
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,8 +73,9 @@ class Setting:
     """ZeRO stages in the extended space and the uniform 3D baseline (ZeRO-1), and the ZeRO-3 scenarios in the
     profile. Only in fp32: the runtime shards in fp32 only (runtime/config.py ``validate_config`` refuses ZeRO in
     bf16), so a bf16 ZeRO plan could be neither run nor checked."""
-    recompute_scenarios: str | None
-    """The scenarios of the recompute profile ("pipeline", ...); None: no recompute profile."""
+    recompute: tuple[str, ...]
+    """Recompute profiles, each "all" (every scenario) or its scenarios ("pipeline": recompute is then predicted
+    for single-device stages only); the last is the extended space's."""
 
     def __post_init__(self) -> None:
         if self.zero and self.case.precision != "fp32":
@@ -82,17 +88,23 @@ class Setting:
 
     @property
     def recompute_db(self) -> Path | None:
-        return None if self.recompute_scenarios is None else self.db.with_name(self.db.stem + "-recompute.sqlite")
+        """The extended space's recompute profile (None: none)."""
+        return self.recompute_dbs[-1] if self.recompute else None
+
+    @property
+    def recompute_dbs(self) -> list[Path]:
+        return [self.db.with_name(self.db.stem + ("-recompute.sqlite" if r == "pipeline" else f"-recompute-{r}.sqlite"))
+                for r in self.recompute]
 
 
 # Micro-batches of Alpa's suites (GPT: 16 sequences, MoE: 32 sequences) in 16 micro-batches: the peak of a
 # 1F1B plan depends on the micro-batch and the in-flight count (at most the stages), not on more micro-batches.
 SETTINGS: dict[str, Setting] = {
-    "moe-1.3b": Setting(Case("moe-1.3b", "4x4", 512, 16, "bf16"), zero=False, recompute_scenarios="pipeline"),
+    "moe-1.3b": Setting(Case("moe-1.3b", "4x4", 512, 16, "bf16"), zero=False, recompute=("pipeline", "all")),
     "gpt3-2.6b": Setting(Case("gpt3-2.6b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=False,
-                         recompute_scenarios=None),
+                         recompute=()),
     # a smoke run of the whole script in about a minute (not in the default --models)
-    "gpt-tiny": Setting(Case("gpt-tiny", "2x2", 32, 4, "fp32"), zero=True, recompute_scenarios="pipeline"),
+    "gpt-tiny": Setting(Case("gpt-tiny", "2x2", 32, 4, "fp32"), zero=True, recompute=("pipeline",)),
 }
 DEFAULT_MODELS = ("moe-1.3b", "gpt3-2.6b")
 
@@ -104,8 +116,9 @@ def profile_commands(s: Setting) -> list[list[str]]:
             "--num-microbatches", str(c.num_microbatches), "--backend", "sim", "--device", "cuda",
             "--precision", c.precision] + (["--device-memory", c.profile_capacity] if c.profile_capacity else [])
     out = [base + ["--db", str(s.db)] + (["--zero"] if s.zero else [])]
-    if s.recompute_db is not None and s.recompute_scenarios is not None:
-        out.append(base + ["--activation-checkpointing", "--scenarios", s.recompute_scenarios, "--db", str(s.recompute_db)])
+    for scenarios, db in zip(s.recompute, s.recompute_dbs):
+        out.append(base + ["--activation-checkpointing"] + ([] if scenarios == "all" else ["--scenarios", scenarios])
+                   + ["--db", str(db)])
     return out
 
 
@@ -133,26 +146,28 @@ def spaces(s: Setting) -> dict[str, dict[str, Any]]:
     if s.zero:
         out["+ ZeRO-1/3"] = {"composite": True, "zero": True}
     out["+ across nodes"] = {"composite": True, "zero": s.zero, "cross_node": True}
-    if s.recompute_db is not None:
-        out["+ recompute"] = {**out["+ across nodes"], "recompute_db": s.recompute_db}
+    for scenarios, db in zip(s.recompute, s.recompute_dbs):
+        which = "every stage kind" if scenarios == "all" else "single-device stages" if scenarios == "pipeline" else scenarios
+        out[f"+ recompute ({which})"] = {**out["+ across nodes"], "recompute_db": db}
     return out
 
 
-def predictor_for(s: Setting, plan: Plan) -> MemoryPredictor:
+def predictor_for(s: Setting, plan: Plan, recompute_db: Path | None = None) -> MemoryPredictor:
+    """The predictor of ``plan`` (with ``recompute_db``, default the extended space's, if a stage recomputes)."""
     uses_recompute = any(st.recompute != "none" for st in plan.stages)
     return MemoryPredictor.from_db(s.db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
                                    num_microbatches=plan.num_microbatches,
-                                   recompute_db=s.recompute_db if uses_recompute else None)
+                                   recompute_db=(recompute_db or s.recompute_db) if uses_recompute else None)
 
 
-def simulate(s: Setting, plan: Plan, cluster: Cluster) -> dict[str, Any]:
+def simulate(s: Setting, plan: Plan, cluster: Cluster, recompute_db: Path | None = None) -> dict[str, Any]:
     """The plan run on simulated devices of ``cluster``: per device, predicted (where the profile predicts it)
     and measured peaks."""
     started = time.perf_counter()
     m = measure_plan(s.db, plan, cluster=cluster, backend="sim")
     predicted: dict[int, int] = {}
     with contextlib.suppress(HybridPlanError):  # measure_plan predicts without the recompute profile
-        predicted = {d.device: d.peak_memory_bytes for d in predictor_for(s, plan).predict(plan).devices}
+        predicted = {d.device: d.peak_memory_bytes for d in predictor_for(s, plan, recompute_db).predict(plan).devices}
     devices = [{**d, "predicted": predicted.get(d["device"], d["predicted"])} for d in devices_json(m.devices)]
     pred = [d["predicted"] for d in devices if d["predicted"] is not None]
     return {"status": m.status, "reason": m.reason, "devices": devices, "measured_peak_bytes": m.peak("measured"),
@@ -161,11 +176,10 @@ def simulate(s: Setting, plan: Plan, cluster: Cluster) -> dict[str, Any]:
 
 
 def lowest_peak(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
-    """Per space, the plan of the lowest predicted peak (and its simulated run: the first and the last space)."""
+    """Per space, the plan of the lowest predicted peak, and its run on simulated devices."""
     name = s.case.model
     unlimited = s.case.cluster(memory=None)
-    names = list(spaces(s))
-    for i, (space, options) in enumerate(spaces(s).items()):
+    for space, options in spaces(s).items():
         key = f"{name}/peak/{space}"
         if key not in store:
             started = time.perf_counter()
@@ -180,8 +194,8 @@ def lowest_peak(s: Setting, store: ResultStore, say: Callable[[str], None], vali
                             "search_seconds": time.perf_counter() - started})
         r = store[key]
         say(f"{name} {space}: {r.get('label', r.get('error'))}: predicted {format_bytes(r.get('predicted_peak_bytes'))}")
-        if validate and "plan" in r and "simulated" not in r and i in (0, len(names) - 1):
-            r["simulated"] = simulate(s, Plan.from_dict(r["plan"]), s.case.cluster())
+        if validate and "plan" in r and "simulated" not in r:
+            r["simulated"] = simulate(s, Plan.from_dict(r["plan"]), s.case.cluster(), options.get("recompute_db"))
             store.put(key, r)
             say(f"  simulated: {r['simulated']['status']}, measured {format_bytes(r['simulated']['measured_peak_bytes'])}")
 
@@ -198,6 +212,21 @@ def _optimizer_bytes(predictor: MemoryPredictor, plan: Plan) -> int:
     if layout is None:
         return 0
     return max(layout.optimizer_bytes(st.start, st.stop, 0, 1, 0) for st in plan.stages)
+
+
+def extrapolated(predictor: MemoryPredictor, plan: Plan) -> bool:
+    """Whether a stage of ``plan`` has a data or tensor degree above the profiled ones (predicted by the degree fit,
+    not from a measurement of that degree)."""
+    top = {kind: max(predictor.profiled_degrees(kind), default=1) for kind in ("data", "tensor")}
+    return any(st.data_degree > top["data"] or st.tensor_degree > top["tensor"] for st in plan.stages)
+
+
+def peak_of(row: dict[str, Any]) -> int | None:
+    """A row's peak: measured where it was run on simulated devices, else predicted."""
+    sim = row.get("simulated")
+    if sim:
+        return sim["measured_peak_bytes"] if sim["status"] == "ok" else None
+    return row.get("predicted_peak_bytes")
 
 
 def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: str = "peak") -> dict[str, Any]:
@@ -224,6 +253,8 @@ def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: st
             continue
         row["plan"], row["label"] = plan.to_dict(), label(plan)
         predictor = predictor_for(s, plan)
+        if extrapolated(predictor, plan):
+            row["extrapolated"] = True
         try:
             prediction = predictor.predict(plan)
             row["predicted_peak_bytes"], row["needed_bytes"] = prediction.peak_memory_bytes, needed(prediction)
@@ -235,9 +266,14 @@ def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: st
                 row["bound_bytes"] = predictor.predict(unsharded).peak_memory_bytes - _optimizer_bytes(predictor, plan)
             except HybridPlanError as e2:
                 row["invalid"] = e2.message
-    predicted = [r for r in rows if "predicted_peak_bytes" in r]
+    for r in rows:  # a degree beyond the profiled ones is extrapolated (MoE 1.3B data x8: 34% under): measure it
+        if r.get("extrapolated") and "predicted_peak_bytes" in r:
+            say(f"  simulating {r['label']} on {cluster.shape} (a degree beyond the profiled ones)")
+            r["simulated"] = simulate(s, Plan.from_dict(r["plan"]), cluster)
+    predicted = [{**r, "predicted_peak_bytes": peak_of(r)} for r in rows if peak_of(r) is not None]
     if by == "fit":
-        fitting = [r for r in predicted if capacity is None or r["needed_bytes"] <= capacity]
+        fitting = [r for r in predicted if capacity is None or (r["simulated"]["status"] == "ok" if "simulated" in r
+                                                                else r["needed_bytes"] <= capacity)]
         best = fitting[0] if fitting else None
         bar = float("inf") if best is None else -1.0  # one that fits is enough
     else:
@@ -276,7 +312,7 @@ def megatron_lowest(s: Setting, store: ResultStore, say: Callable[[str], None], 
             f" measured {format_bytes(best.get('simulated', {}).get('measured_peak_bytes'))}")
 
 
-def fewest(s: Setting, store: ResultStore, say: Callable[[str], None]) -> None:
+def fewest(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
     """The fewest devices per space: ``hybridplan plan --fewest-devices`` (refused today with the extension's
     zero, cross-node and recompute dimensions: the refusal is recorded), and the uniform 3D plans' by trying
     the same sub-meshes in the same order."""
@@ -297,7 +333,7 @@ def fewest(s: Setting, store: ResultStore, say: Callable[[str], None]) -> None:
             if code == 0:
                 plan = Plan.from_dict(json.loads(out.read_text()))
                 store.put(key, {"devices": sum(st.degree for st in plan.stages), "mesh": plan.extra.get("cluster"),
-                                "label": label(plan), "predicted_peak_bytes": plan.extra.get("predicted_peak_bytes"),
+                                "label": label(plan), "plan": plan.to_dict(), "predicted_peak_bytes": plan.extra.get("predicted_peak_bytes"),
                                 "command": "hybridplan " + " ".join(base + extra), "seconds": seconds})
             else:
                 store.put(key, {"not run": " ".join(line.strip() for line in err.strip().splitlines()) or f"exit code {code}",
@@ -315,6 +351,13 @@ def fewest(s: Setting, store: ResultStore, say: Callable[[str], None]) -> None:
         else:
             store.put(key, {"devices": None, "why": f"no uniform 3D plan fits any sub-mesh of {full.shape}"})
     say(f"{c.model} fewest megatron-3d: {store[key].get('mesh')}")
+    if validate:  # each answer run on its sub-mesh of 40 GiB devices
+        for key, r in list(store.records.items()):
+            plan_dict = r.get("plan") or r.get("row", {}).get("plan")
+            if key.startswith(f"{c.model}/fewest/") and plan_dict and r.get("mesh") and "simulated" not in r:
+                r["simulated"] = simulate(s, Plan.from_dict(plan_dict), Cluster.parse(r["mesh"], device_memory=CAPACITY))
+                store.put(key, r)
+                say(f"  {key}: run {r['simulated']['status']}, measured {format_bytes(r['simulated']['measured_peak_bytes'])}")
 
 
 def fastest(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
@@ -375,6 +418,8 @@ def main() -> None:
     ap.add_argument("--results", default=str(HERE / "results.json"))
     ap.add_argument("--no-validate", action="store_true", help="skip the simulated runs of the chosen plans")
     ap.add_argument("--table", action="store_true", help="only print the tables from the results")
+    ap.add_argument("--recompute-profiles", help="comma-separated subset of the settings' recompute profiles to use"
+                    " (e.g. 'pipeline' while the others are still being profiled)")
     ap.add_argument("--no-profile", action="store_true", help="use the profiles as they are (made beforehand with"
                     " the commands this script prints), without resuming them")
     args = ap.parse_args()
@@ -385,13 +430,15 @@ def main() -> None:
 
         for name in args.models.split(","):
             s = SETTINGS[name]
+            if args.recompute_profiles is not None:
+                s = replace(s, recompute=tuple(r for r in s.recompute if r in args.recompute_profiles.split(",")))
             for argv in profile_commands(s):
                 say("hybridplan " + " ".join(argv))
                 if not args.no_profile and hybridplan(argv) != 0:
                     raise SystemExit(f"profiling {name} failed")
             lowest_peak(s, store, say, not args.no_validate)
             megatron_lowest(s, store, say, not args.no_validate)
-            fewest(s, store, say)
+            fewest(s, store, say, not args.no_validate)
             fastest(s, store, say, not args.no_validate)
     print_tables(store)
 
@@ -403,12 +450,16 @@ def _gib(value: Any) -> str:
 def print_tables(store: ResultStore) -> None:
     """The README's tables, from the results file."""
     models = sorted({k.split("/")[0] for k in store.records})
+    fewest_order = ["capture", "+ data x tensor", "extended", MEGATRON]
+    records = dict(sorted(store.records.items(), key=lambda kv: (
+        kv[0].split("/")[2] == MEGATRON,
+        fewest_order.index(kv[0].split("/")[2]) if kv[0].split("/")[1] == "fewest" and kv[0].split("/")[2] in fewest_order else 0)))
     capacity = parse_bytes(CAPACITY)
     print("| model | space | plan of the lowest predicted peak | predicted peak | simulated peak | needs (predicted) |"
           " fits 40 GiB | search |")
     print("|---|---|---|---:|---:|---:|---|---:|")
     for m in models:
-        for key, r in store.records.items():
+        for key, r in records.items():
             if not key.startswith(f"{m}/peak/"):
                 continue
             space = key.split("/", 2)[2]
@@ -431,24 +482,28 @@ def print_tables(store: ResultStore) -> None:
             print(f"| {m} | {space} | {md_cell(what)} | {_gib(row.get('predicted_peak_bytes')) or 'not predicted'} |"
                   f" {_gib(sim.get('measured_peak_bytes'))} | {_gib(need)} | {fits} | {r['search_seconds']:.2f} s |")
     print()
-    print("| model | space | fewest devices | mesh | plan |")
-    print("|---|---|---:|---|---|")
+    print("| model | space | fewest devices | mesh | plan | predicted peak | simulated peak (run on 40 GiB) |")
+    print("|---|---|---:|---|---|---:|---:|")
     for m in models:
-        for key, r in store.records.items():
+        for key, r in records.items():
             if key.startswith(f"{m}/fewest/"):
                 space = key.split("/", 2)[2]
                 if "not run" in r:
-                    print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | |")
+                    print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | | | |")
                 else:
                     plan = r.get("label") or (r.get("row", {}).get("label") if r.get("row") else r.get("why", ""))
-                    print(f"| {m} | {space} | {r['devices']} | {r.get('mesh') or ''} | {md_cell(plan or '')} |")
+                    sim = r.get("simulated", {})
+                    pred = r.get("predicted_peak_bytes") or r.get("row", {}).get("predicted_peak_bytes")
+                    ran = f"{_gib(sim.get('measured_peak_bytes'))} ({sim['status']})" if sim else ""
+                    print(f"| {m} | {space} | {r['devices']} | {r.get('mesh') or ''} | {md_cell(plan or '')} | {_gib(pred)} |"
+                          f" {ran} |")
     print()
     print("| model | space | fastest plan that fits | s / iteration (FLOP model) | samples / s | predicted peak | simulated peak |")
     print("|---|---|---|---:|---:|---:|---:|")
     for m in models:
-        gbs = next((Plan.from_dict(r["plan"]).global_batch_size for k, r in store.records.items()
+        gbs = next((Plan.from_dict(r["plan"]).global_batch_size for k, r in records.items()
                     if k.startswith(f"{m}/peak/") and "plan" in r), None)
-        for key, r in store.records.items():
+        for key, r in records.items():
             if not key.startswith(f"{m}/fastest/"):
                 continue
             space = key.split("/", 2)[2]
