@@ -63,6 +63,33 @@ Every rank ends an iteration with its optimizer step and the runtime closes it w
   timing run of tensor degree ``t`` itself ran ``t`` processes). It assumes every process of the node is
   busy, as in a pipeline's steady state; the fill and drain run fewer, so the factor is an upper bound there.
   Profiles of accelerators leave ``host_cores`` null and get factor 1.
+
+[Note: per-message latency] (issue 14: on the CPU runtime a data-parallel pair of gpt-tiny ran 57% slower than
+the bandwidth-only model, benchmarks/estimate_accuracy.) AMP's terms are bandwidth only; every message also
+pays a fixed latency ``alpha`` (Hockney's model, profiling/links.py, [Note: Hockney's alpha-beta model]). A
+link's ``alpha`` is the cluster file's ``intra_node_latency``/``inter_node_latency`` where given
+(plan/cluster.py), else the one ``profile --time`` measured with the runtime's backend (the time profile's
+``links``: per ring step for collectives, per message for send/recv; used for every link, a lower bound
+across nodes), else 0 (imported or older profiles). A measured bandwidth also caps the cluster's: a
+message goes no faster than the backend moved it on the profiled host (``min(B_cluster, beta)``). The
+messages counted are those the runtime sends:
+
+- data-parallel sync: runtime/executor.py ``_sync_gradients`` all-reduces every trainable parameter
+  tensor's gradient on its own, so ``C`` collectives per iteration (``C``: the stage's parameter tensors, the
+  profile's ``parameter_tensors``, shared ones once; 1 per layer with parameters where not recorded), each a
+  ring of ``2 (d - 1)`` steps (gloo/allreduce.cc ``ring()``; NCCL's ring): ``sync += C * 2 (d - 1) * alpha``.
+  ZeRO-2/3 stages reduce-scatter inside FSDP instead (runtime/sharding.py): their collectives are not
+  counted yet (latency 0 there), nor ZeRO-1's parameter broadcasts after the step.
+- pipeline: per micro-batch and boundary, one message per routed transfer in each direction
+  (runtime/routing.py ``route``: one for stages of equal degrees); a receiving rank posts all its receives
+  before waiting (runtime/shared_gpu.py ``receive_into``) and a sender posts its sends without waiting, so
+  their latencies overlap: ``e_i += 2 alpha`` (one per direction), on the same critical path as the
+  bandwidth term.
+- tensor parallelism: the times a hybridplan profile measures at degree ``t > 1`` were taken inside a real
+  tensor-parallel group (profiling/timing.py, ``tensor_comm_in_times``) and already hold the collectives'
+  latency; for a profile without them each of a layer's ``n_f + n_b`` all-reduces adds ``2 (t - 1) alpha``.
+- the two barriers of an iteration (runtime/executor.py) are in the measured overhead only for tensor
+  degree > 1 (a one-process timing run skips them): not counted.
 """
 
 from __future__ import annotations
@@ -74,7 +101,8 @@ import numpy as np
 
 from hybridplan.errors import PlanError
 from hybridplan.plan import Cluster, Plan, StagePlan, spec
-from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes
+from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes, parameter_tensors
+from hybridplan.runtime.routing import layout_of, route
 
 __all__ = [
     "LayerCosts",
@@ -87,7 +115,13 @@ __all__ = [
     "optimizer_seconds",
     "overhead_seconds",
     "p2p_seconds",
+    "p2p_latency_seconds",
+    "p2p_messages",
     "sync_seconds",
+    "sync_latency_seconds",
+    "sync_messages",
+    "link_latency",
+    "link_bandwidth",
     "pipeline_seconds",
     "predict_iteration_time",
 ]
@@ -128,6 +162,14 @@ class StageTime:
     """Per-iteration seconds beyond layers and step, once per iteration."""
     sharing: float = 1.0
     """The CPU core-sharing factor already applied to the stage's seconds ([Note: devices that share CPU cores])."""
+    p2p_latency_s: float = 0.0
+    """Of ``p2p_s``: the per-message latency of both directions, per micro-batch ([Note: per-message latency])."""
+    p2p_messages: int = 0
+    """Messages across the boundary to the next stage per iteration, both directions, all ranks."""
+    sync_latency_s: float = 0.0
+    """Of ``sync_s``: the per-message latency of the gradient all-reduces."""
+    sync_messages: int = 0
+    """Ring steps one rank of the stage makes per iteration in the gradient all-reduces (collectives x 2(d-1))."""
 
     @property
     def compute_s(self) -> float:
@@ -180,7 +222,8 @@ class TimeBreakdown:
                     "layers": [s.start, s.stop], "kind": s.kind, "devices": list(s.devices),
                     "forward_s": s.forward_s, "backward_s": s.backward_s, "tensor_comm_s": s.tensor_comm_s,
                     "p2p_s": s.p2p_s, "sync_s": s.sync_s, "optimizer_s": s.optimizer_s, "overhead_s": s.overhead_s,
-                    "core_sharing": s.sharing,
+                    "core_sharing": s.sharing, "p2p_latency_s": s.p2p_latency_s, "p2p_messages": s.p2p_messages,
+                    "sync_latency_s": s.sync_latency_s, "sync_messages": s.sync_messages,
                 }
                 for s in self.stages
             ],
@@ -198,6 +241,11 @@ class TimeBreakdown:
                 f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
                 f" {s.optimizer_s * 1e3:>8.2f} {s.overhead_s * 1e3:>8.2f}"
             )
+        if any(s.p2p_latency_s > 0 or s.sync_latency_s > 0 for s in self.stages):
+            rows.append("per-message latency (in p2p and sync): " + "; ".join(
+                f"stage {i}: p2p {s.p2p_latency_s * 1e3:.2f} ms per micro-batch ({s.p2p_messages} messages per iteration),"
+                f" sync {s.sync_latency_s * 1e3:.2f} ms ({s.sync_messages} ring steps)"
+                for i, s in enumerate(self.stages) if s.p2p_latency_s > 0 or s.sync_latency_s > 0))
         shared = max(s.sharing for s in self.stages)
         if shared > 1:
             rows.append(f"(the plan's processes share the host's CPU cores: stage seconds up to x{shared:.2f})")
@@ -220,6 +268,27 @@ def allreduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
 def slowest_link(cluster: Cluster, devices: tuple[int, ...]) -> float:
     """The lowest bandwidth between any two of ``devices`` (AMP's approximation for a non-uniform group)."""
     return cluster.slowest_link(devices)
+
+
+def link_latency(profile: TimeProfile, cluster: Cluster, devices: tuple[int, ...] | list[int], kind: str) -> float:
+    """``alpha`` of the slowest link among ``devices`` ([Note: per-message latency]): the cluster's latency where
+    it gives one, else the profile's measured one of ``kind`` ("allreduce": per ring step, or "p2p"), else 0."""
+    group = sorted(set(devices))
+    if len(group) < 2:
+        return 0.0
+    nodes = {cluster.node_of(d) for d in group}
+    a = group[0]
+    b = next(d for d in group if cluster.node_of(d) != cluster.node_of(a)) if len(nodes) > 1 else group[1]
+    given = cluster.latency(a, b)
+    if given is not None:
+        return given
+    return profile.links.latency(kind) if profile.links is not None else 0.0
+
+
+def link_bandwidth(profile: TimeProfile, bandwidth: float, kind: str) -> float:
+    """The cluster's ``bandwidth``, capped by the one the profile measured for ``kind`` ([Note: per-message latency])."""
+    measured = profile.links.bandwidth(kind) if profile.links is not None else None
+    return bandwidth if measured is None else min(bandwidth, measured)
 
 
 def _device_times(profile: TimeProfile, cluster: Cluster, device: int, tensor_degree: int, samples: float) -> tuple[np.ndarray, np.ndarray]:
@@ -250,9 +319,11 @@ def stage_layer_costs(
     if t == 1 or profile.tensor_comm_in_times:
         comm = np.zeros_like(fwd)
     else:
-        bandwidth = min(slowest_link(cluster, group.tensor_group(r)) for r in range(group.data_degree))
+        groups = [group.tensor_group(r) for r in range(group.data_degree)]
+        bandwidth = link_bandwidth(profile, min(slowest_link(cluster, g) for g in groups), "allreduce")
+        alpha = max(link_latency(profile, cluster, g, "allreduce") for g in groups)
         counts = np.array([sum(layer.tensor_parallel_allreduces) for layer in profile.layers], dtype=float)
-        comm = counts * allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes()
+        comm = counts * (allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes() + 2 * (t - 1) * alpha)
     return LayerCosts(fwd, bwd, comm)
 
 
@@ -328,12 +399,36 @@ def _exchange_pairs(sender: StagePlan, receiver: StagePlan) -> list[tuple[int, i
 def p2p_seconds(
     profile: TimeProfile, cluster: Cluster, sender: StagePlan, receiver: StagePlan, microbatch_size: int
 ) -> np.ndarray:
-    """``e`` for a boundary after each layer between two consecutive stages, per micro-batch (the note)."""
-    bandwidth = min(
-        (cluster.bandwidth(a, b) for a, b in _exchange_pairs(sender, receiver)), default=float("inf")
-    )
+    """``e`` for a boundary after each layer between two consecutive stages, per micro-batch (the note), with
+    the per-message latency of both directions ([Note: per-message latency])."""
+    pairs = _exchange_pairs(sender, receiver)
+    bandwidth = link_bandwidth(profile, min((cluster.bandwidth(a, b) for a, b in pairs), default=float("inf")), "p2p")
     share = max(1.0 / (sender.data_degree * sender.tensor_degree), 1.0 / receiver.data_degree)
-    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth
+    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth + p2p_latency_seconds(
+        profile, cluster, sender, receiver)
+
+
+def p2p_latency_seconds(profile: TimeProfile, cluster: Cluster, sender: StagePlan, receiver: StagePlan) -> float:
+    """The latency part of ``e`` per micro-batch: ``2 alpha`` of the slowest exchanging pair ([Note: per-message
+    latency]: the messages of one direction are posted together, so their latencies overlap)."""
+    pairs = _exchange_pairs(sender, receiver)
+    return 2.0 * max((link_latency(profile, cluster, pair, "p2p") for pair in pairs), default=0.0)
+
+
+def p2p_messages(sender: StagePlan, receiver: StagePlan, num_microbatches: int) -> int:
+    """Messages across the boundary per iteration, both directions: one per transfer runtime/routing.py routes,
+    per micro-batch and direction (the backward routes the same rows back)."""
+    forward = route(layout_of(sender), layout_of(receiver), sender.data_degree * receiver.data_degree)
+    backward = route(layout_of(receiver), layout_of(sender), sender.data_degree * receiver.data_degree)
+    return num_microbatches * (len(forward) + len(backward))
+
+
+def sync_messages(profile: TimeProfile, stage: StagePlan) -> int:
+    """Ring steps one rank makes per iteration in the stage's gradient all-reduces: ``C * 2 (d - 1)`` ([Note:
+    per-message latency]); 0 without data parallelism or under ZeRO-2/3 (FSDP's collectives, not counted)."""
+    if stage.data_degree == 1 or stage.zero in (2, 3):
+        return 0
+    return parameter_tensors(profile.layers[stage.start : stage.stop]) * 2 * (stage.data_degree - 1)
 
 
 def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
@@ -343,8 +438,17 @@ def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> fl
         return 0.0
     nbytes = parameter_bytes(profile.layers[stage.start : stage.stop])
     return max(
-        allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.data_group(k))) for k in range(t)
-    )
+        allreduce_seconds(nbytes / t, d, link_bandwidth(profile, slowest_link(cluster, stage.data_group(k)), "allreduce"))
+        for k in range(t)
+    ) + sync_latency_seconds(profile, cluster, stage)
+
+
+def sync_latency_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """The latency part of the stage's gradient sync: its ring steps times ``alpha`` of its slowest data group."""
+    steps = sync_messages(profile, stage)
+    if steps == 0:
+        return 0.0
+    return steps * max(link_latency(profile, cluster, stage.data_group(k), "allreduce") for k in range(stage.tensor_degree))
 
 
 def pipeline_seconds(
@@ -415,6 +519,10 @@ def predict_iteration_time(
                 optimizer_s=optimizer_seconds(profile, cluster, s, sharing=sharing[i]),
                 overhead_s=overhead_seconds(profile, cluster, s, m, sharing=sharing[i]),
                 sharing=sharing[i],
+                p2p_latency_s=p2p_latency_seconds(profile, cluster, s, plan.stages[i + 1]) if i < len(e) else 0.0,
+                p2p_messages=p2p_messages(s, plan.stages[i + 1], plan.num_microbatches) if i < len(e) else 0,
+                sync_latency_s=sync_latency_seconds(profile, cluster, s),
+                sync_messages=sync_messages(profile, s),
             )
         )
     compute = np.array([s.compute_s for s in stages])
