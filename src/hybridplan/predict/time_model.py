@@ -38,6 +38,16 @@
   stage's gradient bytes / ``t`` over the data group of that tensor rank. Layers that share parameters
   (tied embeddings) count once per stage.
 
+[Note: the round trip of 1F1B] A schedule that bounds the micro-batches in flight (1F1B, PipeDream-Flush and
+2BW: stage 0 holds at most ``k = p`` of them, plan/schedule.py ``max_in_flight``) cannot start micro-batch
+``j + k`` on the first stage before micro-batch ``j`` has gone forward through every stage and its gradient
+all the way back: ``start(F_{j+k}) >= start(F_j) + R`` with the round trip ``R = sum_i t_i + sum_i e_i``
+(every stage's forward and backward, every boundary's transfer both ways). In the steady state ``k``
+periods hold one round trip, so the period is at least ``R / k`` besides ``max_i t_i``. Eq. 5 leaves this
+out; it binds when stages are balanced and transfers are not negligible: a pipeline of ``p`` equal stages
+pays ``sum e_i / p`` more per micro-batch (on the CPU runtime, 2 stages: one p2p latency per micro-batch,
+benchmarks/estimate_accuracy). GPipe (``k = gas``) has no such bound.
+
 [Note: the terms AMP leaves out] (issue 14: on an H100 the model above was 16-36% below the measured
 iteration, ../shared/notes/gpu-h100-facts.md section Time; on the CPU runtime 13% for gpt-tiny, one stage.)
 Every rank ends an iteration with its optimizer step and the runtime closes it with a barrier
@@ -94,6 +104,8 @@ messages counted are those the runtime sends:
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,8 +113,8 @@ import numpy as np
 
 from hybridplan.errors import PlanError
 from hybridplan.plan import Cluster, Plan, StagePlan, spec
+from hybridplan.plan.schedule import max_in_flight, stage_actions
 from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes, parameter_tensors
-from hybridplan.runtime.routing import layout_of, route
 
 __all__ = [
     "LayerCosts",
@@ -273,6 +285,8 @@ def slowest_link(cluster: Cluster, devices: tuple[int, ...]) -> float:
 def link_latency(profile: TimeProfile, cluster: Cluster, devices: tuple[int, ...] | list[int], kind: str) -> float:
     """``alpha`` of the slowest link among ``devices`` ([Note: per-message latency]): the cluster's latency where
     it gives one, else the profile's measured one of ``kind`` ("allreduce": per ring step, or "p2p"), else 0."""
+    if not _has_latency(profile, cluster):
+        return 0.0
     group = sorted(set(devices))
     if len(group) < 2:
         return 0.0
@@ -283,6 +297,12 @@ def link_latency(profile: TimeProfile, cluster: Cluster, devices: tuple[int, ...
     if given is not None:
         return given
     return profile.links.latency(kind) if profile.links is not None else 0.0
+
+
+def _has_latency(profile: TimeProfile, cluster: Cluster) -> bool:
+    """Whether anything gives a latency; when nothing does (AMP's model) the latency terms skip their scans of
+    device groups, which the throughput search would otherwise pay on every candidate."""
+    return profile.links is not None or cluster.intra_node_latency is not None or cluster.inter_node_latency is not None
 
 
 def link_bandwidth(profile: TimeProfile, bandwidth: float, kind: str) -> float:
@@ -404,23 +424,37 @@ def p2p_seconds(
     pairs = _exchange_pairs(sender, receiver)
     bandwidth = link_bandwidth(profile, min((cluster.bandwidth(a, b) for a, b in pairs), default=float("inf")), "p2p")
     share = max(1.0 / (sender.data_degree * sender.tensor_degree), 1.0 / receiver.data_degree)
-    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth + p2p_latency_seconds(
-        profile, cluster, sender, receiver)
+    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth + _p2p_latency(profile, cluster, pairs)
+
+
+def _p2p_latency(profile: TimeProfile, cluster: Cluster, pairs: list[tuple[int, int]]) -> float:
+    """``2 alpha`` of the slowest of ``pairs``: a pair across nodes if there is one, else any pair."""
+    if not pairs or not _has_latency(profile, cluster):
+        return 0.0
+    slowest = next((pair for pair in pairs if cluster.node_of(pair[0]) != cluster.node_of(pair[1])), pairs[0])
+    return 2.0 * link_latency(profile, cluster, slowest, "p2p")
 
 
 def p2p_latency_seconds(profile: TimeProfile, cluster: Cluster, sender: StagePlan, receiver: StagePlan) -> float:
     """The latency part of ``e`` per micro-batch: ``2 alpha`` of the slowest exchanging pair ([Note: per-message
     latency]: the messages of one direction are posted together, so their latencies overlap)."""
-    pairs = _exchange_pairs(sender, receiver)
-    return 2.0 * max((link_latency(profile, cluster, pair, "p2p") for pair in pairs), default=0.0)
+    return _p2p_latency(profile, cluster, _exchange_pairs(sender, receiver)) if _has_latency(profile, cluster) else 0.0
 
 
 def p2p_messages(sender: StagePlan, receiver: StagePlan, num_microbatches: int) -> int:
-    """Messages across the boundary per iteration, both directions: one per transfer runtime/routing.py routes,
-    per micro-batch and direction (the backward routes the same rows back)."""
-    forward = route(layout_of(sender), layout_of(receiver), sender.data_degree * receiver.data_degree)
-    backward = route(layout_of(receiver), layout_of(sender), sender.data_degree * receiver.data_degree)
-    return num_microbatches * (len(forward) + len(backward))
+    """Messages across the boundary per iteration, both directions: the transfers runtime/routing.py ``route``
+    gives, per micro-batch and direction (the backward routes the same rows back).
+
+    ``route`` sends every rank of the receiving side one message from each replica of the sending side whose rows
+    overlap its replica's; the row ranges of ``d1`` and ``d2`` equal parts of a micro-batch overlap in
+    ``d1 + d2 - gcd(d1, d2)`` pairs (the parts' ends split it into that many pieces). So ``t2 (d1 + d2 - g)``
+    messages forward (``t2``: ranks per receiving replica) and ``t1 (d1 + d2 - g)`` back, counted in closed form
+    because ``route`` itself costs ``d1 d2 t2`` steps per call and the throughput search asks often
+    (tests/predict/test_time_model.py checks the two agree).
+    """
+    d1, d2 = sender.data_degree, receiver.data_degree
+    overlaps = d1 + d2 - math.gcd(d1, d2)
+    return num_microbatches * overlaps * (sender.tensor_degree + receiver.tensor_degree)
 
 
 def sync_messages(profile: TimeProfile, stage: StagePlan) -> int:
@@ -446,23 +480,33 @@ def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> fl
 def sync_latency_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
     """The latency part of the stage's gradient sync: its ring steps times ``alpha`` of its slowest data group."""
     steps = sync_messages(profile, stage)
-    if steps == 0:
+    if steps == 0 or not _has_latency(profile, cluster):
         return 0.0
     return steps * max(link_latency(profile, cluster, stage.data_group(k), "allreduce") for k in range(stage.tensor_degree))
 
 
 def pipeline_seconds(
-    compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int, *, flush: bool = True
+    compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int, *, flush: bool = True,
+    in_flight: int | None = None,
 ) -> float:
-    """``(gas - 1) max(max t_i, max e_i / 2) + sum t_i + sum e_i`` (eq. 5 with the p2p-overlap note);
-    ``p2p_s`` has one entry (both directions) per boundary. Without a ``flush`` (PipeDream-2BW):
-    ``gas max(max t_i, max e_i / 2)``."""
+    """``(gas - 1) P + sum t_i + sum e_i`` with ``P = max(max t_i, max e_i / 2)`` (eq. 5 with the p2p-overlap
+    note); ``p2p_s`` has one entry (both directions) per boundary. Without a ``flush`` (PipeDream-2BW):
+    ``gas P``. ``in_flight``: the micro-batches the first stage may hold at once when fewer than ``gas``
+    ([Note: the round trip of 1F1B]): ``P`` is then at least ``(sum t_i + sum e_i) / in_flight``."""
     t = np.asarray(compute_s, dtype=float)
     e = np.asarray(p2p_s, dtype=float)
     steady = max(float(t.max()), float(e.max()) / 2 if e.size else 0.0)
+    if in_flight is not None and in_flight < num_microbatches:
+        steady = max(steady, (float(t.sum()) + float(e.sum())) / in_flight)
     if not flush:
         return float(num_microbatches * steady)
     return float((num_microbatches - 1) * steady + t.sum() + e.sum())
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_stage_in_flight(schedule: str, num_stages: int, num_microbatches: int) -> int:
+    """Micro-batches the first stage holds at once ([Note: the round trip of 1F1B]), from the schedule's own actions."""
+    return max_in_flight(stage_actions(schedule, num_stages, 0, num_microbatches))
 
 
 def predict_iteration_time(
@@ -526,8 +570,9 @@ def predict_iteration_time(
             )
         )
     compute = np.array([s.compute_s for s in stages])
+    in_flight = _first_stage_in_flight(schedule, plan.num_stages, plan.num_microbatches)
     if overlap_p2p:
-        pipeline = pipeline_seconds(compute, e, plan.num_microbatches, flush=flush)
+        pipeline = pipeline_seconds(compute, e, plan.num_microbatches, flush=flush, in_flight=in_flight)
     else:
         out = np.array(e + [0.0]) / 2 + np.array([0.0] + e) / 2
         blocking = compute + out
