@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from hybridplan.plan.cluster import Cluster, DeviceSpec
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
-from hybridplan.predict.time_model import allreduce_seconds, p2p_messages, pipeline_seconds, predict_iteration_time
+from hybridplan.predict.time_model import allreduce_seconds, p2p_messages, pipeline_seconds, predict_iteration_time, sync_messages
 from hybridplan.profiling.links import LinkCosts
 from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
 from tests.paths import SHARED
@@ -398,3 +398,26 @@ def test_message_count_is_what_the_runtime_routes(d1: int, t1: int, d2: int, t2:
     rows = d1 * d2 * 2
     routed = len(route(layout_of(a), layout_of(b), rows)) + len(route(layout_of(b), layout_of(a), rows))
     assert p2p_messages(a, b, 3) == 3 * routed
+
+
+def test_sync_count_is_what_the_runtime_all_reduces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data-parallel sync's collectives counted by the model against the executor's calls of
+    collectives.all_reduce in a simulated run (runtime/sim.py runs the executor's own code on fake tensors)."""
+    from hybridplan import collectives
+    from hybridplan.models.zoo import resolve_model
+    from hybridplan.profiling.timing import layer_infos
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.launch import launch
+
+    mlp = "tests.cli.user_models:mlp"  # Linear, ReLU, Linear, ReLU, Linear: a weight and a bias each, 6 tensors
+    calls: list[tuple[int, ...]] = []
+    real = collectives.all_reduce
+    monkeypatch.setattr(collectives, "all_reduce", lambda t, group=None: calls.append(tuple(t.shape)) or real(t, group=group))
+    stage = StagePlan(0, 5, "data", 2, (0, 1))
+    result = launch(RunConfig(model=mlp, plan=Plan("1f1b", 8, 2, (stage,)), cluster=Cluster.parse("1x2"), iterations=3,
+                              backend="sim", track_memory=False))
+    assert result.ok
+    per_iteration = len(calls) / 3  # one device simulated (both replicas run the same code)
+    profile = dataclasses.replace(_profile(), layers=layer_infos(resolve_model(mlp)), timings=(TimingTable(
+        device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1.0,) * 5, backward_s=(1.0,) * 5),))
+    assert per_iteration == 6 == sync_messages(profile, stage) / (2 * (2 - 1))
