@@ -576,10 +576,13 @@ def predict_iteration_time(
     else:
         out = np.array(e + [0.0]) / 2 + np.array([0.0] + e) / 2
         blocking = compute + out
+        steady = float(blocking.max())
+        if in_flight < plan.num_microbatches:  # [Note: the round trip of 1F1B]
+            steady = max(steady, (float(compute.sum()) + sum(e)) / in_flight)
         if flush:
-            pipeline = float((plan.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
+            pipeline = float((plan.num_microbatches - 1) * steady + compute.sum() + sum(e))
         else:
-            pipeline = float(plan.num_microbatches * blocking.max())
+            pipeline = float(plan.num_microbatches * steady)
     return TimeBreakdown(
         stages=tuple(stages),
         num_microbatches=plan.num_microbatches,
