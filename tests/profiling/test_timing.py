@@ -196,6 +196,7 @@ def test_profile_time_cli_on_the_real_runtime(tmp_path, capsys):
     # the links, measured by two gloo processes of the runtime: a message costs time
     assert profile.links is not None and profile.links.backend == "gloo"
     assert profile.links.allreduce_latency_s > 0 and profile.links.p2p_latency_s > 0
-    assert "2 timing runs executed" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "2 timing runs executed" in out and "links (gloo): all-reduce" in out
     assert main(argv) == 0
     assert "0 timing runs executed, 2 resumed" in capsys.readouterr().out
