@@ -127,10 +127,14 @@ def probe_links(device_type: str = "cpu", *, timeout_s: float = 120.0) -> dict[s
         "roundtrip_small_s", "roundtrip_large_s"}``: seconds per call, the slower rank's.
 
     Raises:
-        RuntimeError: if a rank failed or the probe passed ``timeout_s`` (its message says which).
+        RuntimeError: if a rank failed, the probe passed ``timeout_s`` (its message says which), or CUDA has fewer
+            than two GPUs.
     """
     from hybridplan.runtime.processes import _context, _terminate, _watch
 
+    if device_type == "cuda" and torch.cuda.device_count() < 2:
+        # two ranks on one GPU cannot form an NCCL group (runtime/shared_gpu.py); gloo there is not NCCL's link
+        raise RuntimeError(f"measuring NCCL's links needs 2 GPUs, {torch.cuda.device_count()} visible")
     ctx = _context()
     me = os.getpid()
     store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
