@@ -22,6 +22,7 @@ def test_estimate_prints_time_per_stage_and_memory(files, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ms per iteration" in out and "fwd ms" in out and "predicted plan peak" in out
+    assert "no per-message latency" in out  # t.json predates links: alpha = 0, said
     assert main(args + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     plan = Plan.from_dict(MIXED)
@@ -45,6 +46,7 @@ def test_estimate_prints_the_per_message_latency(files, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "per-message latency (in p2p and sync): stage 0: p2p 4.00 ms per micro-batch" in out
+    assert "no per-message latency" not in out
     assert main(args + ["--json"]) == 0
     stages = json.loads(capsys.readouterr().out)["time"]["stages"]
     # two boundaries (3 stages): 2 ms per message, one per direction
