@@ -8,10 +8,11 @@ For a stage ``[a, b)`` run as ``kind`` x ``degree`` at some position of a plan:
    per micro-batch quantities against the micro-batch size, the data share against the global batch;
 3. replayed through the stage's actions under the plan's schedule at its position
    (profiling/schedule_memory.py): this is what makes 1F1B predictions as accurate as GPipe's;
-4. for a data/tensor degree that was not profiled (above 4), the stage peak is fitted through the two
+4. for a tensor degree that was not profiled (above 4), the stage peak is fitted through the two
    profiled degrees with seed 000's logarithmic function ``P(d) = P(2) + (P(4) - P(2)) log2(d / 2)``,
    or ``P(d) = alpha + beta / d`` (``degree_fit="inverse"``, the analytical form seed 000 motivates
-   its choice with).
+   its choice with); a data degree above the profiled ones is composed from the largest profiled data
+   stage at a smaller batch instead ([Note: a data stage wider than the profiled ones]).
 
 ``method="capture"`` reproduces seed 000 instead: the measured stage *peaks* composed by M_i/M_a and
 scaled by batch, blind to the schedule position (for comparisons).
