@@ -333,8 +333,10 @@ def composed_across_nodes(scored: list[tuple[str, dict, Plan, list[int]]],
                         f" {100 * then:.2f}% |")
     if not rows:
         return []
-    return ["", "Data stages above the profiled degrees, largest device error: the predictor's (degree fit) against"
-            " the stage composed as data x d (the largest profiled) at the global batch B*d/D (a diagnostic: composed_across_nodes in run.py):", "",
+    return ["", "Data stages above the profiled degrees, largest device error: the predictor's (which composes them"
+            " since [Note: a data stage wider than the profiled ones] in predict/memory.py; CAPTURE's degree fit"
+            " before) against the stage composed as data x d (the largest profiled) at the global batch B*d/D"
+            " (a diagnostic written before the predictor did it: composed_across_nodes in run.py):", "",
             "| plan, stage | kind | predictor | composed |", "|---|---|---:|---:|"] + rows
 
 
