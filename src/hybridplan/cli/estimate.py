@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " separated by commas (default: the --db's layer times)")
     p.add_argument("--db", help="profile database: layer times and/or memory statistics")
     add_cluster(p)
-    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="memory: fit for degrees above the profiled ones")
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="memory: fit for tensor degrees above the profiled ones (a wider data stage is composed, not fitted)")
     p.add_argument("--blocking-p2p", action="store_true", help="model blocking sends instead of AMP's overlap (section 6.1)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(handler=handle)

@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
     p.add_argument("--global-batch-size", type=positive_int, help="target global batch (default: the profile's)")
     p.add_argument("--num-microbatches", type=positive_int, help="target micro-batch count (default: the profile's)")
-    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for tensor degrees above the profiled ones (a wider data stage is composed, not fitted)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bayesian mode and of annealing")
     p.add_argument("--out", help="write the plan JSON here (--objective pareto: the frontier)")
     p.add_argument("--json", action="store_true", help="print the plan JSON")

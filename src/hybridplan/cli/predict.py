@@ -28,7 +28,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--plan", required=True, help="plan JSON file")
     p.add_argument("--recompute-db", help="a profile of the same model and cluster taken with"
                    " --activation-checkpointing: predicts the stages the plan marks \"recompute\": \"full\"")
-    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for tensor degrees above the profiled ones (a wider data stage is composed, not fitted)")
     p.add_argument("--method", choices=("quantities", "capture"), default="quantities",
                    help="quantities: schedule-aware (default); capture: seed 000's peak statistics")
     p.add_argument("--json", action="store_true", help="print JSON")

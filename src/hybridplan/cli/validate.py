@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--iterations", type=positive_int, default=2, help="iterations of the run (default 2: warm-up + measured)")
     p.add_argument("--recompute-db", help="a profile of the same model and cluster taken with"
                    " --activation-checkpointing: predicts the stages the plan marks \"recompute\": \"full\"")
-    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for degrees above the profiled ones")
+    p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for tensor degrees above the profiled ones (a wider data stage is composed, not fitted)")
     p.add_argument("--backend", choices=("real", "sim"), help="run on the real runtime or simulated devices (default: the profile's)")
     add_share_gpu(p)
     p.add_argument("--out", help="write the validation JSON here")

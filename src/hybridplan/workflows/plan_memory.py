@@ -86,7 +86,7 @@ def plan_memory(
         db: the profile database.
         cluster: the mesh; its device capacities, if any, must hold the answer.
         schedule, global_batch_size, num_microbatches: the targets (default: the profile's).
-        degree_fit: how degrees above the profiled ones are predicted.
+        degree_fit: how tensor degrees above the profiled ones are predicted (a wider data stage is composed).
         mode: the solver.
         pipeline_only: mCAP's space (degree-1 stages only).
         composite: the extended space: stages of data x tensor devices too (predicted from the tensor
