@@ -1,4 +1,4 @@
-"""ZeRO-sharded data-parallel stages (runtime/sharding.py) train the same math as one device (real processes,
+"""ZeRO-sharded data and data x tensor stages (runtime/sharding.py) train the same math as one device (real processes,
 gloo), hold what ZeRO says they hold (1/d of the optimizer state, then of the gradients and parameters,
 counted by the exact CPU tracker), and the simulated devices count them byte for byte as the real runtime."""
 
@@ -58,6 +58,42 @@ def test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same():
     plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 1}),
                                    (5, 10, "none", [4], {})])
     assert_same_training("gpt-tiny", plan, "1x5")
+
+
+def _sim_counts_as(real: Any, plan: Plan, cluster: str) -> Any:
+    """The simulated run of ``plan`` (as many iterations as ``real``): asserted to count every device's bytes
+    as the real run ``real`` did; returned."""
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim"))
+    assert sim.ok, sim.reason
+    for r, f in zip(real.devices, sim.devices, strict=True):
+        assert (f.static_memory_bytes, f.iteration_peaks, f.peak_breakdown) == \
+            (r.static_memory_bytes, r.iteration_peaks, r.peak_breakdown)
+    return sim
+
+
+def test_gpt_zero3_data_x_tensor_stage_then_tensor_stage_1f1b_trains_the_same():
+    """FSDP2 over the data dimension of the stage's 2-D (data, tensor) mesh, on top of the tensor-parallel
+    DTensor shards; then a plain tensor stage. The simulated devices count it as the runtime does."""
+    plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 3}),
+                                   (5, 10, "tensor", [4, 5], {})])
+    _sim_counts_as(assert_same_training("gpt-tiny", plan, "1x6"), plan, "1x6")
+
+
+def test_zero2_data_x_tensor_stage_gpipe_trains_the_same_and_keeps_half_of_each_tensor_shard():
+    """A device, then 2 replicas of a tensor x2 group under ZeRO-2. Each rank holds half of its tensor
+    shard's parameters and AdamW moments (a tensor rank's static bytes unsharded are 3 P_t + 4 n: shard,
+    two moments, a 4-byte step count per tensor; sharded over 2 replicas P_t / 2 + P_t + 4 n)."""
+    def zero2(zero: int) -> Plan:
+        more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
+        return plan_of("gpipe", 16, 4, [(0, 3, "none", [0], {}), (3, 10, "data+tensor", [1, 2, 3, 4], more)])
+
+    sim = _sim_counts_as(assert_same_training("gpt-tiny", zero2(2), "1x5"), zero2(2), "1x5")
+    plain = launch(RunConfig(model="gpt-tiny", plan=zero2(0), cluster=Cluster.parse("1x5"), iterations=2, backend="sim"))
+    assert plain.ok, plain.reason
+    n = sum(1 for layer in build_layers(get_model("gpt-tiny"), 3, 10, 0) for _ in layer.parameters())
+    for unsharded, sharded in zip(plain.devices[1:], sim.devices[1:], strict=True):
+        assert sharded.static_memory_bytes == (unsharded.static_memory_bytes - 4 * n) // 2 + 4 * n
+    assert sim.devices[0].static_memory_bytes == plain.devices[0].static_memory_bytes
 
 
 def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard():
@@ -124,8 +160,6 @@ def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
 
 
 @pytest.mark.parametrize("stage, settings, message", [
-    ({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3], "zero": 2}, {},
-     "ZeRO-2 sharding of a tensor-parallel stage, which this runtime does not run yet"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"precision": "bf16"}, "in bf16"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"schedule": "2bw"}, "with PipeDream-2BW"),
 ])

@@ -19,15 +19,22 @@ over the stage's data-parallel group of ``d`` devices:
   a layer's parameters are all-gathered before its forward and again before its backward, and freed
   after each.
 
+On a data x tensor stage, ZeRO-2/3 compose FSDP2 with the tensor split as PyTorch composes them (FSDP + TP,
+"2-D"): the stage's ranks form one 2-D ``("data", "tensor")`` ``DeviceMesh`` (runtime/rank.py
+``stage_meshes``), the tensor-parallel rules (models/tensor_parallel.py) place their DTensor shards on its
+tensor dimension, and ``fully_shard`` over its data dimension shards each tensor rank's local shard along
+dim 0 over that rank's data group (a parameter sharded on dim 0 by both gets FSDP's ``_StridedShard``
+placement); parameters the tensor split replicates (norms, a row-parallel bias) are sharded over the data
+group alone. Each device then keeps ``1/d`` of its tensor rank's training state.
+
 Each layer with parameters is its own FSDP unit (as torchtitan wraps each transformer block), so at
 most a layer's parameters are gathered at once per micro-batch in flight, and the stage module is the
 root unit. Gradients are summed, not averaged (divide factor 1): the executor already weights each
 replica's loss by its share of the rows, as for the all-reduce of an unsharded data-parallel stage.
 
-What this runtime does not shard yet (refused by runtime/config.py with the reason): ZeRO-2/3 of a stage
-that is also tensor-parallel (FSDP over a 2-D mesh needs the tensor split as DTensor placements on the same
-mesh), mixed precision (FSDP2's ``MixedPrecisionPolicy`` would replace runtime/precision.py's master
-copies) and PipeDream-2BW (its stale weight version is a second full copy of the parameters).
+What this runtime does not shard yet (refused by runtime/config.py with the reason): mixed precision
+(FSDP2's ``MixedPrecisionPolicy`` would replace runtime/precision.py's master copies) and PipeDream-2BW (its
+stale weight version is a second full copy of the parameters).
 """
 
 from __future__ import annotations
