@@ -24,7 +24,7 @@ under another schedule (or the reverse) gets its weight stash added to (removed 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybridplan.errors import PlanError, ProfileError
-from hybridplan.plan import Plan
+from hybridplan.plan import Plan, StagePlan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.zero import ZeroLayout
@@ -301,7 +301,7 @@ class MemoryPredictor:
             stash=db.weight_stash,
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
             device_type=db.run_options.get("device_type", "cpu"),
-            zero_layout=None if shapes is None else ZeroLayout(shapes),
+            zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes")),
         )
 
     @property
@@ -389,7 +389,8 @@ class MemoryPredictor:
             return self.recomputed.stage_memory(start, stop, kind, degree, stages_after, tensor_degree=tensor_degree,
                                                 zero=zero)
         if zero:
-            peaks = self.zero_peaks(start, stop, kind, zero, degree, stages_after)
+            peaks = (self.zero_tensor_peaks(start, stop, zero, degree, tensor_degree, stages_after) if kind == "data+tensor"
+                     else self.zero_peaks(start, stop, kind, zero, degree, stages_after))
             return math.inf if peaks is None else max(peaks)
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
@@ -417,20 +418,53 @@ class MemoryPredictor:
         source, layout = self._zero_source(kind, zero), self.zero_layout
         if source is None or layout is None:
             return None
-        q = self.span_quantities(start, stop, source, degree) if (source, degree) in self.stats else None
+        shifts = [layout.shift(start, stop, zero, degree, r) for r in range(degree)]
+        return self._shifted_peaks(start, stop, source, degree, stages_after, shifts)
+
+    def zero_tensor_peaks(self, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
+                          stages_after: int) -> list[float] | None:
+        """Each data-group rank's predicted peak of a ZeRO-1 data x tensor stage of ``degree`` devices (every tensor
+        rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero.py), or None where the profile cannot
+        say: ZeRO-2/3, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+        layout, replica = self._tensor_shards(tensor_degree), self._replica(degree, tensor_degree)
+        if zero != 1 or layout is None or replica is None:
+            return None
+        data = degree // tensor_degree
+        shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
+        return replica._shifted_peaks(start, stop, "tensor", tensor_degree, stages_after, shifts)
+
+    def _tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
+        return None if self.zero_layout is None else self.zero_layout.of_tensor_shards(tensor_degree)
+
+    def _shifted_peaks(self, start: int, stop: int, kind: str, degree: int, stages_after: int,
+                       shifts: list[tuple[int, int]]) -> list[float] | None:
+        """The peaks of the profiled stage ``kind`` x ``degree`` with its ``static`` and step transient moved by each
+        ``(static, step)`` shift (one per device): its quantities replayed with them; a fitted degree (or CAPTURE's
+        peak statistic) moves the peak by the static shift alone. None if the stage is not predicted."""
+        q = self.span_quantities(start, stop, kind, degree) if (kind, degree) in self.stats else None
         if q is None or self.method == "capture":
-            base = self.stage_memory(start, stop, source, degree, stages_after)
+            base = self.stage_memory(start, stop, kind, degree, stages_after)
             if not math.isfinite(base):
                 return None
-            return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
+            return [base + static for static, _ in shifts]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
         out = []
-        for r in range(degree):
+        for static, step in shifts:
             v = q[:_PEAK].copy()
-            v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
-            v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
+            v[INDEX["static"]] += static
+            v[INDEX["step_transient"]] += step
             out.append(float(np.max(terms @ v)))
         return out
+
+    def _zero_ranks(self, stage: StagePlan) -> tuple[ZeroLayout | None, int, Callable[[int], int]]:
+        """What shards a ZeRO stage's state, over how many ranks, and each device's rank there: the stage's
+        parameters over all its devices for a data stage, a tensor rank's shards over its data group for a data x
+        tensor stage (a group's ranks follow the global ranks: dist.new_group sorts them)."""
+        if stage.kind != "data+tensor":
+            return self.zero_layout, stage.degree, sorted(stage.devices).index
+        t = stage.tensor_degree
+        return (self._tensor_shards(t), stage.data_degree,
+                lambda device: sorted(stage.data_group(stage.devices.index(device) % t)).index(device))
 
     def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
                 recompute: bool = False) -> bool:
@@ -462,13 +496,13 @@ class MemoryPredictor:
             return self.recomputed.stage_memory_matrix(kind, degree, stages_after, L, tensor_degree=tensor_degree,
                                                        zero=zero)
         if zero:
-            source = self._zero_source(kind, zero)
+            source = kind if kind == "data+tensor" else self._zero_source(kind, zero)
             if source is None or self.zero_layout is None:
                 return out
-            base = self.stage_memory_matrix(source, degree, stages_after, L)
+            base = self.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
             for start, stop in zip(*np.nonzero(np.isfinite(base))):
-                peaks = self.zero_peaks(int(start), int(stop), kind, zero, degree, stages_after)
-                out[start, stop] = math.inf if peaks is None else max(peaks)
+                out[start, stop] = self.stage_memory(int(start), int(stop), kind, degree, stages_after,
+                                                     tensor_degree=tensor_degree, zero=zero)
             return out
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
@@ -581,19 +615,21 @@ class MemoryPredictor:
             q = source.span_quantities(stage.start, stage.stop, kind, degree)
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
-            ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
-            peaks = base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after) if stage.zero else None
+            peaks = None
+            if stage.zero:
+                peaks = (base.zero_tensor_peaks(stage.start, stage.stop, stage.zero, stage.degree, stage.tensor_degree,
+                                                after) if stage.kind == "data+tensor"
+                         else base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after))
+            layout, world, rank_of = base._zero_ranks(stage)
             for d in stage.devices:
                 mine, peak = breakdown, value
-                if peaks is not None and base.zero_layout is not None:
-                    r = ranks.index(d)
+                if peaks is not None and layout is not None:
+                    r = rank_of(d)
                     peak = peaks[r]
                     if breakdown:
-                        mine = {**breakdown,
-                                "static": breakdown["static"] + base.zero_layout.static_delta(stage.start, stage.stop,
-                                                                                             stage.zero, degree, r),
-                                "step_transient": breakdown["step_transient"] + base.zero_layout.step_delta(
-                                    stage.start, stage.stop, stage.zero, degree, r)}
+                        static, step = layout.shift(stage.start, stage.stop, stage.zero, world, r)
+                        mine = {**breakdown, "static": breakdown["static"] + static,
+                                "step_transient": breakdown["step_transient"] + step}
                 rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)
                 devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
@@ -632,6 +668,9 @@ class MemoryPredictor:
         """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
         where = f"stage {i} ({stage.describe()})"
         instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
+        if stage.kind == "data+tensor":
+            MemoryPredictor._check_zero_tensor(where, stage, base, instead)
+            return
         if stage.kind != "data" or stage.zero == 2:
             what = "ZeRO-2" if stage.zero == 2 else f"ZeRO-{stage.zero} of a {stage.kind} stage"
             raise ProfileError(f"{where}: {what} is not yet predicted from a profile", fix=instead)
@@ -642,6 +681,19 @@ class MemoryPredictor:
         if stage.zero == 3 and not base.profiled_degrees("data-zero3"):
             raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario",
                                fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+
+    @staticmethod
+    def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, instead: str) -> None:
+        """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage])."""
+        t = stage.tensor_degree
+        if stage.zero >= 2:
+            raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage is not predicted from a profile: FSDP"
+                               f" gathers each layer's tensor shards there, which neither the tensor{t} scenario (no FSDP)"
+                               " nor a data<d>-zero3 scenario (whole layers gathered) measures", fix=instead)
+        if base.zero_layout is None or (base._tensor_shards(t) is None and t in base.profiled_degrees("tensor")):
+            raise ProfileError(f"{where}: the profile does not record the tensor x{t} parameter shards ZeRO-1 shards",
+                               fix="run the same 'hybridplan profile' command on the database again: it resumes and"
+                               " records them")
 
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)

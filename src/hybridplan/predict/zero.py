@@ -30,6 +30,18 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   the optimizer state of their dim-0 chunks (FSDP2 ``_init_sharded_param``: ``torch.chunk`` rows, the last
   ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
+- [Note: ZeRO-1 of a data x tensor stage] Each of the ``d`` replicas of a ``data+tensor`` stage is a ``t``-way
+  tensor stage at ``1/d`` of the batch ([Note: a data x tensor stage is a tensor stage at a smaller batch] in
+  predict/memory.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
+  *shards* to a ``ZeroRedundancyOptimizer`` over that rank's data group. So the stage is the tensor stage's
+  prediction at the replica's batch with ``static`` and the step transient moved exactly as for a data stage,
+  by the ZeRO-1 partition of the shards' sizes over ``d`` ranks. The shards' shapes are the split layers'
+  (every tensor rank's are equal: a split needs the degree to divide the dimension), which a profile records
+  per tensor degree it profiles (profiling/campaign.py, built on fake tensors as the runtime splits them:
+  a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
+  ZeRO-2/3 of a data x tensor stage are not predicted: FSDP's transients there are the gathered *tensor
+  shards* of a layer, which neither the ``tensor<t>`` scenario (no FSDP) nor ``data<d>-zero3`` (whole layers
+  gathered) measures; the predictor says so, and the simulated devices count them exactly.
 - **ZeRO-2** (``reshard_after_forward=False``) keeps a layer's gathered parameters from the first forward
   after a backward until the next backward, which frees them: a level that rises in some forwards and not in
   others, unlike every quantity of profiling/quantities.py. Not predicted yet (the predictor says so).
@@ -38,7 +50,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 __all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
 
@@ -82,10 +94,22 @@ class ZeroLayout:
 
     Args:
         shapes: per layer, per parameter (``parameters()`` order), ``[element bytes, *shape]``.
+        tensor_shards: per tensor degree (a JSON key: its decimal string), the same for the parameter shards a
+            tensor rank holds (profiling/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
+            split at that degree); empty for a profile that did not record them.
     """
 
-    def __init__(self, shapes: Sequence[Sequence[Sequence[int]]]) -> None:
+    def __init__(self, shapes: Sequence[Sequence[Sequence[int]]],
+                 tensor_shards: Mapping[str, Sequence[Sequence[Sequence[int]] | None]] | None = None) -> None:
         self.shapes = [[(int(p[0]), tuple(int(x) for x in p[1:])) for p in layer] for layer in shapes]
+        self.tensor_shards = dict(tensor_shards or {})
+
+    def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
+        """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
+        or None where the profile did not record that degree. A layer that does not split holds nothing here
+        (no tensor stage can hold it)."""
+        shards = self.tensor_shards.get(str(tensor_degree))
+        return None if shards is None else ZeroLayout([layer or [] for layer in shards])
 
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
         return [p for layer in self.shapes[start:stop] for p in layer]
@@ -114,6 +138,11 @@ class ZeroLayout:
         unsharded data stage (every rank's optimizer state), for ZeRO-2/3 the first rank of the same sharding."""
         base = self.optimizer_bytes(start, stop, 0 if zero == 1 else zero, degree, 0)
         return self.optimizer_bytes(start, stop, zero, degree, rank) - base
+
+    def shift(self, start: int, stop: int, zero: int, degree: int, rank: int) -> tuple[int, int]:
+        """How ``rank``'s ``static`` and step transient differ from the profiled device's: (:meth:`static_delta`,
+        :meth:`step_delta`)."""
+        return self.static_delta(start, stop, zero, degree, rank), self.step_delta(start, stop, zero, degree, rank)
 
     def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
