@@ -135,3 +135,14 @@ def test_the_search_shards_data_stages_when_it_lowers_the_peak(zero_db):
     plan = sharded.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
                            num_microbatches=predictor.num_microbatches)
     assert max(d.peak_memory_bytes for d in predictor.predict(plan).devices) == round(sharded.peak)
+
+
+def test_zero_from_a_mixed_precision_profile_is_refused(zero_db):
+    """In mixed precision ZeRO-1 shards the fp32 master copies too (runtime/sharding.py), which the shares of
+    predict/zero.py leave out: refused rather than predicted short."""
+    predictor = MemoryPredictor.from_db(zero_db)
+    assert predictor.zero_layout is not None
+    shapes = [[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes]
+    predictor.zero_layout = ZeroLayout(shapes, precision="bf16")
+    with pytest.raises(ProfileError, match="ZeRO in bf16 is not predicted from a profile yet"):
+        predictor.predict(_plan("1f1b", [(0, 3, "data", [0, 1], 1), (3, 5, "none", [2], 0)]))

@@ -14,7 +14,7 @@ from hybridplan.models.base import build_layers
 from hybridplan.plan import Cluster, Plan
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
-from tests.runtime.util import assert_same_training
+from tests.runtime.util import assert_same_training, single_device
 
 pytestmark = pytest.mark.distributed
 
@@ -115,6 +115,28 @@ def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard
         assert max(sharded[k], sharded[2 + k]) < params_and_state
 
 
+def test_zero1_in_bf16_trains_like_one_bf16_device_and_shards_the_master_copies():
+    """ZeRO-1 in mixed precision: each replica keeps the bf16 parameters (2 bytes per element) and, for its share
+    only, the fp32 master copy and two fp32 moments (12 bytes per element) and step counts. So the two replicas'
+    static bytes add up to 2 x 2 + 12 = 16 bytes per element (4P for P fp32 parameter bytes) and 4 n. Losses as
+    tests/runtime/test_precision.py bounds a bf16 plan against one bf16 device (sums split and rounded
+    differently: within a quarter of bf16's unit roundoff); the simulated devices count it as the runtime."""
+    from tests.runtime.test_precision import BF16_UNIT_ROUNDOFF, _run
+
+    plan = zero_plan(1)
+    got, ref = _run(plan, "1x3", precision="bf16"), _run(single_device(plan), "1x1", precision="bf16")
+    for a, b in zip(got.losses, ref.losses, strict=True):
+        assert abs(a - b) <= BF16_UNIT_ROUNDOFF / 4 * abs(b), (got.losses, ref.losses)
+    P, n = _stage0_sizes()
+    static = [d.static_memory_bytes for d in got.devices[:2]]
+    assert sum(static) == 4 * P + 4 * n and static[0] != static[1]
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x3"), iterations=3, backend="sim",
+                           precision="bf16"))
+    assert sim.ok, sim.reason
+    assert [(d.static_memory_bytes, d.iteration_peaks) for d in sim.devices] == \
+        [(d.static_memory_bytes, d.iteration_peaks) for d in got.devices]
+
+
 def _stage0_sizes() -> tuple[int, int]:
     """Bytes of layers 0-4's fp32 parameters, and how many parameter tensors they are (from the model)."""
     params = [p for layer in build_layers(get_model("gpt-tiny"), 0, 5, 0) for p in layer.parameters()]
@@ -160,7 +182,8 @@ def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
 
 
 @pytest.mark.parametrize("stage, settings, message", [
-    ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"precision": "bf16"}, "in bf16"),
+    ({"parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 3}, {"precision": "bf16"},
+     "ZeRO-3 sharding in bf16, which this runtime does not run yet"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"schedule": "2bw"}, "with PipeDream-2BW"),
 ])
 def test_what_is_not_sharded_yet_is_refused_before_any_process(stage, settings, message):

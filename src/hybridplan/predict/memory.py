@@ -301,7 +301,8 @@ class MemoryPredictor:
             stash=db.weight_stash,
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
             device_type=db.run_options.get("device_type", "cpu"),
-            zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes")),
+            zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes"),
+                                                               precision=db.run_options.get("precision", "fp32")),
         )
 
     @property
@@ -668,6 +669,9 @@ class MemoryPredictor:
         """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
         where = f"stage {i} ({stage.describe()})"
         instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
+        if base.zero_layout is not None and base.zero_layout.precision != "fp32":
+            raise ProfileError(f"{where}: ZeRO in {base.zero_layout.precision} is not predicted from a profile yet (it"
+                               " shards the fp32 master copies too, which the shares computed here leave out)", fix=instead)
         if stage.kind == "data+tensor":
             MemoryPredictor._check_zero_tensor(where, stage, base, instead)
             return

@@ -97,19 +97,24 @@ class ZeroLayout:
         tensor_shards: per tensor degree (a JSON key: its decimal string), the same for the parameter shards a
             tensor rank holds (profiling/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
             split at that degree); empty for a profile that did not record them.
+        precision: the profiled runs' precision. The shares here are fp32 training's (two moments of the
+            parameter's dtype); in mixed precision ZeRO-1 also shards the fp32 master copies
+            (runtime/sharding.py), which this layout does not model yet: the predictor refuses those stages.
     """
 
     def __init__(self, shapes: Sequence[Sequence[Sequence[int]]],
-                 tensor_shards: Mapping[str, Sequence[Sequence[Sequence[int]] | None]] | None = None) -> None:
+                 tensor_shards: Mapping[str, Sequence[Sequence[Sequence[int]] | None]] | None = None, *,
+                 precision: str = "fp32") -> None:
         self.shapes = [[(int(p[0]), tuple(int(x) for x in p[1:])) for p in layer] for layer in shapes]
         self.tensor_shards = dict(tensor_shards or {})
+        self.precision = precision
 
     def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
         """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
         or None where the profile did not record that degree. A layer that does not split holds nothing here
         (no tensor stage can hold it)."""
         shards = self.tensor_shards.get(str(tensor_degree))
-        return None if shards is None else ZeroLayout([layer or [] for layer in shards])
+        return None if shards is None else ZeroLayout([layer or [] for layer in shards], precision=self.precision)
 
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
         return [p for layer in self.shapes[start:stop] for p in layer]

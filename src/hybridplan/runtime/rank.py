@@ -116,7 +116,8 @@ def run_rank(
                     meter.forget(meshes.rank_table)
             if stage.zero == 1:
                 optimizer = zero1_optimizer(module, dp_group, learning_rate=cfg.learning_rate,
-                                            weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda")
+                                            weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda",
+                                            precision=cfg.precision, loss_scale=cfg.loss_scale)
             else:
                 optimizer = build_optimizer(
                     module,

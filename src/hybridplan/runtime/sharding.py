@@ -7,7 +7,8 @@ over the stage's data-parallel group of ``d`` devices:
   keeps the AdamW state of its share of the parameters (whole parameters, balanced by size, so a stage
   of few large parameters shards unevenly), steps them and broadcasts them to the others. Gradients
   are still all-reduced whole (runtime/executor.py), as in ZeRO-1. On a data x tensor stage it shards the
-  state of each tensor rank's shards over that rank's data group (:class:`ZeroOneOptimizer`).
+  state of each tensor rank's shards over that rank's data group (:class:`ZeroOneOptimizer`). In mixed
+  precision the fp32 master copies are sharded with the moments (below).
 - **ZeRO-2**, + gradients: FSDP2 :func:`~torch.distributed.fsdp.fully_shard` per layer with
   ``reshard_after_forward=False`` (FSDP's SHARD_GRAD_OP, which PyTorch's FSDP documentation likens to
   ZeRO-2). Gradients are reduce-scattered after each micro-batch's backward and accumulated sharded;
@@ -32,9 +33,16 @@ most a layer's parameters are gathered at once per micro-batch in flight, and th
 root unit. Gradients are summed, not averaged (divide factor 1): the executor already weights each
 replica's loss by its share of the rows, as for the all-reduce of an unsharded data-parallel stage.
 
-What this runtime does not shard yet (refused by runtime/config.py with the reason): mixed precision
-(FSDP2's ``MixedPrecisionPolicy`` would replace runtime/precision.py's master copies) and PipeDream-2BW (its
-stale weight version is a second full copy of the parameters).
+In mixed precision (runtime/precision.py: low-precision parameters and gradients, fp32 master copies and
+moments), ZeRO-1 shards the master copies with the moments, as ZeRO counts them (optimizer state, section
+3.1 of the paper) and DeepSpeed's ZeRO-1 shards them: ``ZeroRedundancyOptimizer``'s local optimizer is
+precision.py's ``MixedPrecisionAdamW`` over the rank's share, whose masters are kept from the fp32 values the
+stage was built with (:func:`zero1_optimizer`); it steps them, copies them into the low-precision parameters,
+and ``ZeroRedundancyOptimizer`` broadcasts those.
+
+What this runtime does not shard yet (refused by runtime/config.py with the reason): ZeRO-2/3 in mixed precision
+(FSDP2's ``MixedPrecisionPolicy`` would replace precision.py's master copies) and PipeDream-2BW (its stale
+weight version is a second full copy of the parameters).
 """
 
 from __future__ import annotations
@@ -161,14 +169,21 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params: list[torch.Tensor], dp_group: Any, *, learning_rate: float, weight_decay: float,
-                 foreach: bool) -> None:
+                 foreach: bool, masters: list[torch.Tensor] | None = None, loss_scale: float = 1.0) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         self._params = params
         self._views = [_local(p).detach() for p in params]
         super().__init__(self._views, {"lr": learning_rate})
-        self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=torch.optim.AdamW, process_group=dp_group,
-                                             lr=learning_rate, weight_decay=weight_decay, foreach=foreach)
+        if masters is None:
+            self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=torch.optim.AdamW, process_group=dp_group,
+                                                 lr=learning_rate, weight_decay=weight_decay, foreach=foreach)
+            return
+        by_view = {id(v): _local(m) for v, m in zip(self._views, masters, strict=True)}
+        self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=_adamw_over_masters(by_view),
+                                             process_group=dp_group, lr=learning_rate, weight_decay=weight_decay,
+                                             loss_scale=loss_scale)
+        by_view.clear()  # the local optimizer holds its share's masters; the others' are freed
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self._params:
@@ -182,11 +197,35 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             v.grad = None
 
 
+def _adamw_over_masters(masters: dict[int, torch.Tensor]) -> Any:
+    """A local-optimizer constructor for ``ZeroRedundancyOptimizer``: runtime/precision.py's ``MixedPrecisionAdamW``
+    over the low-precision parameters of this rank's share (the parameter groups it is given), each with its
+    fp32 master from ``masters`` (keyed by the parameter's ``id``)."""
+    from hybridplan.runtime.precision import MixedPrecisionAdamW
+
+    def build(params: list[Any], **options: Any) -> MixedPrecisionAdamW:
+        flat = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+        return MixedPrecisionAdamW([(p, masters[id(p)]) for p in flat], **options)
+
+    return build
+
+
 def zero1_optimizer(module: nn.Module, dp_group: Any, *, learning_rate: float, weight_decay: float,
-                    foreach: bool) -> torch.optim.Optimizer:
-    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`)."""
-    return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
-                            learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach)
+                    foreach: bool, precision: str = "fp32", loss_scale: float | None = None) -> torch.optim.Optimizer:
+    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`).
+
+    In mixed precision it casts ``module`` (built in fp32) to the low dtype as runtime/precision.py does, and the
+    fp32 master copies, which ZeRO counts as optimizer state (Rajbhandari et al., section 3.1), are sharded with
+    the moments: each replica keeps the masters of its share only, steps them and broadcasts the low-precision
+    parameters (DeepSpeed's ZeRO-1 does the same)."""
+    from hybridplan.runtime.precision import cast_module, compute_dtype, loss_scale_of
+
+    if precision == "fp32":
+        return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
+                                learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach)
+    pairs = [(p, m) for p, m in cast_module(module, compute_dtype(precision)) if p.requires_grad]
+    return ZeroOneOptimizer([p for p, _ in pairs], dp_group, learning_rate=learning_rate, weight_decay=weight_decay,
+                            foreach=False, masters=[m for _, m in pairs], loss_scale=loss_scale_of(precision, loss_scale))
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
