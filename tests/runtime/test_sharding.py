@@ -4,6 +4,7 @@ counted by the exact CPU tracker), and the simulated devices count them byte for
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -115,26 +116,55 @@ def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard
         assert max(sharded[k], sharded[2 + k]) < params_and_state
 
 
+@functools.cache
+def _bf16_reference() -> tuple[float, ...]:
+    """The losses of gpt-tiny's batch of 16 in 4 micro-batches on one bf16 device (GPipe and 1F1B alike)."""
+    from tests.runtime.test_precision import _run
+
+    return tuple(_run(single_device(zero_plan(0)), "1x1", precision="bf16").losses)
+
+
+def _trains_like_one_bf16_device(plan: Plan, cluster: str) -> Any:
+    """Run ``plan`` in bf16: losses as tests/runtime/test_precision.py bounds a bf16 plan against one bf16 device
+    (sums split and rounded differently: within a quarter of bf16's unit roundoff), and the simulated devices
+    count every device as the runtime. Returns the run."""
+    from tests.runtime.test_precision import BF16_UNIT_ROUNDOFF, _run
+
+    got = _run(plan, cluster, precision="bf16")
+    for a, b in zip(got.losses, _bf16_reference(), strict=True):
+        assert abs(a - b) <= BF16_UNIT_ROUNDOFF / 4 * abs(b), (got.losses, _bf16_reference())
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim",
+                           precision="bf16"))
+    assert sim.ok, sim.reason
+    assert [(d.static_memory_bytes, d.iteration_peaks, d.peak_breakdown) for d in sim.devices] == \
+        [(d.static_memory_bytes, d.iteration_peaks, d.peak_breakdown) for d in got.devices]
+    return got
+
+
 def test_zero1_in_bf16_trains_like_one_bf16_device_and_shards_the_master_copies():
     """ZeRO-1 in mixed precision: each replica keeps the bf16 parameters (2 bytes per element) and, for its share
     only, the fp32 master copy and two fp32 moments (12 bytes per element) and step counts. So the two replicas'
-    static bytes add up to 2 x 2 + 12 = 16 bytes per element (4P for P fp32 parameter bytes) and 4 n. Losses as
-    tests/runtime/test_precision.py bounds a bf16 plan against one bf16 device (sums split and rounded
-    differently: within a quarter of bf16's unit roundoff); the simulated devices count it as the runtime."""
-    from tests.runtime.test_precision import BF16_UNIT_ROUNDOFF, _run
-
-    plan = zero_plan(1)
-    got, ref = _run(plan, "1x3", precision="bf16"), _run(single_device(plan), "1x1", precision="bf16")
-    for a, b in zip(got.losses, ref.losses, strict=True):
-        assert abs(a - b) <= BF16_UNIT_ROUNDOFF / 4 * abs(b), (got.losses, ref.losses)
+    static bytes add up to 2 x 2 + 12 = 16 bytes per element (4P for P fp32 parameter bytes) and 4 n."""
+    got = _trains_like_one_bf16_device(zero_plan(1), "1x3")
     P, n = _stage0_sizes()
     static = [d.static_memory_bytes for d in got.devices[:2]]
     assert sum(static) == 4 * P + 4 * n and static[0] != static[1]
-    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x3"), iterations=3, backend="sim",
-                           precision="bf16"))
-    assert sim.ok, sim.reason
-    assert [(d.static_memory_bytes, d.iteration_peaks) for d in sim.devices] == \
-        [(d.static_memory_bytes, d.iteration_peaks) for d in got.devices]
+
+
+@pytest.mark.parametrize("schedule, stages, cluster", [
+    ("1f1b", [(0, 5, "data", [0, 1], {"zero": 3}), (5, 10, "none", [2], {})], "1x3"),
+    ("gpipe", [(0, 3, "none", [0], {}), (3, 10, "data+tensor", [1, 2, 3, 4], {"tensor_degree": 2, "zero": 2})], "1x5"),
+])
+def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(schedule, stages, cluster):
+    """FSDP2's MixedPrecisionPolicy: the sharded stage stays fp32 (its shards are the master copies) and computes
+    in bf16, so each of its devices holds between iterations exactly what the same plan holds in fp32."""
+    plan = plan_of(schedule, 16, 4, stages)
+    got = _trains_like_one_bf16_device(plan, cluster)
+    fp32 = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=2, backend="sim"))
+    assert fp32.ok, fp32.reason
+    sharded = plan.stages[0] if plan.stages[0].zero else plan.stages[1]
+    for d in sharded.devices:
+        assert got.devices[d].static_memory_bytes == fp32.devices[d].static_memory_bytes
 
 
 def _stage0_sizes() -> tuple[int, int]:
@@ -182,8 +212,6 @@ def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
 
 
 @pytest.mark.parametrize("stage, settings, message", [
-    ({"parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 3}, {"precision": "bf16"},
-     "ZeRO-3 sharding in bf16, which this runtime does not run yet"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"schedule": "2bw"}, "with PipeDream-2BW"),
 ])
 def test_what_is_not_sharded_yet_is_refused_before_any_process(stage, settings, message):

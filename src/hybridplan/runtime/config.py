@@ -165,9 +165,6 @@ def validate_config(cfg: RunConfig) -> None:
             continue
         what = f"stage {i} ({s.describe()}) asks for ZeRO-{s.zero} sharding"
         drop = 'or drop "zero" from the stage (every replica then keeps the whole optimizer state, gradients and parameters)'
-        if cfg.precision != "fp32" and s.zero >= 2:
-            raise UsageError(f"{what} in {cfg.precision}, which this runtime does not run yet (ZeRO-1 it runs in mixed"
-                             " precision, ZeRO-2/3 in fp32)", fix=f'use "zero": 1, or run with --precision fp32, {drop}')
         if cfg.plan.schedule == "2bw":
             raise UsageError(f"{what} with PipeDream-2BW, whose stale weight version is a second whole copy of the"
                              " parameters", fix=f"use the gpipe or 1f1b schedule, {drop}")

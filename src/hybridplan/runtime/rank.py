@@ -111,7 +111,8 @@ def run_rank(
                 model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing
             )
             if stage.zero >= 2:
-                shard_stage(module, stage.zero, meshes.data, settle_for=meter if device.type == "cpu" else None)
+                shard_stage(module, stage.zero, meshes.data, settle_for=meter if device.type == "cpu" else None,
+                            precision=cfg.precision, loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale))
                 if meshes.rank_table is not None:
                     meter.forget(meshes.rank_table)
             if stage.zero == 1:
@@ -121,7 +122,7 @@ def run_rank(
             else:
                 optimizer = build_optimizer(
                     module,
-                    precision=cfg.precision,
+                    precision="fp32" if stage.zero >= 2 else cfg.precision,  # FSDP's shards are the fp32 masters
                     learning_rate=cfg.learning_rate,
                     weight_decay=cfg.weight_decay,
                     loss_scale=cfg.loss_scale,

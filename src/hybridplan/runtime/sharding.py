@@ -40,8 +40,13 @@ precision.py's ``MixedPrecisionAdamW`` over the rank's share, whose masters are 
 stage was built with (:func:`zero1_optimizer`); it steps them, copies them into the low-precision parameters,
 and ``ZeroRedundancyOptimizer`` broadcasts those.
 
-What this runtime does not shard yet (refused by runtime/config.py with the reason): ZeRO-2/3 in mixed precision
-(FSDP2's ``MixedPrecisionPolicy`` would replace precision.py's master copies) and PipeDream-2BW (its stale
+ZeRO-2/3 in mixed precision use FSDP2's ``MixedPrecisionPolicy`` instead of precision.py's master copies
+(:func:`shard_stage`): the stage stays fp32 and sharded (its shards are the masters, 4 bytes per element per
+device over ``d``), each layer is all-gathered in the low dtype, and the gradients are reduce-scattered in it
+and accumulated as fp32 shards, so a device keeps ``(4 + 4 + 8) / d`` bytes per element between iterations
+against precision.py's unsharded ``2 + 2 + 12``.
+
+What this runtime does not shard yet (refused by runtime/config.py with the reason): PipeDream-2BW (its stale
 weight version is a second full copy of the parameters).
 """
 
@@ -118,7 +123,8 @@ class SettledReduceScatter(_SettledComm):
         _settle(tensors, before)
 
 
-def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any = None) -> None:
+def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any = None, precision: str = "fp32",
+                loss_scale: float = 1.0) -> None:
     """Make ``module`` (a stage's ``nn.Sequential``) FSDP2 units for ZeRO-2 (``zero=2``) or ZeRO-3 (``zero=3``).
 
     In place: each layer with parameters, then the stage, become ``FSDPModule`` s over ``dp_mesh`` (the
@@ -129,21 +135,31 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
     ``settle_for``: a memory meter; FSDP's collectives then run through :class:`SettledAllGather` and
     :class:`SettledReduceScatter`, so the exact tracker's count does not depend on thread timing (the gloo
     runs the tracker measures; a CUDA run measured by the allocator keeps FSDP's own overlapped collectives).
+
+    ``precision``: mixed precision ("bf16", "fp16") through FSDP2's ``MixedPrecisionPolicy``: the sharded fp32
+    parameters are the master copies (the stage is built and stepped in fp32), all-gathered into the low dtype
+    for compute, and the gradients are reduce-scattered in the low dtype (as runtime/precision.py reduces them)
+    and kept as fp32 shards. ``loss_scale``: fp16's static loss scale, divided out of every reduce-scattered
+    gradient (FSDP's gradient divide factor; a power of two, so the division is exact).
     """
     if zero not in (2, 3):
         raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    from hybridplan.runtime.precision import compute_dtype
 
     mesh = dp_mesh
     reshard = zero == 3
+    low = compute_dtype(precision)
+    policy = MixedPrecisionPolicy() if precision == "fp32" else MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
     layers = list(module.children())
     for layer in layers:
         if any(p.requires_grad for p in layer.parameters()):
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
-            unit.set_gradient_divide_factor(1.0)
+            unit.set_gradient_divide_factor(loss_scale)
             unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a factor of 1 needs no scaling
             if settle_for is not None:
                 unit.set_custom_all_gather(SettledAllGather(settle_for))  # type: ignore[arg-type]  # duck-typed Comm
