@@ -144,5 +144,23 @@ def test_zero_from_a_mixed_precision_profile_is_refused(zero_db):
     assert predictor.zero_layout is not None
     shapes = [[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes]
     predictor.zero_layout = ZeroLayout(shapes, precision="bf16")
-    with pytest.raises(ProfileError, match="ZeRO in bf16 is not predicted from a profile yet"):
+    with pytest.raises(ProfileError, match="ZeRO-1 in bf16 is not predicted from a profile yet"):
         predictor.predict(_plan("1f1b", [(0, 3, "data", [0, 1], 1), (3, 5, "none", [2], 0)]))
+
+
+def test_zero3_in_bf16_is_predicted_from_its_bf16_scenario(tmp_path):
+    """ZeRO-3 in mixed precision keeps fp32 shards as its masters (runtime/sharding.py), so its ranks differ by fp32
+    state as in fp32: predicted from a ``data2-zero3`` scenario profiled in bf16, the sharded devices to the byte."""
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+
+    options = {"backend": "sim", "precision": "bf16"}
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+                                scenarios=(Scenario("none", 1), Scenario("data", 2), Scenario("data", 2, 3)),
+                                run_options=options), store).run()
+    plan = _plan("gpipe", [(0, 3, "data", [0, 1], 3), (3, 5, "none", [2], 0)])
+    report = validate_plan(tmp_path / "p.sqlite", plan, cluster=Cluster.parse("1x3"), model=MLP, run_options=options)
+    assert report.run.ok, report.run.reason
+    assert [(r.predicted, r.measured) for r in report.rows[:2]] == [(r.measured, r.measured) for r in report.rows[:2]]

@@ -100,6 +100,7 @@ class ZeroLayout:
         precision: the profiled runs' precision. The shares here are fp32 training's (two moments of the
             parameter's dtype); in mixed precision ZeRO-1 also shards the fp32 master copies
             (runtime/sharding.py), which this layout does not model yet: the predictor refuses those stages.
+            (ZeRO-2/3 keep fp32 shards in either precision: runtime/sharding.py ``shard_stage``.)
     """
 
     def __init__(self, shapes: Sequence[Sequence[Sequence[int]]],
