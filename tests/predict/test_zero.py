@@ -137,30 +137,33 @@ def test_the_search_shards_data_stages_when_it_lowers_the_peak(zero_db):
     assert max(d.peak_memory_bytes for d in predictor.predict(plan).devices) == round(sharded.peak)
 
 
-def test_zero_from_a_mixed_precision_profile_is_refused(zero_db):
-    """In mixed precision ZeRO-1 shards the fp32 master copies too (runtime/sharding.py), which the shares of
-    predict/zero.py leave out: refused rather than predicted short."""
-    predictor = MemoryPredictor.from_db(zero_db)
-    assert predictor.zero_layout is not None
-    shapes = [[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes]
-    predictor.zero_layout = ZeroLayout(shapes, precision="bf16")
-    with pytest.raises(ProfileError, match="ZeRO-1 in bf16 is not predicted from a profile yet"):
-        predictor.predict(_plan("1f1b", [(0, 3, "data", [0, 1], 1), (3, 5, "none", [2], 0)]))
+BF16 = {"backend": "sim", "precision": "bf16"}
 
 
-def test_zero3_in_bf16_is_predicted_from_its_bf16_scenario(tmp_path):
-    """ZeRO-3 in mixed precision keeps fp32 shards as its masters (runtime/sharding.py), so its ranks differ by fp32
-    state as in fp32: predicted from a ``data2-zero3`` scenario profiled in bf16, the sharded devices to the byte."""
+@pytest.fixture(scope="module")
+def bf16_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MLP profiled in bf16 on 1x4 simulated devices: pipeline, data x2 and data x2 with ZeRO-3."""
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
     from hybridplan.profiling.partitions import Scenario
     from hybridplan.profiling.store import ProfileStore
 
-    options = {"backend": "sim", "precision": "bf16"}
-    with ProfileStore(tmp_path / "p.sqlite") as store:
+    path = tmp_path_factory.mktemp("zero_bf16") / "p.sqlite"
+    with ProfileStore(path) as store:
         Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
                                 scenarios=(Scenario("none", 1), Scenario("data", 2), Scenario("data", 2, 3)),
-                                run_options=options), store).run()
-    plan = _plan("gpipe", [(0, 3, "data", [0, 1], 3), (3, 5, "none", [2], 0)])
-    report = validate_plan(tmp_path / "p.sqlite", plan, cluster=Cluster.parse("1x3"), model=MLP, run_options=options)
+                                run_options=BF16), store).run()
+    return path
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_zero_in_bf16_is_predicted_to_the_byte(bf16_db, zero):
+    """Mixed precision (runtime/sharding.py): ZeRO-1 shards the fp32 master copies with the moments (12 bytes per
+    element of the share) and steps with an fp32 copy of one gradient; ZeRO-3 keeps fp32 shards as its masters,
+    so its ranks differ by fp32 state as in fp32 (from its data2-zero3 scenario profiled in bf16). Layers 0-2 on
+    2 ranks (ZeRO-1: the 32 x 32 weight's state on one, the three others' on the other): both to the byte."""
+    plan = _plan("gpipe", [(0, 3, "data", [0, 1], zero), (3, 5, "none", [2], 0)])
+    report = validate_plan(bf16_db, plan, cluster=Cluster.parse("1x3"), model=MLP, run_options=BF16)
     assert report.run.ok, report.run.reason
-    assert [(r.predicted, r.measured) for r in report.rows[:2]] == [(r.measured, r.measured) for r in report.rows[:2]]
+    rows = [(r.predicted, r.measured) for r in report.rows[:2]]
+    assert rows == [(m, m) for _, m in rows]
+    assert zero == 3 or rows[0] != rows[1]

@@ -669,10 +669,6 @@ class MemoryPredictor:
         """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
         where = f"stage {i} ({stage.describe()})"
         instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
-        if stage.zero == 1 and base.zero_layout is not None and base.zero_layout.precision != "fp32":
-            raise ProfileError(f"{where}: ZeRO-1 in {base.zero_layout.precision} is not predicted from a profile yet"
-                               " (it shards the fp32 master copies too, which the shares computed here leave out)",
-                               fix=instead)
         if stage.kind == "data+tensor":
             MemoryPredictor._check_zero_tensor(where, stage, base, instead)
             return

@@ -97,10 +97,9 @@ class ZeroLayout:
         tensor_shards: per tensor degree (a JSON key: its decimal string), the same for the parameter shards a
             tensor rank holds (profiling/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
             split at that degree); empty for a profile that did not record them.
-        precision: the profiled runs' precision. The shares here are fp32 training's (two moments of the
-            parameter's dtype); in mixed precision ZeRO-1 also shards the fp32 master copies
-            (runtime/sharding.py), which this layout does not model yet: the predictor refuses those stages.
-            (ZeRO-2/3 keep fp32 shards in either precision: runtime/sharding.py ``shard_stage``.)
+        precision: the profiled runs' precision. In mixed precision ZeRO-1 shards the fp32 master copies with
+            the moments (runtime/sharding.py) and its step holds an fp32 copy of one gradient besides AdamW's two
+            temporaries; ZeRO-2/3 keep fp32 shards as the masters in either precision (``shard_stage``).
     """
 
     def __init__(self, shapes: Sequence[Sequence[Sequence[int]]],
@@ -120,23 +119,26 @@ class ZeroLayout:
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
         return [p for layer in self.shapes[start:stop] for p in layer]
 
-    @staticmethod
-    def _state(element: int, numel: int) -> int:
-        return _MOMENTS * element * numel + STEP_COUNTER_BYTES
+    def _state(self, element: int, numel: int, zero: int) -> int:
+        """AdamW state of one parameter (or share of one): its moments and step count, and in mixed precision
+        under ZeRO-0/1 its fp32 master copy (runtime/precision.py; the recorded element size is the fp32
+        model's). Under ZeRO-2/3 the masters are the FSDP shards, parameters equal on every rank."""
+        master = 1 if self.precision != "fp32" and zero <= 1 else 0
+        return (_MOMENTS + master) * element * numel + STEP_COUNTER_BYTES
 
     def optimizer_bytes(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """AdamW state bytes that ``rank`` of a ``degree``-way stage ``[start, stop)`` holds at ZeRO ``zero``."""
         params = self._params(start, stop)
         numels = [math.prod(shape) for _, shape in params]
         if zero == 0:
-            return sum(self._state(e, n) for (e, _), n in zip(params, numels))
+            return sum(self._state(e, n, zero) for (e, _), n in zip(params, numels))
         if zero == 1:
             share = zero1_shares(numels, degree)[rank]
-            return sum(self._state(params[i][0], numels[i]) for i in share)
+            return sum(self._state(params[i][0], numels[i], zero) for i in share)
         out = 0
         for element, shape in params:
             dims = shape or (1,)
-            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]))
+            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]), zero)
         return out
 
     def static_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
@@ -158,4 +160,6 @@ class ZeroLayout:
         params = self._params(start, stop)
         sizes = [e * math.prod(shape) for e, shape in params]
         share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
-        return 2 * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
+        # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
+        temporaries = 2 if self.precision == "fp32" else 3
+        return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
