@@ -68,3 +68,25 @@ def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     profile.save(d / "t.json")
     (d / "plan.json").write_text(json.dumps(MIXED))
     return d
+
+
+@pytest.fixture(scope="session")
+def sharded_mlp_files(mlp_files: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MLP profiled on 1x2 with the data x2 and ZeRO-3 scenarios (``p.sqlite``) and again with activation
+    checkpointing (``r.sqlite``), on simulated devices; ``mlp_files``' time profile beside them."""
+    import shutil
+
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.store import ProfileStore
+    from tests.cli.conftest import MLP
+
+    d = tmp_path_factory.mktemp("sharded")
+    scenarios = (Scenario("none", 1), Scenario("data", 2), Scenario("data", 2, zero=3), Scenario("tensor", 2))
+    for name, options in (("p", {"backend": "sim"}), ("r", {"backend": "sim", "activation_checkpointing": True})):
+        with ProfileStore(d / f"{name}.sqlite") as store:
+            Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x2"), global_batch_size=32, num_microbatches=2,
+                                    scenarios=scenarios, run_options=options), store).run()
+    shutil.copy(mlp_files / "t.json", d / "t.json")
+    return d

@@ -112,6 +112,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("plan --db notadb.sqlite --cluster 1x4", "is not a hybridplan profile database"),
         Case("plan --db other.sqlite --cluster 1x4", "it has no 'meta' table"),
         Case("predict --db profile.sqlite --plan gpt_plan.json", "the model has 5 layers"),
+        Case("predict --db profile.sqlite --plan zero2.json", "no ZeRO-3 scenario (ZeRO-2 is predicted from it)"),
         Case("validate --db code.sqlite --plan plan.json", "names the model 'this:x', which is not a zoo model"),
         Case("plan --baseline equal --db profile.sqlite --cluster 1x4",
              f"add --model {MLP}"),
@@ -153,11 +154,12 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --mode 2bw", "plans for throughput"),
         Case(f"{PLAN} --objective throughput --mode bayesian", "solves the memory objective"),
         Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),
+        Case(f"{PLAN} --objective throughput --zero --mode 2bw --model {MLP}", "not PipeDream-2BW's"),
+        Case("plan --time-profile times.json --cluster 1x4 --global-batch-size 32 --objective throughput"
+             " --recompute-db profile.sqlite", "and there are none"),
         Case(f"{PLAN} --pipeline-only --space extended", "contradict each other"),
-        Case(f"{PLAN} --recompute-db profile.sqlite --fewest-devices --device-memory 1GiB",
-             "not searched by --fewest-devices"),
         Case(f"{PLAN} --recompute-db profile.sqlite", "was profiled without recompute"),
-        Case(f"{PLAN} --allow-cross-node --pipeline-only", "adds stages over whole nodes"),
+        Case(f"{PLAN} --allow-cross-node --pipeline-only", "adds data stages over whole nodes"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
         Case(f"{RUN} --backend sim --share-gpu", "simulated devices share nothing", before_torch=False),
         Case(f"{PROFILE} --time --share-gpu", "not representative"),
@@ -212,6 +214,9 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     data = {**gpt, "schedule": "2bw", "stages": [{"layers": [0, 10], "parallelism": "data+tensor", "degree": 4,
                                                   "tensor_degree": 2, "devices": [0, 1, 2, 3], "zero": 2}]}
     (folder / "zero.json").write_text(json.dumps(data))
+    zero2 = {**MIXED, "stages": [{"layers": [0, 3], "parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 2},
+                                  {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [2]}]}
+    (folder / "zero2.json").write_text(json.dumps(zero2))
     (folder / "nostages.json").write_text(json.dumps({k: v for k, v in gpt.items() if k != "stages"}))
     (folder / "notjson.json").write_text('{"schedule": "1f1b", "stages": [')
     (folder / "bad.toml").write_text("nodes = [1\n")

@@ -108,14 +108,12 @@ def test_the_extended_space_is_never_worse_and_holds_the_data_x_tensor_stage(bas
 @pytest.mark.parametrize("args, message", [
     (["--pipeline-only", "--space", "extended"], "--pipeline-only and --space extended contradict each other"),
     (["--space", "extended", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space apply to --objective memory"),
+     "--fewest-devices, --pipeline-only and --space apply to --objective memory"),
     (["--space", "everything"], "argument --space: invalid choice"),
-    (["--zero", "--pipeline-only"], "--zero searches sharded data stages, which --pipeline-only and --fewest-devices"),
-    (["--allow-cross-node", "--pipeline-only"], "--allow-cross-node adds stages over whole nodes"),
-    (["--recompute-db", "{d}/p.sqlite", "--fewest-devices", "--device-memory", "1GiB"],
-     "--recompute-db is not searched by --fewest-devices"),
-    (["--zero", "--objective", "throughput", "--time-profile", "{d}/t.json"],
-     "--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space apply to --objective memory"),
+    (["--zero", "--pipeline-only"], "--zero searches sharded data stages, which --pipeline-only excludes"),
+    (["--allow-cross-node", "--pipeline-only"], "--allow-cross-node adds data stages over whole nodes"),
+    (["--zero", "--objective", "throughput", "--mode", "2bw", "--time-profile", "{d}/t.json"],
+     "--zero and --recompute-db choose per-stage options of AMP's plans, not PipeDream-2BW's"),
 ])
 def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):
     assert main(base + [a.format(d=mlp_files) for a in args]) == 2
@@ -187,3 +185,34 @@ def test_allow_cross_node_finds_the_stage_over_both_nodes(mlp_files, capsys):
                                                        "tensor_degree": 2, "devices": [0, 1, 2, 3]}]})
     spanning.validate(num_layers=5, cluster=Cluster.uniform(2, 2))
     assert across["predicted_peak_bytes"] <= predictor.predict(spanning).peak_memory_bytes
+
+
+def test_fewest_devices_searches_the_extended_space(mlp_files, recompute_db, capsys):
+    """--fewest-devices with --space extended, --zero, --recompute-db and --allow-cross-node answers the smallest
+    sub-mesh of 2x2 (by devices, then fewer nodes) whose best plan in that space fits; the expectation comes from
+    the plain memory search run on each sub-mesh with the same options. The capacity is the extended best peak of
+    the smallest shape on which it is lower than CAPTURE's, so there the options are what makes the model fit
+    (and without them the answer is a larger mesh, or none)."""
+    db = str(mlp_files / "p.sqlite")
+    options = ["--space", "extended", "--zero", "--recompute-db", str(recompute_db), "--allow-cross-node"]
+    shapes = ["1x1", "1x2", "2x1", "2x2"]  # by devices, then fewer nodes
+    batch = ["--global-batch-size", "4096"]  # activations dominate: recompute and sharding matter
+
+    def peak(shape: str, extra: list[str]) -> int:
+        return _best(["plan", "--db", db, "--cluster", shape] + batch + extra, capsys)["predicted_peak_bytes"]
+
+    extended = {s: peak(s, options) for s in shapes}
+    capture = {s: peak(s, []) for s in shapes}
+    assert all(extended[s] <= capture[s] for s in shapes)
+    target = next(s for s in shapes if extended[s] < capture[s])
+    capacity = extended[target]
+    expected = next(s for s in shapes if extended[s] <= capacity)
+    fewest = ["plan", "--db", db, "--cluster", "2x2", "--device-memory", str(capacity), "--fewest-devices"] + batch
+    answer = _best(fewest + options, capsys)
+    assert answer["cluster"] == expected and answer["predicted_peak_bytes"] == extended[expected]
+    plain = next((s for s in shapes if capture[s] <= capacity), None)
+    assert plain != expected
+    if plain is None:
+        assert main(fewest) == 2 and "fits on no sub-mesh" in capsys.readouterr().err
+    else:
+        assert _best(fewest, capsys)["cluster"] == plain

@@ -88,3 +88,30 @@ def test_bad_input_exits_2(files, capsys, args, message):
     assert main([a.format(d=files) for a in args]) == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
+
+
+def test_throughput_and_pareto_with_zero_and_recompute(sharded_mlp_files, capsys):
+    """--zero and --recompute-db reach the throughput search from the command line: at a batch of 512 and 50,000 B
+    per device (no plain plan fits: tests/workflows/test_plan_throughput.py) the written plan has a ZeRO stage and
+    fits as ``predict --recompute-db`` says; the table labels the options; the Pareto
+    frontier over the extended space is written and non-dominated."""
+    d = sharded_mlp_files
+    base = ["plan", "--db", str(d / "p.sqlite"), "--time-profile", str(d / "t.json"), "--cluster", "1x2", "--model",
+            MLP, "--global-batch-size", "512", "--zero", "--recompute-db", str(d / "r.sqlite"), "--allow-cross-node"]
+    out = d / "fast.json"
+    assert main(base + ["--objective", "throughput", "--device-memory", "50000", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "zero=[" in text and "fastest plan" in text
+    plan = Plan.load(out)
+    assert any(s.zero for s in plan.stages) and plan.extra["predicted_peak_bytes"] <= 50_000
+    assert main(["predict", "--db", str(d / "p.sqlite"), "--recompute-db", str(d / "r.sqlite"), "--plan", str(out),
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["peak_memory_bytes"] <= 50_000
+    front = d / "front.json"
+    assert main(base + ["--objective", "pareto", "--out", str(front)]) == 0
+    assert "Pareto frontier" in capsys.readouterr().out
+    frontier = json.loads(front.read_text())["frontier"]
+    memory = [p["predicted_peak_bytes"] for p in frontier]
+    seconds = [p["predicted_iteration_s"] for p in frontier]
+    assert memory == sorted(memory) and seconds == sorted(seconds, reverse=True) and len(frontier) >= 2
+    assert any("zero=" in p["label"] for p in frontier)

@@ -306,3 +306,28 @@ def test_2bw_cost_model_agrees_with_the_2bw_planner() -> None:
         assert c.plan.schedule == "2bw"
         if not c.recompute:
             assert predict_iteration_time(c.plan, _profile(), cluster).total_s == pytest.approx(c.iteration_s)
+
+
+def test_zero_and_recompute_terms_by_hand() -> None:
+    """[Note: ZeRO and recompute in time], worked by hand. One data x2 stage over the three layers, 8 samples in 4
+    micro-batches: a replica computes 1 sample per micro-batch, (1 + 2 + 0.5) forward + 7 backward = 10.5 s; the
+    gradients are 300 B (the tied embedding once). Over two nodes of one device (10 B/s between them) the ring
+    all-reduce A = 2 (2-1)/2 * 300 / 10 = 30 s; on one node of two (1000 B/s) 0.3 s.
+    - plain: T = (4-1) 10.5 + 10.5 + A = 42 + 30 = 72; on one node 42.3 (the crossing stage syncs at 10 B/s);
+    - ZeRO-1: the all-reduce and the broadcast of the updated halves, 1.5 A: 42 + 45 = 87;
+    - ZeRO-2: A per micro-batch inside t: t = 40.5, T = 4 * 40.5 = 162, nothing at the end;
+    - ZeRO-3: 1.5 A per micro-batch: t = 55.5, T = 222;
+    - recompute: the forward again per micro-batch: t = 14, T = 56 + 30 = 86."""
+    def stage(zero: int = 0, recompute: str = "none", devices: tuple[int, ...] = (0, 1)) -> Plan:
+        return Plan("1f1b", 8, 4, (StagePlan(0, 3, "data", 2, devices, {}, 0, zero, recompute),))  # type: ignore[arg-type]
+
+    across, inside = _cluster(2, 1, 1000.0, 10.0), _cluster(1, 2, 1000.0, 10.0)
+    profile = _profile()
+    t = {z: predict_iteration_time(stage(z), profile, across) for z in range(4)}
+    assert [t[z].total_s for z in range(4)] == pytest.approx([72.0, 87.0, 162.0, 222.0])
+    assert [t[z].sync_s for z in range(4)] == pytest.approx([30.0, 45.0, 0.0, 0.0])
+    assert [t[z].stages[0].shard_comm_s for z in range(4)] == pytest.approx([0.0, 0.0, 30.0, 45.0])
+    assert predict_iteration_time(stage(), profile, inside).total_s == pytest.approx(42.3)
+    recomputed = predict_iteration_time(stage(recompute="full"), profile, across)
+    assert recomputed.stages[0].recompute_s == pytest.approx(3.5) and recomputed.total_s == pytest.approx(86.0)
+    assert "+ recompute 3500.00 ms" in recomputed.table() and recomputed.to_dict()["stages"][0]["recompute_s"] == 3.5

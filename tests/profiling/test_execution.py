@@ -59,6 +59,27 @@ def test_a_launchers_result_is_collected_device_by_device():
     assert failed == RunOutcome("failed", "boom", [])  # a failed run measured nothing
 
 
+def test_a_cuda_runs_tensor_and_reserved_peaks_go_to_the_database_rows():
+    cuda = {"device": 0, "stage": 0, "peak_memory_bytes": 150, "static_memory_bytes": 100, "data_bytes": 8,
+            "timeline": TIMELINE, "reserved_peak_bytes": 2097152}
+    cpu = {**cuda, "device": 2, "stage": 1, "reserved_peak_bytes": None}
+    outcome = run_plan(_plan(), Cluster.parse("1x4"), lambda p, c: SimpleNamespace(status="ok", reason=None, devices=[cuda, cpu]))
+    assert [r["reserved"] for r in measurements_of(outcome, _plan(), 16)] == [(150, 2097152), None]
+
+
+def test_a_simulated_cuda_stage_records_the_peaks_of_its_own_two_micro_batches():
+    """The reserved peak cannot be replayed to 4 micro-batches as the tensor peak is: a simulated profiling run keeps
+    the tensor and reserved peaks of its two micro-batches, those of a whole simulated run of 2 micro-batches."""
+    plan, cluster, model = _plan(), Cluster.parse("1x4", device_type="cuda"), get_model(MLP)
+    options = {"backend": "sim", "device_type": "cuda"}
+    outcome = simulate_stages(plan, cluster, {(0, 2)}, model=model, seed=0, iterations=2, run_options=options,
+                              specs=boundary_specs(model))
+    short = Plan(plan.schedule, 8, 2, plan.stages, plan.extra)
+    whole = {d.device: d for d in launch(RunConfig(model=MLP, plan=short, cluster=cluster, iterations=2, **options)).devices}
+    assert [d["reserved"] for d in outcome.devices] == [(whole[0].peak_memory_bytes, whole[0].reserved_peak_bytes)]
+    assert whole[0].reserved_peak_bytes == 66 * 2**20  # two 32 MiB workspace segments and one 2 MiB small segment
+
+
 def test_the_database_rows_of_a_run():
     outcome = RunOutcome("ok", None, [
         {"device": 0, "stage": 0, "peak_memory_bytes": 150, "static_memory_bytes": 100, "data_bytes": 8, "timeline": TIMELINE},

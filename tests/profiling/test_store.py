@@ -64,6 +64,17 @@ def test_runs_and_their_measurements_read_back_filtered(tmp_path):
         assert store.measurements(batch_size=4) == []
 
 
+def test_reserved_peaks_read_back_with_their_measurements_span(tmp_path):
+    """A CUDA run's (tensor peak, reserved peak) per device come back with the span and scenario they measured; a
+    device without them (a CPU run) has no row."""
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        cuda = [{**_measurement(0), "reserved": (3000, 2097152)}, {**_measurement(1, "tensor", 2), "reserved": (5, 4194304)},
+                {**_measurement(2), "reserved": None}]
+        store.record_run(key="a", scenario="pipeline", batch_size=8, plan={}, status="ok", reason=None,
+                         wall_seconds=1.0, measurements=cuda)
+        assert store.reserved_peaks() == [("none", 1, 8, 4, 0, 1, 3000, 2097152), ("tensor", 2, 8, 4, 1, 2, 5, 4194304)]
+
+
 def test_a_run_whose_measurements_cannot_be_stored_is_not_stored(tmp_path):
     bad = _measurement(0)
     del bad["peak"]
@@ -116,7 +127,7 @@ def test_an_older_database_without_the_later_tables_reads_as_empty(tmp_path):
     db.close()
     with ProfileStore(path, create=False) as store:
         assert (store.runs(), store.find_run("a"), store.measurements(), store.weight_stash(), store.layer_times(),
-                store.statistics_rows(), store.run_costs()) == ([], None, [], {}, {}, [], {})
+                store.statistics_rows(), store.run_costs(), store.reserved_peaks()) == ([], None, [], {}, {}, [], {}, [])
 
 
 @pytest.mark.parametrize("create", [False, True])

@@ -60,7 +60,7 @@ def test_a_finished_report_round_trips_through_json_and_pickle():
     data = rep.to_dict()
     assert data["status"] == "ok" and list(data)[1:] == [
         "rank", "stage", "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data", "breakdowns",
-        "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds", "reserved_peaks",
+        "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds", "reserved_peaks", "workspaces",
     ]  # fmt: skip
     assert RankReport.from_dict(json.loads(json.dumps(data))) == rep
     assert report_from_dict(json.loads(json.dumps(data))) == rep

@@ -28,7 +28,7 @@ from tests.runtime.util import make_plan
 EXAMPLE = make_plan("1f1b", 16, 4, [(0, 3, "tensor", [0, 1]), (3, 7, "none", [2]), (7, 10, "data", [3, 4])])
 REPORT_KEYS = {
     "status", "rank", "stage", "rank_in_stage", "node", "in_flight", "iteration_peaks", "static", "data",
-    "breakdowns", "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds", "reserved_peaks",
+    "breakdowns", "seconds", "losses", "timeline", "overhead_bytes", "layer_seconds", "reserved_peaks", "workspaces",
 }  # fmt: skip
 
 
@@ -42,7 +42,7 @@ def test_simulate_stage_reports_like_a_real_rank():
     report = simulate_stage(config(), 1)
     assert isinstance(report, RankReport) and set(report.to_dict()) == REPORT_KEYS
     assert (report.rank, report.stage, report.rank_in_stage, report.in_flight) == (2, 1, 0, 2)
-    assert report.losses == [] and report.overhead_bytes is None
+    assert report.losses == [] and report.overhead_bytes is None and report.workspaces is None  # a CPU holds none
     assert len(report.iteration_peaks) == 2 and report.iteration_peaks[1] > report.static[1] > 0
     assert [t["action"] for t in report.timeline] == "F0 F1 B0 F2 B1 F3 B2 B3 step".split()
     assert simulate_stage(config(), 0, rank=1).rank == 1

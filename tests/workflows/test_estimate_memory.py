@@ -44,6 +44,14 @@ def test_cuda_terms_and_overhead():
     whole = {d.device: d.overhead_bytes for d in _simulate(plan, device_type="cuda").devices}
     unused = LIBRARY_BYTES["attention"] + LIBRARY_BYTES["cudnn"]
     assert all(whole[d.device] <= d.overhead_bytes <= whole[d.device] + unused for d in estimate.devices)
+    # the allocator's reserved peak, as the whole simulation replays it, and the total that must fit = reserved +
+    # outside: 66 MiB by hand on every device (two 32 MiB cuBLAS workspace segments, one 2 MiB small segment for
+    # the 1 MiB cuBLASLt workspace and the MLP's few KiB: tests/cli/test_predict.py)
+    reserved = {d.device: d.reserved_peak_bytes for d in _simulate(plan, device_type="cuda").devices}
+    assert {d.device: d.reserved_peak_bytes for d in estimate.devices} == reserved == {d: 66 * 2**20 for d in range(4)}
+    assert all(d.total_bytes == d.reserved_peak_bytes + d.overhead_bytes for d in estimate.devices)
+    assert not estimate.fits(Cluster.parse("1x4", device_memory=str(max(d.total_bytes for d in estimate.devices) - 1)))
+    assert estimate.fits(Cluster.parse("1x4", device_memory=str(max(d.total_bytes for d in estimate.devices))))
 
 
 def test_zero_stages_are_simulated_whole():

@@ -65,3 +65,29 @@ def test_data_x_tensor_stages_are_cached_by_their_tensor_degree(tmp_path):
         plans[0].to_dict()["stages"][1]]})
     with pytest.raises(ValueError, match="is ZeRO-sharded: its devices differ"):
         stage_key(sharded, 0)
+
+
+def test_cuda_stages_keep_their_reserved_peak_and_an_older_file_is_completed(tmp_path):
+    """On simulated CUDA devices each stage's reserved peak is kept beside its tensor peak, equal to a whole-plan
+    simulation's; a cache file written before (tensor peaks only) makes its stages simulated once more."""
+    import json
+
+    cluster = Cluster.parse("1x4", device_type="cuda")
+    space = PlanSpace.for_cluster(cluster, 5, pipeline_only=True)
+    plan = plan_from_choices(space, next(iter(enumerate_plans(space))), schedule="1f1b", global_batch_size=8,
+                             num_microbatches=2)
+    options = {"backend": "sim", "device_type": "cuda"}
+    cache = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster, run_options=options)
+    cache.measure(plan)
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.sim import simulate
+
+    whole = simulate(RunConfig(model=MLP, plan=plan, cluster=cluster, iterations=2, **options), distinct_only=False)
+    assert cache.reserved_peaks(plan) == {d.device: d.reserved_peak_bytes for d in whole.devices}
+    saved = json.loads((tmp_path / "stages.json").read_text())
+    del saved["reserved"]
+    (tmp_path / "stages.json").write_text(json.dumps(saved))
+    older = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster, run_options=options)
+    assert older.reserved_peaks(plan) == {}
+    older.measure(plan)
+    assert older.simulated == plan.num_stages and older.reserved_peaks(plan) == cache.reserved_peaks(plan)

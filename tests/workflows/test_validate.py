@@ -48,3 +48,26 @@ def test_the_json_form_and_the_table_carry_the_same_numbers(report):
 def test_a_profile_of_user_code_runs_only_the_model_the_user_names(mlp_files):
     with pytest.raises(ProfileError, match=f"add --model {MLP}"):
         validate_plan(mlp_files / "p.sqlite", Plan.from_dict(MIXED))
+
+
+def test_on_cuda_the_reserved_peak_is_compared_too(tmp_path, report):
+    """A simulated CUDA profile of the MLP (pipeline only, 1x2): the predicted and the replayed reserved peak, 66 MiB
+    by hand on both devices (two 32 MiB cuBLAS workspace segments, one 2 MiB small segment for the 1 MiB cuBLASLt
+    workspace and the MLP's few KiB: tests/cli/test_predict.py); a CPU validation has no reserved column."""
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.workflows.runs import ensure_profile
+
+    db = ensure_profile(tmp_path / "cuda.sqlite", model=MLP, cluster=Cluster.parse("1x2", device_type="cuda"),
+                        global_batch_size=16, num_microbatches=2, run_options={"backend": "sim", "device_type": "cuda"},
+                        scenarios=(Scenario("none", 1),))
+    plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 2, "stages": [
+        {"layers": [0, 2], "parallelism": "none", "degree": 1, "devices": [0]},
+        {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [1]}]})
+    cuda = validate_plan(db, plan, model=MLP)
+    assert cuda.run.ok, cuda.run.reason
+    assert cuda.reserved() == {0: (66 * 2**20, 66 * 2**20), 1: (66 * 2**20, 66 * 2**20)}
+    assert [(d["predicted_reserved"], d["measured_reserved"]) for d in cuda.to_dict()["devices"]] == [(66 * 2**20,) * 2] * 2
+    assert "reserved pred." in cuda.table() and "66.00 MiB" in cuda.table()
+    assert report.reserved() == {} and "reserved" not in report.table()
+    assert "predicted_reserved" not in report.to_dict()["devices"][0]

@@ -54,16 +54,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory objective: CAPTURE's stages (none, data or tensor; default), or extended: also data x"
                    " tensor stages (predicted from the tensor scenario's statistics)")
     p.add_argument("--zero", action="store_true",
-                   help="memory objective: also data stages sharded by ZeRO-1 (predicted from the data scenario) and"
-                   " ZeRO-3 (where the profile has its data<d>-zero3 scenario: profile --zero)")
+                   help="also data stages sharded by ZeRO-1 (predicted from the data scenario), ZeRO-2 and ZeRO-3"
+                   " (where the profile has the data<d>-zero3 scenario: profile --zero); throughput/pareto: each data"
+                   " stage may take the ZeRO level that makes it fit fastest")
     p.add_argument("--recompute-db", metavar="FILE",
-                   help="memory objective: a profile of the same model and cluster taken with"
-                   " --activation-checkpointing; every stage may then recompute its activations (predicted from it)"
-                   " or not, and the plan marks the stages that do \"recompute\": \"full\"")
+                   help="a profile of the same model and cluster taken with --activation-checkpointing; every stage"
+                   " may then recompute its activations (predicted from it) or not, and the plan marks the stages that"
+                   " do \"recompute\": \"full\" (throughput/pareto: timed with one more forward per micro-batch)")
     p.add_argument("--allow-cross-node", action="store_true",
                    help="memory objective: also data (and, with --space extended, data x tensor) stages over 2, 4, ..."
-                   " whole nodes (tensor groups stay inside a node); default: a stage never spans nodes (CAPTURE)")
-    p.add_argument("--fewest-devices", action="store_true", help="find the smallest sub-mesh on which the model fits (needs --device-memory)")
+                   " whole nodes (tensor groups stay inside a node); default: a stage never spans nodes (CAPTURE)."
+                   " throughput/pareto: always so (AMP's strategies put the replicas of a stage larger than a node on"
+                   " several nodes, synced over the inter-node link)")
+    p.add_argument("--fewest-devices", action="store_true",
+                   help="find the smallest sub-mesh on which the model fits (needs --device-memory), in the space the"
+                   " other options choose (--space, --zero, --recompute-db, --allow-cross-node)")
     p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
     p.add_argument("--global-batch-size", type=positive_int, help="target global batch (default: the profile's)")
     p.add_argument("--num-microbatches", type=positive_int, help="target micro-batch count (default: the profile's)")
@@ -97,24 +102,21 @@ def handle(args: argparse.Namespace) -> int:
         if args.mode is not None and args.mode not in THROUGHPUT_MODES:
             raise UsageError(f"--mode {args.mode} solves the memory objective, not {args.objective!r}",
                              fix=f"use --mode {' or '.join(THROUGHPUT_MODES)} with --objective {args.objective}")
-        if (args.fewest_devices or args.pipeline_only or args.zero or args.recompute_db or args.allow_cross_node
-                or args.space != "capture"):
-            raise UsageError("--fewest-devices, --pipeline-only, --zero, --recompute-db, --allow-cross-node and --space"
-                             " apply to --objective memory")
+        if args.fewest_devices or args.pipeline_only or args.space != "capture":
+            raise UsageError("--fewest-devices, --pipeline-only and --space apply to --objective memory (throughput and"
+                             " pareto search AMP's strategies, data x tensor stages included; --zero and"
+                             " --recompute-db add their per-stage options)")
         return plan_throughput.throughput(args)
     if args.mode in THROUGHPUT_MODES:
         raise UsageError(f"--mode {args.mode} plans for throughput", fix=f"add --objective throughput (or pareto), or use --mode {'/'.join(MODES)}")
     if not args.db:
         raise UsageError("--objective memory needs a profile database", fix="give --db FILE from 'hybridplan profile'")
-    if args.zero and (args.pipeline_only or args.fewest_devices):
-        raise UsageError("--zero searches sharded data stages, which --pipeline-only and --fewest-devices do not",
-                         fix="drop --zero, or --pipeline-only / --fewest-devices")
-    if args.allow_cross_node and (args.pipeline_only or args.fewest_devices):
-        raise UsageError("--allow-cross-node adds stages over whole nodes, which --pipeline-only and --fewest-devices"
-                         " do not search", fix="drop --allow-cross-node, or --pipeline-only / --fewest-devices")
-    if args.recompute_db and args.fewest_devices:
-        raise UsageError("--recompute-db is not searched by --fewest-devices",
-                         fix="drop --recompute-db, or --fewest-devices")
+    if args.zero and args.pipeline_only:
+        raise UsageError("--zero searches sharded data stages, which --pipeline-only excludes",
+                         fix="drop --zero, or --pipeline-only")
+    if args.allow_cross_node and args.pipeline_only:
+        raise UsageError("--allow-cross-node adds data stages over whole nodes, which --pipeline-only excludes",
+                         fix="drop --allow-cross-node, or --pipeline-only")
     if args.pipeline_only and args.space == "extended":
         raise UsageError("--pipeline-only and --space extended contradict each other",
                          fix="choose one: pipeline-only stages (mCAP), or the extended space of data x tensor stages")

@@ -31,7 +31,8 @@ def throughput(args: argparse.Namespace) -> int:
         answer = plan_throughput(sources, cluster, objective=args.objective, mode=args.mode or "amp",
                                  global_batch_size=args.global_batch_size, num_microbatches=args.num_microbatches,
                                  schedule=args.schedule, placement=args.placement, seed=args.seed,
-                                 degree_fit=args.degree_fit, progress=_say)
+                                 degree_fit=args.degree_fit, progress=_say, zero=args.zero,
+                                 recompute_db=args.recompute_db)
     if args.objective == "pareto":
         return _print_pareto(args, answer)
     return _print_best(args, answer)

@@ -48,13 +48,19 @@ def handle(args: argparse.Namespace) -> int:
         print(json.dumps(prediction.to_dict(), indent=1))
         return 0
     print(plan.describe())
-    # CUDA profiles: the tensor peak, the memory outside the allocator and their total (the reserved peak is not
-    # predicted: predict/memory.py [Note: predicting a CUDA device])
+    # CUDA profiles: the tensor peak, the allocator's reserved peak, the memory outside the allocator and their total
+    # (reserved + outside; tensor + outside, a lower bound, from a profile without reserved gaps: predict/memory.py
+    # [Note: predicting a CUDA device])
     cuda = predictor.device_type == "cuda"
+    exact = all(d.reserved_peak_bytes is not None for d in prediction.devices)
     print(f"{'device':>6} {'stage':>5} {'in-flight':>9} {'predicted peak':>15}"
-          + (f" {'reserved':>12} {'outside':>12} {'total (min)':>12}" if cuda else ""))
+          + (f" {'reserved':>12} {'outside':>12} {'total' if exact else 'total (min)':>12}" if cuda else ""))
     for d in prediction.devices:
+        reserved = "-" if d.reserved_peak_bytes is None else format_bytes(d.reserved_peak_bytes)
         print(f"{d.device:>6} {d.stage:>5} {d.in_flight:>9} {format_bytes(d.peak_memory_bytes):>15}"
-              + (f" {'-':>12} {format_bytes(d.overhead_bytes):>12} {format_bytes(d.total_bytes):>12}" if cuda else ""))
+              + (f" {reserved:>12} {format_bytes(d.overhead_bytes):>12} {format_bytes(d.total_bytes):>12}" if cuda else ""))
+    if cuda and not exact:
+        print("reserved peak not predicted: the profile records no reserved peaks (taken before they were recorded);"
+              " the total is tensor peak + outside, a lower bound; profile again into a new --db to predict it")
     print(f"plan peak: {format_bytes(prediction.peak_memory_bytes)}")
     return 0

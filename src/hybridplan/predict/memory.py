@@ -34,8 +34,11 @@ import numpy as np
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
 from hybridplan.plan.schedule import in_flight_count
+from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
-from hybridplan.predict.zero import ZeroLayout
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient,
+                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
+                                     unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -60,13 +63,13 @@ class DevicePrediction:
 
     [Note: predicting a CUDA device] From a profile taken on (simulated or real) CUDA devices, the peak is in
     the caching allocator's terms (blocks and cuBLAS workspaces: runtime/gpu_memory.py), what
-    ``max_memory_allocated`` shows. The memory outside the allocator is added from the plan
-    (``estimate_overhead_bytes``: the context, every library a zoo model may load, the device's NCCL
-    communicators), so ``total_bytes`` is what must fit the device. The allocator's RESERVED peak is not
-    predicted (``reserved_peak_bytes`` None): it depends on the order of every allocation of the whole
-    stage, which only a run replays (``validate --backend sim --device cuda`` reports it); the reserved
-    memory above the tensor peak ranged from 0.4 MiB to 1.5 GiB on the H100 runs of
-    ../shared/notes/gpu-h100-facts.md, so ``total_bytes`` is a lower bound by that much.
+    ``max_memory_allocated`` shows. The allocator's RESERVED peak is that peak plus the excess the profile
+    measured (reserved beyond the tensor peak rounded up to 2 MiB) for the nearest profiled span of the stage's
+    scenario, rounded up to whole 2 MiB ([Note: predicting the reserved peak] in predict/reserved.py). The
+    memory outside the allocator is added from the plan (``estimate_overhead_bytes``: the context, every library
+    a zoo model may load, the device's NCCL communicators), so ``total_bytes`` = reserved + outside is what must
+    fit the device. A CUDA profile written before reserved peaks were recorded does not predict the reserved
+    peak (``reserved_peak_bytes`` None); its ``total_bytes`` is tensor peak + outside, a lower bound.
     """
 
     device: int
@@ -77,9 +80,11 @@ class DevicePrediction:
     overhead_bytes: int | None = None
     """CUDA: memory outside the caching allocator, estimated (runtime/gpu_memory.py); None on a CPU."""
     reserved_peak_bytes: int | None = None
-    """The allocator's reserved peak: not predicted from a profile (see [Note: predicting a CUDA device])."""
+    """CUDA: the allocator's predicted reserved peak; None on a CPU or from a profile that did not record reserved
+    peaks (see [Note: predicting a CUDA device])."""
     total_bytes: int | None = None
-    """CUDA: ``peak_memory_bytes + overhead_bytes``, the device memory the plan needs at least; None on a CPU."""
+    """CUDA: ``reserved_peak_bytes + overhead_bytes`` (``peak_memory_bytes + overhead_bytes``, a lower bound, when
+    the reserved peak is not predicted), the device memory the plan needs; None on a CPU."""
 
     @property
     def needed_bytes(self) -> int:
@@ -182,6 +187,7 @@ class MemoryPredictor:
         recomputed: MemoryPredictor | None = None,
         device_type: str = "cpu",
         zero_layout: ZeroLayout | None = None,
+        reserved: ReservedExcess | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -211,6 +217,9 @@ class MemoryPredictor:
         self.zero_layout = zero_layout
         """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
         profile] in predict/zero.py); None for a profile that did not record them."""
+        self.reserved = reserved
+        """CUDA: the excess the profile measured above the tensor peak, which predicts the allocator's reserved peak
+        ([Note: predicting the reserved peak] in predict/reserved.py); None: not predicted."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[str, int], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -303,6 +312,7 @@ class MemoryPredictor:
             device_type=db.run_options.get("device_type", "cpu"),
             zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes"),
                                                                precision=db.run_options.get("precision", "fp32")),
+            reserved=reserved_excess(db),
         )
 
     @property
@@ -333,10 +343,11 @@ class MemoryPredictor:
 
     def _zero_source(self, kind: str, zero: int) -> str | None:
         """The profiled kind a ZeRO stage is predicted from ([Note: predicting ZeRO from a profile]), or None
-        where the profile cannot say (ZeRO-2, ZeRO of a data x tensor stage, no parameter shapes recorded)."""
-        if self.zero_layout is None or kind != "data":
+        where the profile cannot say (ZeRO of a data x tensor stage, ZeRO-2 in mixed precision, no parameter shapes
+        recorded)."""
+        if self.zero_layout is None or kind != "data" or (zero == 2 and self.zero_layout.precision != "fp32"):
             return None
-        return {1: "data", 3: "data-zero3"}.get(zero)
+        return {1: "data", 2: "data-zero3", 3: "data-zero3"}.get(zero)
 
     def profiled_degrees(self, kind: str) -> list[int]:
         """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
@@ -419,8 +430,11 @@ class MemoryPredictor:
         source, layout = self._zero_source(kind, zero), self.zero_layout
         if source is None or layout is None:
             return None
+        if zero == 2:
+            return self._zero2_peaks(start, stop, degree, stages_after)
         shifts = [layout.shift(start, stop, zero, degree, r) for r in range(degree)]
-        return self._shifted_peaks(start, stop, source, degree, stages_after, shifts)
+        refine = self._zero3_quantities if zero == 3 and layout.precision == "fp32" else None
+        return self._shifted_peaks(start, stop, source, degree, stages_after, shifts, refine)
 
     def zero_tensor_peaks(self, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
                           stages_after: int) -> list[float] | None:
@@ -438,10 +452,12 @@ class MemoryPredictor:
         return None if self.zero_layout is None else self.zero_layout.of_tensor_shards(tensor_degree)
 
     def _shifted_peaks(self, start: int, stop: int, kind: str, degree: int, stages_after: int,
-                       shifts: list[tuple[int, int]]) -> list[float] | None:
+                       shifts: list[tuple[int, int]],
+                       refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None) -> list[float] | None:
         """The peaks of the profiled stage ``kind`` x ``degree`` with its ``static`` and step transient moved by each
         ``(static, step)`` shift (one per device): its quantities replayed with them; a fitted degree (or CAPTURE's
-        peak statistic) moves the peak by the static shift alone. None if the stage is not predicted."""
+        peak statistic) moves the peak by the static shift alone. ``refine`` (ZeRO-3's rules) rewrites the quantities
+        before the replay. None if the stage is not predicted."""
         q = self.span_quantities(start, stop, kind, degree) if (kind, degree) in self.stats else None
         if q is None or self.method == "capture":
             base = self.stage_memory(start, stop, kind, degree, stages_after)
@@ -449,6 +465,8 @@ class MemoryPredictor:
                 return None
             return [base + static for static, _ in shifts]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
+        if refine is not None:
+            q = refine(start, stop, degree, q)
         out = []
         for static, step in shifts:
             v = q[:_PEAK].copy()
@@ -466,6 +484,98 @@ class MemoryPredictor:
         t = stage.tensor_degree
         return (self._tensor_shards(t), stage.data_degree,
                 lambda device: sorted(stage.data_group(stage.devices.index(device) % t)).index(device))
+
+    def _zero3_quantities(self, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+        """A ZeRO-3 span's scenario quantities ``q`` with the fp32 rules applied: its forward transient from the
+        data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
+        prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero.py)."""
+        q = self._floored_backwards(start, stop, degree, q.copy())
+        if self.schedule == "gpipe":
+            q[INDEX["backward_transient"]] -= self._unfetched(start, stop, degree)
+        forward = self._sharded_forward(start, stop, degree, keep=False)
+        if forward is not None:
+            q[INDEX["forward_transient"]] = forward
+        return q
+
+    def _sharded_forward(self, start: int, stop: int, degree: int, *, keep: bool) -> float | None:
+        """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
+        ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown."""
+        if self.zero_layout is None or ("data", degree) not in self.stats:
+            return None
+        table = self._scaled_table("data", degree)  # every span at once: the search asks for every span
+        prefixes = None if table is None else table[start, start + 1:stop + 1]
+        if prefixes is None or np.isnan(prefixes[:, :_PEAK]).any():
+            return None
+        return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                         prefixes[:, INDEX["activation"]].tolist(),
+                                         self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
+
+    def _floored_backwards(self, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+        """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
+        scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known."""
+        table = self._scaled_table("data", degree)
+        if table is None or self.zero_layout is None:
+            return q
+        gathered = self.zero_layout.gathered_bytes(start, stop, degree)
+        out = q.copy()
+        for name in ("first_backward_transient", "backward_transient"):
+            suffix = table[start:stop, stop, INDEX[name]]
+            if not np.isnan(suffix).any():
+                out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered))
+        return out
+
+    def _unfetched(self, start: int, stop: int, degree: int) -> int:
+        """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
+        schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero.py)."""
+        table = self._scaled_table("data-zero3", degree)
+        if self.profile_schedule in (None, "gpipe") or table is None or self.zero_layout is None:
+            return 0
+        suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]
+        return prefetched_bytes([-math.inf if math.isnan(v) else float(v) for v in suffix],
+                                self.zero_layout.gathered_bytes(start, stop, degree))
+
+    def _zero2_peaks(self, start: int, stop: int, degree: int, stages_after: int) -> list[float] | None:
+        """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
+        ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
+        forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``."""
+        layout = self.zero_layout
+        if layout is None or self.method == "capture" or not {("data-zero3", degree), ("data", degree)} <= set(self.stats):
+            return None
+        q = self.span_quantities(start, stop, "data-zero3", degree)
+        plain = self.span_quantities(start, stop, "data", degree)
+        if q is None or plain is None:
+            return None
+        gathered = layout.gathered_bytes(start, stop, degree)
+        total = sum(gathered)
+
+        table = self._scaled_table("data-zero3", degree)
+        if table is None:
+            return None
+
+        def column(spans: list[tuple[int, int]], name: str) -> list[float]:  # unknown spans raise nothing
+            found = [table[a, b, INDEX[name]] for a, b in spans]
+            return [-math.inf if math.isnan(v) else float(v) for v in found]
+
+        gathering = self._sharded_forward(start, stop, degree, keep=True)
+        if gathering is None:
+            return None
+        suffixes = [(j, stop) for j in range(start, stop)]
+        activation = float(q[INDEX["activation"]])
+        transients = Zero2Transients(
+            gathering_forward=max(activation + total, gathering),
+            gathered_forward=float(plain[INDEX["forward_transient"]]),
+            first_backward=min(gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
+                               unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree)),
+            gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
+                                  unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree)),
+        )
+        out = []
+        for r in range(degree):
+            v = q[:_PEAK].copy()
+            v[INDEX["backward_transient"]] -= self._unfetched(start, stop, degree)  # its only use: after a backward
+            v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
+            out.append(zero2_peak(v, transients, total, self.schedule, stages_after, self.num_microbatches))
+        return out
 
     def allowed(self, start: int, stop: int, kind: str, degree: int, *, tensor_degree: int = 0, zero: int = 0,
                 recompute: bool = False) -> bool:
@@ -564,6 +674,7 @@ class MemoryPredictor:
                 schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
             device_type=self.device_type,
             zero_layout=self.zero_layout,
+            reserved=self.reserved,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:
@@ -622,6 +733,10 @@ class MemoryPredictor:
                                                 after) if stage.kind == "data+tensor"
                          else base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after))
             layout, world, rank_of = base._zero_ranks(stage)
+            if stage.zero and stage.kind == "data" and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
+                raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
+                                   f" data{degree} and data{degree}-zero3 scenarios' quantities",
+                                   fix="predict with the default method (quantities), or profile with --zero")
             for d in stage.devices:
                 mine, peak = breakdown, value
                 if peaks is not None and layout is not None:
@@ -633,8 +748,13 @@ class MemoryPredictor:
                                 "step_transient": breakdown["step_transient"] + step}
                 rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)
+                excess = None if outside is None or source.reserved is None else source.reserved.excess(
+                    stage.start, stage.stop, kind, degree, source.microbatch_size)
+                reserved = None if excess is None else reserved_peak_from(rounded, excess)
+                held = rounded if reserved is None else reserved  # what the allocator holds, at least
                 devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
-                                                total_bytes=None if outside is None else rounded + outside))
+                                                reserved_peak_bytes=reserved,
+                                                total_bytes=None if outside is None else held + outside))
         devices.sort(key=lambda d: d.device)
         return PlanPrediction(devices, self.method)
 
@@ -672,16 +792,24 @@ class MemoryPredictor:
         if stage.kind == "data+tensor":
             MemoryPredictor._check_zero_tensor(where, stage, base, instead)
             return
-        if stage.kind != "data" or stage.zero == 2:
-            what = "ZeRO-2" if stage.zero == 2 else f"ZeRO-{stage.zero} of a {stage.kind} stage"
-            raise ProfileError(f"{where}: {what} is not yet predicted from a profile", fix=instead)
+        if stage.kind != "data":
+            raise ProfileError(f"{where}: ZeRO-{stage.zero} of a {stage.kind} stage is not yet predicted from a profile",
+                               fix=instead)
         if base.zero_layout is None:
             raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
                                fix="run the same 'hybridplan profile' command on the database again: it resumes and"
                                " records them")
-        if stage.zero == 3 and not base.profiled_degrees("data-zero3"):
-            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario",
+        if stage.zero == 2 and base.zero_layout.precision != "fp32":
+            raise ProfileError(f"{where}: ZeRO-2 is not predicted from a {base.zero_layout.precision} profile: its rules"
+                               " count the gathered parameters at the recorded fp32 sizes, and FSDP's mixed precision"
+                               " gathers low-precision copies, which no profile measured", fix=instead)
+        if stage.zero in (2, 3) and not base.profiled_degrees("data-zero3"):
+            raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
                                fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+        if stage.zero == 2 and not {("data-zero3", stage.degree), ("data", stage.degree)} <= set(base.stats):
+            raise ProfileError(f"{where}: ZeRO-2 is predicted from the data{stage.degree} and data{stage.degree}-zero3"
+                               " scenarios, and the profile lacks one (no fit across degrees for ZeRO-2)",
+                               fix=f"profile with --zero on a mesh with {stage.degree} devices per node, or " + instead)
 
     @staticmethod
     def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, instead: str) -> None:

@@ -55,6 +55,33 @@ Every rank ends an iteration with its optimizer step and the runtime closes it w
   of the timing runs (zero_grad, the synthetic batch, the loss, barriers): interpolated in the micro-batch
   size as layer times are ([Note: time vs micro-batch size]), paid once per iteration, in parallel by the
   stages: the max.
+[Note: ZeRO and recompute in time] (issue 11: a plan stage's ``"zero"`` and ``"recompute"`` keys)
+
+- Recompute (``"recompute": "full"``): every layer of the stage is checkpointed (torch.utils.checkpoint,
+  runtime/stage.py), so its backward runs the layer's forward again first: the stage's ``t_i`` grows by its
+  forward seconds per micro-batch (``recompute_s``). This assumes the layer times were measured *without*
+  checkpointing (``profile --time`` records whether they were, as the time identity's
+  ``activation_checkpointing``; the throughput search refuses per-stage recompute otherwise: their backward
+  would already hold the recomputation).
+- ZeRO, over the stage's data group of ``d`` devices and per tensor rank, in units of the stage's ring
+  all-reduce ``A`` of its gradient bytes / ``t`` (eq. 3). A ring all-reduce is a reduce-scatter plus an
+  all-gather, each moving ``(d-1)/d`` of the bytes (ZeRO paper, Rajbhandari et al. SC'20, section 7: ZeRO-1/2
+  "incur no additional communication", ZeRO-3 1.5x). What this runtime does (runtime/sharding.py):
+
+  - ZeRO-1: ``ZeroRedundancyOptimizer`` after the executor's whole all-reduce of the gradients: the
+    all-reduce, then each replica broadcasts its updated share (an all-gather's volume): ``1.5 A`` once per
+    iteration (:data:`ZERO_ITERATION_ALLREDUCES`). (DeepSpeed's and Megatron's distributed optimizers
+    reduce-scatter instead, the paper's ``A``.)
+  - ZeRO-2: FSDP2 ``fully_shard(reshard_after_forward=False)``: each micro-batch all-gathers a layer's
+    parameters before its forward and reduce-scatters its gradients after its backward (the gathered copy is
+    freed after the backward, sharding.py), ``A`` per micro-batch (:data:`ZERO_MICROBATCH_ALLREDUCES`);
+    nothing is left to sync at the end of the iteration.
+  - ZeRO-3: ``reshard_after_forward=True``: a second all-gather before the backward, ``1.5 A`` per
+    micro-batch (the paper's 1.5x, per micro-batch because FSDP reduces every backward).
+
+  The per-micro-batch collectives are added to the stage's ``t_i`` (``shard_comm_s``), not overlapped with its
+  compute (as the gradient sync is not: pessimistic where FSDP prefetches); the optimizer step of every level
+  updates ``1/d`` of the stage's parameters (above).
 - [Note: devices that share CPU cores] On the CPU runtime a device is a process and a node's processes share
   the host's ``C`` cores (``TimeProfile.host_cores``). Linux's fair scheduler gives each of ``n`` runnable
   single-threaded processes ``C / n`` of a core when ``n > C`` (CFS: "an ideal, precise multi-tasking CPU",
@@ -88,9 +115,22 @@ __all__ = [
     "overhead_seconds",
     "p2p_seconds",
     "sync_seconds",
+    "shard_seconds",
+    "recompute_seconds",
+    "ZERO_ITERATION_ALLREDUCES",
+    "ZERO_MICROBATCH_ALLREDUCES",
     "pipeline_seconds",
     "predict_iteration_time",
 ]
+
+ZERO_ITERATION_ALLREDUCES: dict[int, float] = {0: 1.0, 1: 1.5, 2: 0.0, 3: 0.0}
+"""Gradient all-reduces ``A`` a data stage's group pays once per iteration, by ZeRO level ([Note: ZeRO and
+recompute in time]: 0 the plain all-reduce; 1 + the ZeroRedundancyOptimizer's broadcast of the updated shares,
+half an all-reduce; 2 and 3 reduce every micro-batch instead)."""
+
+ZERO_MICROBATCH_ALLREDUCES: dict[int, float] = {0: 0.0, 1: 0.0, 2: 1.0, 3: 1.5}
+"""All-reduce equivalents ``A`` a data stage's group pays per micro-batch, by ZeRO level (FSDP2: ZeRO-2 an
+all-gather and a reduce-scatter, ZeRO-3 one more all-gather; ZeRO paper section 7, runtime/sharding.py)."""
 
 
 @dataclass(frozen=True)
@@ -128,11 +168,17 @@ class StageTime:
     """Per-iteration seconds beyond layers and step, once per iteration."""
     sharing: float = 1.0
     """The CPU core-sharing factor already applied to the stage's seconds ([Note: devices that share CPU cores])."""
+    recompute_s: float = 0.0
+    """The forward run again in the backward of a recomputed stage, per micro-batch ([Note: ZeRO and recompute
+    in time])."""
+    shard_comm_s: float = 0.0
+    """ZeRO-2/3's parameter all-gathers and gradient reduce-scatter, per micro-batch."""
 
     @property
     def compute_s(self) -> float:
-        """``t_i`` of eq. 5: forward + backward + tensor-parallel all-reduces."""
-        return self.forward_s + self.backward_s + self.tensor_comm_s
+        """``t_i`` of eq. 5: forward + backward + tensor-parallel all-reduces (+ recompute and ZeRO-2/3's
+        collectives, where the stage has them)."""
+        return self.forward_s + self.backward_s + self.tensor_comm_s + self.recompute_s + self.shard_comm_s
 
 
 @dataclass(frozen=True)
@@ -180,7 +226,7 @@ class TimeBreakdown:
                     "layers": [s.start, s.stop], "kind": s.kind, "devices": list(s.devices),
                     "forward_s": s.forward_s, "backward_s": s.backward_s, "tensor_comm_s": s.tensor_comm_s,
                     "p2p_s": s.p2p_s, "sync_s": s.sync_s, "optimizer_s": s.optimizer_s, "overhead_s": s.overhead_s,
-                    "core_sharing": s.sharing,
+                    "core_sharing": s.sharing, "recompute_s": s.recompute_s, "shard_comm_s": s.shard_comm_s,
                 }
                 for s in self.stages
             ],
@@ -198,6 +244,10 @@ class TimeBreakdown:
                 f" {s.backward_s * 1e3:>9.2f} {s.tensor_comm_s * 1e3:>8.2f} {s.p2p_s * 1e3:>8.2f} {s.sync_s * 1e3:>9.2f}"
                 f" {s.optimizer_s * 1e3:>8.2f} {s.overhead_s * 1e3:>8.2f}"
             )
+        extra = [(i, s) for i, s in enumerate(self.stages) if s.recompute_s or s.shard_comm_s]
+        for i, s in extra:
+            rows.append(f"(stage {i}: + recompute {s.recompute_s * 1e3:.2f} ms, + ZeRO collectives"
+                        f" {s.shard_comm_s * 1e3:.2f} ms per micro-batch)")
         shared = max(s.sharing for s in self.stages)
         if shared > 1:
             rows.append(f"(the plan's processes share the host's CPU cores: stage seconds up to x{shared:.2f})")
@@ -336,8 +386,9 @@ def p2p_seconds(
     return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth
 
 
-def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
-    """The stage's data-parallel gradient all-reduce, slowest tensor rank (the note, last bullet)."""
+def _stage_allreduce(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """``A``: the ring all-reduce of the stage's gradient bytes / ``t`` over each tensor rank's data group, the
+    slowest (a data group across nodes runs at the inter-node link: :func:`slowest_link`)."""
     d, t = stage.data_degree, stage.tensor_degree
     if d == 1:
         return 0.0
@@ -345,6 +396,24 @@ def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> fl
     return max(
         allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.data_group(k))) for k in range(t)
     )
+
+
+def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """The stage's data-parallel gradient sync once per iteration, slowest tensor rank (the note, last bullet):
+    the all-reduce ``A``, times :data:`ZERO_ITERATION_ALLREDUCES` of its ZeRO level."""
+    return ZERO_ITERATION_ALLREDUCES[stage.zero] * _stage_allreduce(profile, cluster, stage)
+
+
+def shard_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """ZeRO-2/3's collectives per micro-batch: ``A`` times :data:`ZERO_MICROBATCH_ALLREDUCES` ([Note: ZeRO and
+    recompute in time]); 0 for the other levels."""
+    factor = ZERO_MICROBATCH_ALLREDUCES[stage.zero]
+    return factor * _stage_allreduce(profile, cluster, stage) if factor else 0.0
+
+
+def recompute_seconds(costs: LayerCosts, stage: StagePlan) -> float:
+    """The forward seconds a recomputed stage runs again per micro-batch (0 for one that does not recompute)."""
+    return float(costs.forward[stage.start : stage.stop].sum()) if stage.recompute == "full" else 0.0
 
 
 def pipeline_seconds(
@@ -415,6 +484,8 @@ def predict_iteration_time(
                 optimizer_s=optimizer_seconds(profile, cluster, s, sharing=sharing[i]),
                 overhead_s=overhead_seconds(profile, cluster, s, m, sharing=sharing[i]),
                 sharing=sharing[i],
+                recompute_s=recompute_seconds(c, s),
+                shard_comm_s=shard_seconds(profile, cluster, s),
             )
         )
     compute = np.array([s.compute_s for s in stages])

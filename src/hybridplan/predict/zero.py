@@ -30,6 +30,13 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   the optimizer state of their dim-0 chunks (FSDP2 ``_init_sharded_param``: ``torch.chunk`` rows, the last
   ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
+  Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
+  Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward]; and its
+  backwards are at least [Note: the sharded backward's floor].
+  In mixed precision ZeRO-3 is the scenario's own quantities (predicted to the byte on the MLP in bf16):
+  those three rules were measured in fp32, and FSDP2's ``MixedPrecisionPolicy`` gathers bf16/fp16 copies
+  (plus their casts) that :meth:`ZeroLayout.gathered_bytes`, counting the recorded fp32 elements, does not
+  (applied in bf16 anyway, they predict 21,200 bytes where the MLP's layers 0-2 on 2 ranks measure 20,208).
 - [Note: ZeRO-1 of a data x tensor stage] Each of the ``d`` replicas of a ``data+tensor`` stage is a ``t``-way
   tensor stage at ``1/d`` of the batch ([Note: a data x tensor stage is a tensor stage at a smaller batch] in
   predict/memory.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
@@ -42,17 +49,87 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   ZeRO-2/3 of a data x tensor stage are not predicted: FSDP's transients there are the gathered *tensor
   shards* of a layer, which neither the ``tensor<t>`` scenario (no FSDP) nor ``data<d>-zero3`` (whole layers
   gathered) measures; the predictor says so, and the simulated devices count them exactly.
-- **ZeRO-2** (``reshard_after_forward=False``) keeps a layer's gathered parameters from the first forward
-  after a backward until the next backward, which frees them: a level that rises in some forwards and not in
-  others, unlike every quantity of profiling/quantities.py. Not predicted yet (the predictor says so).
+- **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
+  Predicted in fp32 only: its rules rest on the gathered bytes, which in mixed precision are FSDP2's
+  low-precision copies, not measured here; the predictor refuses ZeRO-2 from a mixed-precision profile,
+  naming why, and the simulated devices count it exactly.
+
+[Note: the sharded backward's floor] Like the forward, a ZeRO-3 backward that follows a forward runs the data
+stage's backward with the layer all-gathered and (FSDP2's backward prefetch) the layer before it too, and the
+scenario's own backward transients scale and compose badly for the same reason (gpt-tiny layers 0-3, 2 replicas,
+8 samples per replica: composed 413,824 bytes for the first backward, 629,504 measured). Measured on gpt-tiny's
+blocks: the data stage's transient plus the block's gathered bytes and the prefetched block's, 229,632 + 2 x
+199,936 = 629,504, to the byte; on wresnet-tiny's layers 4-6 the rule gives 1,027,264 below the 1,347,068
+measured (there its gradient's reduce-scatter sets the peak, which the data stage does not do), so it is a
+floor under the scenario's value, not a replacement (:func:`sharded_backward_floor`).
+
+[Note: a backward after a backward] A ZeRO-3 backward that follows a forward finds the layer before the one it
+is running already all-gathered (FSDP2 prefetches in the order the forward recorded, which a backward resets):
+one that follows a backward has not gathered it yet at that moment. A profile taken under 1F1B (the default)
+measures the first kind in its later backwards (the steady state's, its largest), a GPipe plan runs only the
+second kind after its first backward. So under GPipe (and in ZeRO-2's backwards that find the layers resharded,
+which always follow a backward) the later backward's transient is the profile's less the gathered bytes of the
+layer before the one that sets it (:func:`prefetched_bytes`). Measured: wresnet-tiny layers 4-6, 2 replicas,
+micro-batches of 8 per replica, 1,347,068 bytes after a forward, 1,200,872 after a backward; the rule gives
+1,341,928 - 150,272 = 1,191,656 (layer 5 sets it; layer 4's 150,272 bytes). An approximation: gpt-tiny's blocks
+measure 629,504 against 432,640 (a block is 199,936 bytes: the rule gives 429,568) at 8 per replica, 547,584
+against 416,256 at 4 (the rule: 347,648). It cannot undo what the scenario's composition added: a span
+composed from a larger measured one (wresnet-tiny's layers 5-6 from 4-6 and 4-5) keeps the prefetch of a layer
+it does not have.
+
+[Note: the sharded forward from the data stage] A ZeRO-3 forward runs the data stage's forward with each layer
+all-gathered just before it and freed just after; measured (gpt-tiny's blocks and wresnet-tiny's largest
+bottleneck, 2 replicas, micro-batches of 8 per replica), its transient is the data stage's at the layer that sets
+it plus exactly twice that layer's gathered bytes (the gathered copy and the all-gather's buffer): gpt-tiny
+layers 0-3, 1,650,688 + 2 x 199,936 = 2,050,560 measured; layers 1-6, 3,235,840 + 399,872 = 3,635,712 measured;
+wresnet-tiny layers 5-6, 91,136 + 2 x 595,456 = 1,282,048 measured. The scenario's own statistic is a maximum
+of a part that does not grow with the batch (the all-gathers) and one that does (the compute), whose place can
+move between the profiled batches and the target, so its straight-line batch scaling and its M_a composition
+miss (composed 1,931,264 and 3,397,120 where the rule gives the measured values). The data scenario's prefixes scale
+and compose well (data devices within 0.4% in benchmarks/zero_accuracy), so :func:`sharded_forward_transient`
+takes each layer's value from them. It over-counts a loss head (FSDP frees the head's parameters before the loss
+runs: by at most twice the head's bytes, 66,560 on gpt-tiny).
+
+[Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
+ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
+gradients), and differs only in WHEN a layer's parameters are gathered: a forward that finds them resharded
+gathers each layer and keeps it (``gathered_bytes``: every rank's padded chunk) until the layer's next backward,
+which frees it (``reshard_after_backward``). So each action is one of five kinds, each with a transient that
+the ZeRO-3 and data scenarios measured or that follows from them and the parameter shapes (no profiling run is
+added; measured on gpt-tiny, wresnet-tiny and the MLP in the timelines of ``hybridplan run --backend sim``):
+
+- a forward after the iteration start or a backward *gathers*: it keeps ``activation + G`` (G: the stage's
+  gathered bytes); its transient is ZeRO-3's forward at each layer plus the layers before it, still gathered
+  (:func:`sharded_forward_transient` with ``keep``; [Note: the sharded forward from the data stage]);
+- a forward after a forward finds every layer gathered: no all-gather, exactly the unsharded data stage's
+  forward (its transient, measured equal in every timeline tried);
+- a backward after a forward (the first backward; 1F1B's steady state) finds them gathered and frees each after
+  its backward: ZeRO-3's backward transient at the layer that sets it less that layer's and the later layers'
+  gathered bytes, which ZeRO-2 holds in its level or has freed by then (:func:`gathered_backward_transient`, from
+  the suffixes);
+- a backward after a backward (GPipe; 1F1B's cool-down) finds them resharded: ZeRO-3's backward, measured equal;
+- the step: ZeRO-3's.
+
+:func:`zero2_peak` replays a stage's actions with that one state more (gathered or not). Exact on the MLP's profiled
+span, within 0.06% on gpt-tiny's blocks (layers 0-2 and 3-5 on 2 replicas, both schedules); composed spans
+inherit the ZeRO-3 scenario's composition errors (a prefix or suffix the campaign did not measure is composed by
+M_a like any span), and the backwards that find the layers resharded are ZeRO-3's ([Note: a backward after a
+backward]).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
-__all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
+import numpy as np
+
+from hybridplan.plan.schedule import stage_actions
+from hybridplan.profiling.quantities import INDEX
+
+__all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient",
+           "zero2_peak", "prefetched_bytes", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -152,6 +229,20 @@ class ZeroLayout:
         :meth:`step_delta`)."""
         return self.static_delta(start, stop, zero, degree, rank), self.step_delta(start, stop, zero, degree, rank)
 
+    def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
+        """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over
+        ``degree`` ranks: each parameter as ``degree`` padded chunks of ``ceil(dim0 / degree)`` rows (FSDP2
+        ``FSDPParam.init_all_gather_outputs`` allocates ``world_size`` x the padded shard; the unsharded parameter
+        is a view of it). 0 for a layer without parameters (not an FSDP unit: runtime/sharding.py)."""
+        out = []
+        for layer in self.shapes[start:stop]:
+            total = 0
+            for element, shape in layer:
+                dims = shape or (1,)
+                total += element * degree * fsdp_rows(dims[0], degree, 0) * math.prod(dims[1:])
+            out.append(total)
+        return out
+
     def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
         parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
@@ -163,3 +254,146 @@ class ZeroLayout:
         # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
         temporaries = 2 if self.precision == "fp32" else 3
         return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
+
+
+@dataclass(frozen=True)
+class Zero2Transients:
+    """A ZeRO-2 stage's transients (bytes above the level an action starts from), one per kind of action
+    ([Note: predicting ZeRO-2 from the ZeRO-3 scenario]); the other quantities are the ZeRO-3 stage's."""
+
+    gathering_forward: float
+    """A forward that all-gathers its layers and keeps them (the first after the iteration starts or a backward)."""
+    gathered_forward: float
+    """A forward whose layers are already gathered: the unsharded data stage's forward transient."""
+    first_backward: float
+    """The first backward (its layers always gathered: it follows a forward)."""
+    gathered_backward: float
+    """A later backward that follows a forward (1F1B's steady state): its layers are gathered."""
+
+
+def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequence[int], floor: float) -> float:
+    """A ZeRO-2 backward whose layers are gathered, from the ZeRO-3 backward transients of the span's suffixes.
+
+    ``suffix_backward[j]`` is the ZeRO-3 transient of the span's layers ``j..`` (a backward runs them last to
+    first, so a suffix's backward is the span's until it reaches layer ``j``). Where adding layer ``j`` raises
+    it, the peak is at ``j`` (its all-gather: ``gathered[j]``) or at ``j + 1``, whose backward prefetches ``j``
+    (FSDP2's backward prefetch of the previous unit): either way ZeRO-3 then holds ``j``'s layers gathered and
+    the layers after, already resharded, none; their own all-gathers aside. ZeRO-2 holds every layer's gathered
+    parameters from the start of the backward (in its level) and frees each after its backward, so at that
+    point it is below ZeRO-3 by the gathered bytes of layers ``j..``: in both cases ``gathered[j:]``.
+
+    >>> gathered_backward_transient([50, 70, 40], [10, 20, 5], 0)  # layer 1 (raising 40 to 70): 70 - 25
+    45
+    """
+    best, highest = floor, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            best, highest = max(best, suffix_backward[j] - sum(gathered[j:])), suffix_backward[j]
+    return best
+
+
+def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], degree: int) -> float:
+    """The most a ZeRO-2 backward whose layers are gathered holds above its level, from the unsharded data
+    stage's backward transient: it runs the same backward on the same (gathered) parameters, frees each layer's
+    parameters once the layer is done, and instead of keeping a layer's whole gradient reduce-scatters it into a
+    ``1/degree`` shard, which the data stage does not hold. So at layer ``j`` it holds at most the data stage's
+    bytes plus ``gathered[j] / degree`` less the layers after ``j``, already freed.
+
+    >>> unsharded_backward_bound(100, [40, 0, 8], 2)  # the first layer: 40 / 2 - 8 = 12, more than the last's 8 / 2
+    112.0
+    """
+    return data_transient + max(size / degree - sum(gathered[j + 1:]) for j, size in enumerate(gathered))
+
+
+def prefetched_bytes(suffix_backward: Sequence[float], gathered: Sequence[int]) -> int:
+    """The gathered bytes of the layer a ZeRO-3 backward that follows a forward holds prefetched at its peak, and one
+    that follows a backward does not ([Note: a backward after a backward]): the span's layer before the one that
+    sets the backward transient (``suffix_backward`` as in :func:`gathered_backward_transient`); 0 when that is the
+    span's first layer with parameters.
+
+    >>> prefetched_bytes([50, 70, 40], [10, 20, 5])  # layer 1 sets it; layer 0 is prefetched
+    10
+    """
+    peak, highest = 0, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            peak, highest = j, suffix_backward[j]
+    return next((size for size in reversed(gathered[:peak]) if size), 0)
+
+
+def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[int]) -> float:
+    """The least a ZeRO-3 backward that follows a forward holds above its level, from the UNSHARDED data stage's
+    suffixes ([Note: the sharded backward's floor]): at the layer that sets the data stage's transient
+    (``suffix_backward`` as in :func:`gathered_backward_transient`, the data stage's), that transient plus the
+    layer's gathered bytes and the prefetched layer's before it.
+
+    >>> sharded_backward_floor([50, 70, 40], [10, 20, 5])  # layer 2: 40 + 5 + 20; layer 1: 70 + 20 + 10
+    100
+    """
+    best, highest = -math.inf, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            highest = suffix_backward[j]
+            before = next((size for size in reversed(gathered[:j]) if size), 0)
+            best = max(best, suffix_backward[j] + gathered[j] + before)
+    return best
+
+
+def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
+               num_microbatches: int) -> float:
+    """Peak bytes of a ZeRO-2 stage: its actions replayed with whether its layers are gathered.
+
+    ``q``: the rank's quantity vector (profiling/quantities.py), the ZeRO-3 stage's; ``gathered``: the bytes of
+    every layer of the stage all-gathered. Like profiling/schedule_memory.py's replay, with one more state:
+    a forward that finds the layers resharded gathers and keeps them (``gathered`` more), the next backward
+    frees them.
+
+    >>> q = np.array([100, 0, 10, 6, 3, 20, 8, 2])  # static, data, activation, gradient, then the transients
+    >>> t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=4, gathered_backward=2)
+    >>> zero2_peak(q, t, 50, "gpipe", 0, 2)  # F0 gathers: 100 + 7; F1: 160 + 3; B0: 170 + 4; B1: 116 + 8
+    174.0
+    """
+    after = 0 if schedule == "gpipe" else min(stages_after, num_microbatches)
+    level = float(q[INDEX["static"]] + q[INDEX["data"]])
+    activation, peak = float(q[INDEX["activation"]]), -math.inf
+    held, first = False, True
+    for action in stage_actions(schedule, after + 1, 0, num_microbatches):
+        if action.kind == "F":
+            peak = max(peak, level + (transients.gathered_forward if held else transients.gathering_forward))
+            level += activation + (0.0 if held else gathered)
+            held = True
+        elif first:
+            peak = max(peak, level + (transients.first_backward if held else q[INDEX["first_backward_transient"]]))
+            level += q[INDEX["gradient"]] - activation - (gathered if held else 0.0)
+            held, first = False, False
+        else:
+            peak = max(peak, level + (transients.gathered_backward if held else q[INDEX["backward_transient"]]))
+            level -= activation + (gathered if held else 0.0)
+            held = False
+    level -= q[INDEX["data"]]
+    return float(max(peak, level + q[INDEX["step_transient"]]))
+
+
+def sharded_forward_transient(prefix_forward: Sequence[float], prefix_activation: Sequence[float],
+                              gathered: Sequence[int], *, keep: bool) -> float:
+    """An FSDP forward's transient from the UNSHARDED data stage's prefixes and the gathered bytes
+    ([Note: the sharded forward from the data stage]).
+
+    ``prefix_forward[k]`` and ``prefix_activation[k]``: the data stage's forward transient and activation of the
+    span's first ``k + 1`` layers; ``gathered[k]``: layer ``k``'s gathered bytes. Layer ``k`` adds twice its
+    gathered bytes to what the data stage holds at it (where its prefix's transient rises, layer ``k`` sets it;
+    elsewhere at least the activations before ``k``); ``keep`` (ZeRO-2's gathering forward) adds the earlier
+    layers, still gathered.
+
+    >>> sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=False)  # layer 1: 30 + 16
+    46
+    >>> sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=True)  # layer 2: 12 + 4 + 14
+    50
+    """
+    best, highest, before, kept = 0.0, -math.inf, 0.0, 0
+    for value, activation, size in zip(prefix_forward, prefix_activation, gathered):
+        at = value if value > highest else before
+        highest = max(highest, value)
+        best = max(best, at + 2 * size + (kept if keep else 0))
+        before, kept = activation, kept + size
+    return best

@@ -95,6 +95,12 @@ class ProfileDB:
         """Per-layer PipeDream-2BW weight-stash bytes per scenario."""
         return self._store.weight_stash()
 
+    @cached_property
+    def reserved_peaks(self) -> list[tuple[str, int, int, int, int, int, int, int]]:
+        """CUDA: per measured device, the tensor peak and the caching allocator's reserved peak of the same iterations
+        (``(kind, degree, batch_size, microbatch_size, start, stop, tensor, reserved)``; empty for CPU and older profiles)."""
+        return self._store.reserved_peaks()
+
     def time_profile(self, *, warn: Callable[[str], None] | None = None) -> TimeProfile:
         """The layer times as a :class:`TimeProfile` (``warn`` hears of incomplete tables left out).
 

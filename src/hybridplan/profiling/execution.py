@@ -37,7 +37,9 @@ class RunOutcome:
     status: str
     reason: str | None
     devices: list[dict[str, Any]] = field(default_factory=list)
-    """Per measured device: device, stage, peak_memory_bytes, static_memory_bytes, data_bytes, timeline."""
+    """Per measured device: device, stage, peak_memory_bytes, static_memory_bytes, data_bytes, timeline, and on a
+    CUDA device ``reserved``: (tensor peak, reserved peak) of the same iterations (predict/reserved.py), and on a
+    simulated CUDA device ``workspaces``: the cuBLAS workspaces inside ``static`` (profiling/statistics.py)."""
 
     @property
     def failed_stage(self) -> int | None:
@@ -54,6 +56,9 @@ def run_plan(plan: Plan, cluster: Cluster, execute: Callable[[Plan, Cluster], An
     """Run the whole plan (every device) with ``execute`` (the launcher) and collect every device."""
     result = execute(plan, cluster)
     devices = [asdict(d) if is_dataclass(d) and not isinstance(d, type) else dict(d) for d in result.devices]
+    for d in devices:  # CUDA: both peaks are the highest of the measured iterations (runtime/result.py)
+        if d.get("reserved_peak_bytes") is not None and d.get("peak_memory_bytes") is not None:
+            d["reserved"] = (d["peak_memory_bytes"], d["reserved_peak_bytes"])
     return RunOutcome(result.status, result.reason, devices if result.status == "ok" else [])
 
 
@@ -91,6 +96,9 @@ def simulate_stages(
         devices.append({
             "device": stage.devices[0], "stage": index, "peak_memory_bytes": int(round(peak)),
             "static_memory_bytes": static, "data_bytes": data, "timeline": report.timeline,
+            # the simulated run's own peaks, with two micro-batches (predict/reserved.py [Note: predicting the reserved peak])
+            "reserved": (report.iteration_peaks[-1], report.reserved_peaks[-1]) if report.reserved_peaks else None,
+            "workspaces": report.workspaces,  # inside ``static``: profiling/statistics.py [Note: workspaces are per device]
         })
     return RunOutcome("ok", None, devices)
 
@@ -105,5 +113,6 @@ def measurements_of(outcome: RunOutcome, plan: Plan, batch: int) -> list[dict[st
             "kind": "none" if s.degree == 1 else s.parallelism + (f"-zero{s.zero}" if s.zero else ""), "degree": s.degree,
             "batch_size": batch, "microbatch_size": plan.microbatch_size,
             "peak": d["peak_memory_bytes"], "quantities": quantities_from_report(d), "timeline": d["timeline"],
+            "reserved": d.get("reserved"), "workspaces": d.get("workspaces"),
         })
     return rows

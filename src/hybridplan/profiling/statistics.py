@@ -10,6 +10,21 @@ A stage ``[a, b)`` then has ``Q(a..b-1) = M_i(a) + sum M_a(a+1..b-1)`` (the pred
 applied to each quantity); a span that was measured directly is used as measured. The same is kept for
 the stage *peak* as measured in the profiling runs (``peak`` below): that is CAPTURE's original
 statistic, position-dependent under 1F1B, kept to compare against.
+
+[Note: workspaces are per device] On CUDA the cuBLAS/cuBLASLt workspaces (runtime/gpu_memory.py [Note:
+cuBLAS workspaces]) are held once per device and thread from the first matmul that needs them, so a measured
+span's ``static`` holds those its layers' matmuls allocated, whichever layer ran them first. Composed as if
+they were per-layer bytes, a stage would get them not at all (it starts with a layer without matmuls and its
+other layers' ``M_a`` come from chains that had already allocated them) or twice (it starts with a matmul and
+holds a layer whose chain ran none before it). So where every measurement of a scenario and batch size
+records its workspaces (a simulated CUDA device: table ``workspaces`` of profiling/store.py), they are taken
+out of ``static`` and of the measured ``peak`` before ``M_i``/``M_a`` are formed, each layer keeps the
+workspaces its own span ``[l, l+1)`` held (else, when that span was not measured, those of the span its
+``M_a`` came from: a superset), and a composed stage gets back the union of its layers' workspaces (keyed
+by library and thread, so a workspace two layers need counts once). A span measured directly is still
+used as measured. Where any measurement does not record them (a CPU, which has none; a real CUDA device,
+whose allocator counters do not tell them apart; a database written before the table), nothing is taken
+out: the composition is the one above, exact when the workspaces are none.
 """
 
 from __future__ import annotations
@@ -27,6 +42,9 @@ __all__ = ["SpanStatistics", "build_statistics", "STATISTIC_QUANTITIES", "statis
 
 STATISTIC_QUANTITIES: tuple[str, ...] = QUANTITIES + ("peak",)
 """Columns of the statistics: the eight quantities, then CAPTURE's measured peak."""
+
+_HELD_IN = [STATISTIC_QUANTITIES.index("static"), STATISTIC_QUANTITIES.index("peak")]
+"""The columns that hold a device's workspaces: held from before an iteration starts, so at its peak too."""
 
 
 @dataclass
@@ -47,6 +65,10 @@ class SpanStatistics:
     bounds: list[int] | None = None
     """For merged layers (profiling/merger.py): unit ``i`` is original layers ``[bounds[i], bounds[i+1])``;
     None when units are the original layers."""
+    workspaces: list[dict[str, int]] | None = None
+    """Per unit, the library workspaces its layers hold (``{"cublas/forward": bytes, ...}``), taken out of
+    ``mi``/``ma`` and added back per composed span ([Note: workspaces are per device]); None when the
+    measurements did not record them (nothing was taken out)."""
 
     def __post_init__(self) -> None:
         if self.mi.size == 0:
@@ -74,7 +96,17 @@ class SpanStatistics:
         sums, missing = self._ma_prefix()
         if missing[stop] - missing[start + 1] > 0 or np.isnan(self.mi[start]).any():
             return None
-        return self.mi[start] + (sums[stop] - sums[start + 1])
+        return self.mi[start] + (sums[stop] - sums[start + 1]) + self._held(start, stop)
+
+    def _held(self, start: int, stop: int) -> np.ndarray:
+        """The workspaces the composed span ``[start, stop)`` holds, as a statistic vector (in ``static`` and ``peak``)."""
+        held = np.zeros(len(STATISTIC_QUANTITIES))
+        if self.workspaces is not None:
+            union: dict[str, int] = {}
+            for layer in self.workspaces[start:stop]:
+                union.update(layer)
+            held[_HELD_IN] = sum(union.values())
+        return held
 
     def all_spans(self) -> np.ndarray:
         """``[L, L+1, Q]`` array of every span's statistics (NaN where unknown), measured spans as measured."""
@@ -82,6 +114,12 @@ class SpanStatistics:
         sums, missing = self._ma_prefix()
         out = self.mi[:, None, :] + (sums[None, :, :] - sums[1 : L + 1, None, :])
         unknown = (missing[None, :] - missing[1 : L + 1, None]) > 0
+        if self.workspaces is not None:
+            for a in range(L):
+                union: dict[str, int] = {}
+                for b in range(a + 1, L + 1):
+                    union.update(self.workspaces[b - 1])
+                    out[a, b, _HELD_IN] += sum(union.values())
         out[unknown] = np.nan
         starts, stops = np.triu_indices(L + 1, 1)
         mask = np.zeros((L, L + 1), dtype=bool)
@@ -122,6 +160,8 @@ def build_statistics(
         raise ValueError("no measurements")
     unit = {b: i for i, b in enumerate(bounds)} if bounds is not None else None
     spans: dict[tuple[int, int], np.ndarray] = {}
+    held: dict[tuple[int, int], dict[str, int]] = {}
+    separate = all(m.workspaces is not None for m in measurements)  # [Note: workspaces are per device]
     worst = 0.0
     for m in measurements:
         vector = np.append(m.quantities, m.peak)
@@ -135,6 +175,9 @@ def build_statistics(
             worst = max(worst, float(np.max(np.abs(spans[key][:-1] - vector[:-1]))))
             continue
         spans[key] = vector
+        if separate:
+            held[key] = dict(m.workspaces or {})
+    bare = {key: v - _vector_of(held[key]) for key, v in spans.items()} if separate else spans
     stats = SpanStatistics(
         num_layers=num_layers,
         microbatch_size=measurements[0].microbatch_size,
@@ -143,8 +186,10 @@ def build_statistics(
         inconsistency=worst,
         bounds=list(bounds) if bounds is not None else None,
     )
+    if separate:
+        stats.workspaces = [held.get((layer, layer + 1), {}) for layer in range(num_layers)]
     for layer in range(num_layers):
-        single = spans.get((layer, layer + 1))
+        single = bare.get((layer, layer + 1))
         if single is not None:
             stats.mi[layer] = single
         if layer == 0:
@@ -156,8 +201,17 @@ def build_statistics(
             candidates.insert(0, preferred)
         if candidates:
             n = candidates[0]
-            stats.ma[layer] = spans[(n, layer + 1)] - spans[(n, layer)]
+            stats.ma[layer] = bare[(n, layer + 1)] - bare[(n, layer)]
+            if stats.workspaces is not None and (layer, layer + 1) not in held:
+                stats.workspaces[layer] = held[(n, layer + 1)]  # a superset of the layer's own
     return stats
+
+
+def _vector_of(workspaces: dict[str, int]) -> np.ndarray:
+    """A span's workspaces as a statistic vector: in its ``static`` and its measured ``peak``."""
+    v = np.zeros(len(STATISTIC_QUANTITIES))
+    v[_HELD_IN] = sum(workspaces.values())
+    return v
 
 
 def statistics_of(

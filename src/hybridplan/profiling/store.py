@@ -21,6 +21,15 @@ Tables:
   per timing run of layers ``[start, stop)``, the optimizer step's seconds, the parameter bytes it updated on
   one device, and the iteration's seconds its layers and step leave unexplained (profiling/timing.py).
   Absent from databases written before it: their profiles have no optimizer or overhead term.
+- ``reserved_peaks(run_id, device, tensor_bytes, reserved_bytes)``: on (real or simulated) CUDA devices, the
+  tensor peak and the caching allocator's reserved peak of the same iterations of that run
+  (``max_memory_allocated``, ``max_memory_reserved``), from which predict/reserved.py predicts the reserved
+  peak. Absent from databases written before it, and empty for CPU profiles: their reserved peak is not predicted.
+- ``workspaces(run_id, device, name, bytes)``: on simulated CUDA devices, the cuBLAS workspaces
+  (``"cublas/forward"``, ...) held at the start of the measured iteration, which its ``static`` includes; a device
+  that holds none has one row ``("", 0)``. A device without rows (a CPU, a real CUDA device, a database written
+  before the table) keeps its workspaces, if any, in ``static`` (profiling/statistics.py [Note: workspaces are per
+  device]).
 
 Each run is committed in one transaction, so an interrupted campaign loses at most the run in flight.
 """
@@ -70,6 +79,12 @@ CREATE TABLE IF NOT EXISTS run_costs (
     device_type TEXT NOT NULL, tensor_degree INTEGER NOT NULL, micro_batch_size INTEGER NOT NULL,
     start INTEGER NOT NULL, stop INTEGER NOT NULL, parameter_bytes REAL NOT NULL, step_s REAL NOT NULL,
     overhead_s REAL NOT NULL, PRIMARY KEY (device_type, tensor_degree, micro_batch_size, start));
+CREATE TABLE IF NOT EXISTS reserved_peaks (
+    run_id INTEGER NOT NULL REFERENCES runs(id), device INTEGER NOT NULL, tensor_bytes INTEGER NOT NULL,
+    reserved_bytes INTEGER NOT NULL, PRIMARY KEY (run_id, device));
+CREATE TABLE IF NOT EXISTS workspaces (
+    run_id INTEGER NOT NULL REFERENCES runs(id), device INTEGER NOT NULL, name TEXT NOT NULL, bytes INTEGER NOT NULL,
+    PRIMARY KEY (run_id, device, name));
 """
 
 
@@ -102,6 +117,8 @@ class Measurement:
     microbatch_size: int
     peak: int
     quantities: np.ndarray
+    workspaces: dict[str, int] | None = None
+    """The library workspaces inside ``quantities``' static (table ``workspaces``); None where not recorded."""
 
 
 class ProfileStore:
@@ -232,6 +249,12 @@ class ProfileStore:
             for m in measurements:
                 values = [run_id] + [m[c] for c in cols[1:10]] + [int(v) for v in m["quantities"]] + [json.dumps(m["timeline"])]
                 db.execute(f"INSERT INTO measurements({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})", values)
+                if m.get("reserved") is not None:  # (tensor peak, reserved peak) of the same iterations
+                    db.execute("INSERT INTO reserved_peaks(run_id, device, tensor_bytes, reserved_bytes) VALUES (?, ?, ?, ?)",
+                               (run_id, m["device"], *(int(v) for v in m["reserved"])))
+                if m.get("workspaces") is not None:  # held once per device: profiling/statistics.py
+                    db.executemany("INSERT INTO workspaces(run_id, device, name, bytes) VALUES (?, ?, ?, ?)",
+                                   [(run_id, m["device"], name, int(n)) for name, n in (m["workspaces"] or {"": 0}).items()])
         return run_id
 
     def measurements(self, *, kind: str | None = None, degree: int | None = None, batch_size: int | None = None) -> list[Measurement]:
@@ -247,8 +270,26 @@ class ProfileStore:
             f"SELECT run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak, {', '.join(QUANTITIES)}"
             f" FROM measurements {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY run_id, device"
         )
-        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[10:], dtype=float))
+        held: dict[tuple[int, int], dict[str, int]] = {}
+        if self._has("workspaces"):
+            for run_id, device, name, nbytes in self._db.execute("SELECT run_id, device, name, bytes FROM workspaces"):
+                entry = held.setdefault((int(run_id), int(device)), {})
+                if name:
+                    entry[str(name)] = int(nbytes)
+        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[10:], dtype=float),
+                            held.get((r[0], r[1])))
                 for r in self._db.execute(sql, args)]
+
+    def reserved_peaks(self) -> list[tuple[str, int, int, int, int, int, int, int]]:
+        """``(kind, degree, batch_size, microbatch_size, start, stop, tensor_bytes, reserved_bytes)`` of every
+        measured device whose run recorded the CUDA caching allocator's reserved peak (table ``reserved_peaks``)."""
+        if not self._has("reserved_peaks"):
+            return []
+        rows = self._db.execute(
+            "SELECT m.kind, m.degree, m.batch_size, m.microbatch_size, m.start, m.stop, r.tensor_bytes, r.reserved_bytes"
+            " FROM reserved_peaks r JOIN measurements m ON m.run_id = r.run_id AND m.device = r.device"
+            " ORDER BY r.run_id, r.device")
+        return [(str(k), int(d), int(b), int(mb), int(a), int(z), int(t), int(r)) for k, d, b, mb, a, z, t, r in rows]
 
     # ------------------------------------------------------------------ statistics
     def replace_statistics(self, scenario: str, batch_size: int, rows: Sequence[tuple[int, str, str, float]]) -> None:

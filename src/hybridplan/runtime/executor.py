@@ -87,6 +87,9 @@ class IterationRecord:
     timeline: list[dict[str, Any]] = field(default_factory=list)
     reserved_peak: int | None = None
     """Peak bytes the CUDA caching allocator reserved (real or simulated CUDA device); None on a CPU."""
+    workspaces: dict[str, int] | None = None
+    """Library workspaces held at the start of the iteration, inside ``static`` (a simulated CUDA device's:
+    runtime/memory.py ``StorageTracker.workspaces``); None where not known."""
 
 
 class StageExecutor:
@@ -309,6 +312,7 @@ class StageExecutor:
             self.optimizer.zero_grad(set_to_none=True)
             self.meter.reset_peak()
             static = self.meter.current
+            workspaces = self.meter.workspaces()
             local_in, local_tgt = self._local_batch(iteration)
             data = self.meter.current - static
             stash: dict[int, Any] = {}
@@ -349,7 +353,7 @@ class StageExecutor:
             gc.enable()
         return IterationRecord(
             seconds=seconds, peak=peak, static=static, data=data, loss=loss, peak_breakdown=breakdown, timeline=timeline,
-            reserved_peak=reserved,
+            reserved_peak=reserved, workspaces=workspaces,
         )
 
     def _retag_optimizer_state(self) -> None:

@@ -237,6 +237,16 @@ class StorageTracker(TorchDispatchMode):
         """Peak bytes the simulated CUDA device's allocator reserved in this window; None on a CPU."""
         return None if self.device is None else self.device.allocator.peak_reserved
 
+    def workspaces(self) -> dict[str, int] | None:
+        """The cuBLAS workspaces the simulated CUDA device holds now, ``{"<library>/<thread>": block bytes}``
+        (runtime/gpu_memory.py [Note: cuBLAS workspaces]); None on a CPU. Profiling takes them out of a span's
+        ``static``: they are held once per device, not per layer (profiling/statistics.py [Note: workspaces
+        are per device])."""
+        if self.device is None:
+            return None
+        return {f"{key[1]}/{key[2]}": entry[0] for key, entry in self._live.items()
+                if isinstance(key, tuple) and key[:1] == ("workspace",)}
+
     def counts(self, t: Any) -> bool:
         """Whether ``t``'s storage is currently counted."""
         return all(p.untyped_storage()._cdata in self._live for p in storage_tensors(t))
@@ -348,6 +358,11 @@ class _PassiveMeter:
 
     def overhead_bytes(self) -> int | None:
         """Device memory outside the tensor allocator (None: not measured)."""
+        return None
+
+    def workspaces(self) -> dict[str, int] | None:
+        """The library workspaces held now (None: not known; a real CUDA device's are inside its allocator's
+        counters, not told apart: profiling/statistics.py [Note: workspaces are per device])."""
         return None
 
     @property

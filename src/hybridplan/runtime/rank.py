@@ -189,6 +189,7 @@ def run_rank(
         timeline=records[-1].timeline if tracked else [],
         overhead_bytes=overhead,
         layer_seconds=layer_seconds,
+        workspaces=records[-1].workspaces if tracked and records else None,
     )
 
 

@@ -115,6 +115,9 @@ class RankReport:
     """With ``RunConfig.layer_timing``: per iteration, per-layer seconds of every micro-batch; else empty."""
     reserved_peaks: list[int] = field(default_factory=list)
     """CUDA only (real or simulated): peak bytes the caching allocator reserved in every iteration; else empty."""
+    workspaces: dict[str, int] | None = None
+    """Simulated CUDA only: the library workspaces held at the start of the last iteration, part of its
+    ``static`` (``{"cublas/forward": bytes, ...}``); None where not known (a CPU, a real CUDA device)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON form: ``{"status": "ok", "rank": ..., ...}`` (one key per field)."""

@@ -49,17 +49,21 @@ DIFFERS_FROM_PROFILE = (
 
 @dataclass(frozen=True)
 class DeviceEstimate:
-    """One device: its stage, its simulated peak (tensor bytes; CUDA blocks for cuda) and, for cuda, the memory it
-    uses outside its tensors."""
+    """One device: its stage, its simulated peak (tensor bytes; CUDA blocks for cuda) and, for cuda, the caching
+    allocator's reserved peak and the memory it uses outside the allocator."""
 
     device: int
     stage: int
     peak_memory_bytes: int
     overhead_bytes: int | None = None
+    reserved_peak_bytes: int | None = None
+    """CUDA: the allocator's reserved peak in the simulation (runtime/cuda_allocator.py)."""
 
     @property
     def total_bytes(self) -> int:
-        return self.peak_memory_bytes + (self.overhead_bytes or 0)
+        """What must fit the device: on CUDA the reserved peak plus the memory outside the allocator."""
+        held = self.peak_memory_bytes if self.reserved_peak_bytes is None else self.reserved_peak_bytes
+        return held + (self.overhead_bytes or 0)
 
 
 @dataclass(frozen=True)
@@ -80,15 +84,18 @@ class PlanEstimate:
     def to_dict(self) -> dict[str, Any]:
         return {"plan": self.plan.to_dict(), "peak_memory_bytes": self.peak_memory_bytes,
                 "devices": [{"device": d.device, "stage": d.stage, "peak_memory_bytes": d.peak_memory_bytes,
-                             "overhead_bytes": d.overhead_bytes} for d in self.devices]}
+                             "reserved_peak_bytes": d.reserved_peak_bytes, "overhead_bytes": d.overhead_bytes,
+                             "total_bytes": d.total_bytes} for d in self.devices]}
 
     def table(self, cluster: Cluster) -> str:
-        lines = [self.plan.describe(), f"{'device':>6} {'stage':>5} {'peak':>12} {'+overhead':>12} {'capacity':>12}"]
+        lines = [self.plan.describe(), f"{'device':>6} {'stage':>5} {'peak':>12} {'reserved':>12} {'+overhead':>12}"
+                                       f" {'capacity':>12}"]
         for d in self.devices:
             cap = cluster.memory_of(d.device)
             over = "  over capacity" if cap is not None and d.total_bytes > cap else ""
             extra = "-" if d.overhead_bytes is None else format_bytes(d.overhead_bytes)
-            lines.append(f"{d.device:>6} {d.stage:>5} {format_bytes(d.peak_memory_bytes):>12} {extra:>12}"
+            reserved = "-" if d.reserved_peak_bytes is None else format_bytes(d.reserved_peak_bytes)
+            lines.append(f"{d.device:>6} {d.stage:>5} {format_bytes(d.peak_memory_bytes):>12} {reserved:>12} {extra:>12}"
                          f" {format_bytes(cap):>12}{over}")
         lines.append(f"estimated plan peak: {format_bytes(self.peak_memory_bytes)}")
         return "\n".join(lines)
@@ -171,11 +178,13 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
                 if not result.ok:
                     raise UsageError(f"the simulation of plan {i + 1} ended {result.status}: {result.reason}")
                 measured = [DeviceMemory(d.device, d.stage, None, d.peak_memory_bytes) for d in result.devices]
+                reserved = {d.device: d.reserved_peak_bytes for d in result.devices if d.reserved_peak_bytes is not None}
             else:
                 measured = stages.measure(plan)
+                reserved = stages.reserved_peaks(plan)
             devices = tuple(DeviceEstimate(d.device, d.stage, int(d.measured or 0),
                                            estimate_overhead_bytes(plan, d.device, set(LIBRARY_BYTES)) if cuda
-                                           else None) for d in measured)
+                                           else None, reserved.get(d.device)) for d in measured)
             out.append(PlanEstimate(plan, devices))
             say(f"plan {i + 1}/{len(plans)}: peak {format_bytes(out[-1].peak_memory_bytes)}"
                 f" ({time.perf_counter() - t0:.1f} s)")

@@ -91,8 +91,8 @@ def plan_memory(
         pipeline_only: mCAP's space (degree-1 stages only).
         composite: the extended space: stages of data x tensor devices too (predicted from the tensor
             scenario's statistics: predict/memory.py).
-        zero: data stages sharded by ZeRO-1 and ZeRO-3 too (predict/zero.py; ZeRO-3 where the profile has its
-            scenario).
+        zero: data stages sharded by ZeRO-1, ZeRO-2 and ZeRO-3 too (predict/zero.py; ZeRO-2 and ZeRO-3 where the
+            profile has the ZeRO-3 scenario).
         recompute_db: a profile of the same model taken with recompute (``profile --activation-checkpointing``):
             every stage may then recompute its activations or not, each predicted from its own profile
             ([Note: recompute chosen per stage] in predict/memory.py).
@@ -131,7 +131,8 @@ def plan_memory(
             raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
         outside = predictor.outside_bytes(None)  # CUDA: the floor outside the allocator (communicators come with a plan)
         found = fewest_devices(model, cluster, L, capacity=capacity - (outside or 0), pipeline_only=pipeline_only,
-                               composite=composite, progress=progress)
+                               composite=composite, zero=zero, recompute=recompute_db is not None,
+                               cross_node=cross_node, progress=progress)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,

@@ -7,6 +7,15 @@ statistics of the profile database). Pareto: the frontier of predicted peak memo
 iteration time over those plans, and, with memory statistics, the memory-minimal plan of the CAPTURE search
 (its lowest-memory end). The command line (``hybridplan plan --objective throughput|pareto``) and the
 benchmarks call :func:`plan_throughput`.
+
+The extended space (issue 11): AMP's strategies include its dp x tp stages, and a stage larger than a node puts
+its data replicas on several nodes (its tensor groups stay inside one, so every strategy's stages are kept when
+their tensor groups are; the time model syncs such a stage over the inter-node link). With ``zero`` every data
+stage may also be ZeRO-1, 2 or 3 sharded, with ``recompute_db`` every stage may recompute its activations: per
+stage, the fastest options that fit (search/time/stage_options.py), predicted by the memory predictor with its
+ZeRO rules (predict/zero.py: ZeRO-1 from the data scenario, ZeRO-2 and ZeRO-3 from ``profile --zero``'s) and the
+recompute profile ([Note: recompute chosen per
+stage]), timed by the time model's terms ([Note: ZeRO and recompute in time]).
 """
 
 from __future__ import annotations
@@ -15,6 +24,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from hybridplan.errors import HybridPlanError, UsageError
@@ -23,6 +33,7 @@ from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.time_model import TimeBreakdown, predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import ProgressCallback
+from hybridplan.search.time.stage_options import options_label
 from hybridplan.search.time.throughput import CutAlgorithm, pareto_frontier
 from hybridplan.workflows.sources import Sources
 
@@ -86,9 +97,14 @@ def plan_throughput(
     degree_fit: str = "log",
     progress: ProgressCallback | None = None,
     cuts: CutAlgorithm = "bottleneck",
+    zero: bool = False,
+    recompute_db: str | Path | None = None,
 ) -> ThroughputPlans:
     """The fastest feasible plans, or their memory/time frontier (module docstring). ``cuts``: how the AMP
     search cuts stages (search/time/throughput.py ``CutAlgorithm``; "amp", the slow reference, for benchmarks).
+    ``zero``: data stages may be ZeRO-1/2/3 sharded; ``recompute_db``: a profile of the same model taken with
+    ``--activation-checkpointing``, so that every stage may recompute (predicted from it); both per stage, AMP
+    mode only.
 
     Raises:
         UsageError: for contradictory options, a missing time profile, or when no plan is feasible.
@@ -97,13 +113,27 @@ def plan_throughput(
     from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
     from hybridplan.search.time.throughput import search_throughput
 
+    if (zero or recompute_db is not None) and mode == "2bw":
+        raise UsageError("--zero and --recompute-db choose per-stage options of AMP's plans, not PipeDream-2BW's"
+                         " (its planner has its own recompute r; the runtime shards no 2BW stage)",
+                         fix="drop --mode 2bw, or --zero / --recompute-db")
+    if recompute_db is not None and (sources.db is None or not sources.db.has_memory):
+        raise UsageError("--recompute-db predicts the recomputed stages beside a profile's memory statistics, and"
+                         " there are none", fix="give --db, the memory profile taken without recompute")
     profile = sources.time_profile()
+    if recompute_db is not None and sources.meta.get("time_identity", {}).get("activation_checkpointing"):
+        raise UsageError("the layer times were measured with activation checkpointing: their backward already holds"
+                         " a recomputation, so the plain stages could not be timed",
+                         fix="time the model without --activation-checkpointing (profile --time), or drop --recompute-db")
     targets = sources.targets(global_batch_size=global_batch_size, num_microbatches=num_microbatches, schedule=schedule)
+    if zero and targets.schedule == "2bw":
+        raise UsageError("--zero with the 2bw schedule: the runtime shards no PipeDream-2BW stage (its stale weight"
+                         " version is a second whole copy)", fix="use --schedule 1f1b or gpipe, or drop --zero")
     if mode == "2bw":
         if schedule not in (None, "2bw"):
             raise UsageError(f"--mode 2bw plans PipeDream-2BW, whose schedule is '2bw', not {schedule!r}", fix="drop --schedule")
         targets = replace(targets, schedule="2bw")
-    fit = _feasibility(sources, cluster, targets, degree_fit)
+    fit = _feasibility(sources, cluster, targets, degree_fit, recompute_db)
     if objective == "pareto" and fit.predictor is None:
         raise UsageError("the Pareto objective needs memory predictions", fix="give --db with memory statistics ('hybridplan profile')")
     gbs = targets.global_batch_size
@@ -118,22 +148,34 @@ def plan_throughput(
     else:
         result = search_throughput(profile, cluster, gbs, memory_ok=fit, placement=placement, seed=seed,
                                    node_local_stages=True, schedule=targets.schedule, composite=True, progress=progress,
-                                   cuts=cuts)
+                                   cuts=cuts, zero_levels=(1, 2, 3) if zero else (),
+                                   recompute=recompute_db is not None, stage_peaks=fit.stage_peaks,
+                                   # with stage options each strategy gives the fastest plan under every memory
+                                   # threshold for the frontier; without, every plan is a row, as before
+                                   objective="pareto" if objective == "pareto" and (zero or recompute_db) else "time",
+                                   peak_memory=fit.peak_memory)
         for t in result.candidates:
-            label = f"pp={t.pipeline_degree} dp={t.data_degree} tp={t.tensor_degree} mbs={t.micro_batch_size}"
+            label = (f"pp={t.pipeline_degree} dp={t.data_degree} tp={t.tensor_degree} mbs={t.micro_batch_size}"
+                     + options_label(t.plan))
             rows.append(Candidate(label, t.plan, t.predicted, None, t.iteration_s))
         what, evaluated = f"AMP search ({placement} placement, schedule {targets.schedule})", result.evaluated
+        if zero or recompute_db is not None:
+            unfit = result.rejected_by_memory - fit.rejected  # strategies where no choice of stage options fits
+            what += f" with per-stage {' and '.join(w for w, on in (('ZeRO', zero), ('recompute', recompute_db)) if on)}"
+            if unfit:
+                what += f" ({unfit} strategies with no choice of stage options that fits)"
     seconds = time.perf_counter() - started
     if fit.predictor is not None:
         rows = [replace(r, peak=fit.peak_memory(r.plan)) for r in rows]
     if objective == "pareto" and fit.predictor is not None:
-        rows += _memory_optimal(sources, fit.predictor, cluster, profile, fit)
+        rows += _memory_optimal(sources, fit.predictor, cluster, profile, fit, zero=zero,
+                                recompute=recompute_db is not None)
     sources.warn(f"{profile.model} on {cluster.describe()}, global batch {gbs}: {what}, {evaluated} plans evaluated"
                  f" in {seconds:.3f} s; {fit.summary()}")
     for kind, reason in fit.reasons.items():
         sources.warn(f"  e.g. {kind.replace('_', ' ')}: {reason}")
     if not rows:
-        raise UsageError(f"no feasible plan: {fit.summary()}",
+        raise UsageError(f"no feasible plan: {what}; {fit.summary()}",
                          fix="use more devices, a smaller global batch, or larger --device-memory")
     rows = [replace(r, plan=_annotated(r, cluster, profile)) for r in rows]
     if objective == "pareto":
@@ -143,11 +185,12 @@ def plan_throughput(
     return ThroughputPlans(objective, tuple(chosen), len(rows), what, evaluated, seconds, fit, profile, cluster, gbs)
 
 
-def _feasibility(sources: Sources, cluster: Cluster, targets: Any, degree_fit: str) -> Feasibility:
+def _feasibility(sources: Sources, cluster: Cluster, targets: Any, degree_fit: str,
+                 recompute_db: str | Path | None = None) -> Feasibility:
     from hybridplan.search.time.feasibility import Feasibility
 
     # The search varies the micro-batch count; the predictor re-targets itself per plan (MemoryPredictor.predict).
-    predictor = sources.memory_predictor(targets, degree_fit=degree_fit)
+    predictor = sources.memory_predictor(targets, degree_fit=degree_fit, recompute_db=recompute_db)
     if predictor is None:
         sources.warn("note: no memory statistics (--db): plans are not checked against device memory")
     recompute = bool(sources.meta.get("identity", {}).get("run_options", {}).get("activation_checkpointing", False))
@@ -155,8 +198,10 @@ def _feasibility(sources: Sources, cluster: Cluster, targets: Any, degree_fit: s
 
 
 def _memory_optimal(sources: Sources, predictor: MemoryPredictor, cluster: Cluster, profile: TimeProfile,
-                    fit: Feasibility) -> list[Candidate]:
-    """The CAPTURE search's memory-minimal plan, as a Pareto candidate (where the time profile can time it)."""
+                    fit: Feasibility, *, zero: bool = False, recompute: bool = False) -> list[Candidate]:
+    """The CAPTURE search's memory-minimal plan, as a Pareto candidate (where the time profile can time it); with
+    ``zero`` or ``recompute``, the memory search's over the extended space (data x tensor stages, ZeRO-1/3, per-stage
+    recompute, stages over whole nodes), as the throughput side searches it."""
     from hybridplan.search import PlanSpace, StageMemoryModel, solve_exact
 
     merged = sources.db.merge_groups if sources.db is not None else None
@@ -164,14 +209,17 @@ def _memory_optimal(sources: Sources, predictor: MemoryPredictor, cluster: Clust
     model: StageMemoryModel = view if view is not None else predictor
     try:
         L = view.num_layers if view is not None else predictor.num_layers
-        result = solve_exact(model, PlanSpace.for_cluster(cluster, L))
+        extended = zero or recompute
+        result = solve_exact(model, PlanSpace.for_cluster(cluster, L, composite=extended, zero=zero, recompute=recompute,
+                                                          cross_node=extended))
         plan = result.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
                               num_microbatches=predictor.num_microbatches)
         plan = view.to_original(plan) if view is not None else plan
         if not fit(plan):
             return []
         timed = predict_iteration_time(plan, profile, cluster)
-        return [Candidate("memory-minimal (CAPTURE)", plan, timed, fit.peak_memory(plan), timed.total_s)]
+        label = "memory-minimal (extended space)" if extended else "memory-minimal (CAPTURE)"
+        return [Candidate(label, plan, timed, fit.peak_memory(plan), timed.total_s)]
     except HybridPlanError as e:
         sources.warn(f"note: the memory-minimal plan is left out: {e.message}")
         return []

@@ -162,14 +162,22 @@ class Sources:
         m = num_microbatches or meta.get("num_microbatches")
         return Targets(int(gbs), None if m is None else int(m), as_schedule(schedule or meta.get("schedule") or "1f1b"))
 
-    def memory_predictor(self, targets: Targets, *, degree_fit: str = "log") -> MemoryPredictor | None:
-        """The memory predictor at ``targets`` (None without memory statistics); warns of a far extrapolation."""
+    def memory_predictor(self, targets: Targets, *, degree_fit: str = "log",
+                         recompute_db: str | Path | None = None) -> MemoryPredictor | None:
+        """The memory predictor at ``targets`` (None without memory statistics); warns of a far extrapolation.
+        ``recompute_db``: a profile taken with recompute that predicts the stages a plan recomputes
+        (``MemoryPredictor.from_db``, which checks that it profiles the same model and cluster)."""
         if self.db is None or not self.db.has_memory:
             return None
         m = targets.num_microbatches
-        predictor = MemoryPredictor.from_profile(
-            self.db, schedule=targets.schedule, global_batch_size=targets.global_batch_size,
-            num_microbatches=m if m and targets.global_batch_size % m == 0 else 1, degree_fit=degree_fit)
+        m = m if m and targets.global_batch_size % m == 0 else 1
+        if recompute_db is None:
+            predictor = MemoryPredictor.from_profile(self.db, schedule=targets.schedule, degree_fit=degree_fit,
+                                                     global_batch_size=targets.global_batch_size, num_microbatches=m)
+        else:
+            predictor = MemoryPredictor.from_db(self.db.path, schedule=targets.schedule, degree_fit=degree_fit,
+                                                global_batch_size=targets.global_batch_size, num_microbatches=m,
+                                                recompute_db=recompute_db)
         note = predictor.scaling_note()
         if note is not None:
             self.warn(note)

@@ -53,6 +53,9 @@ def stage_key(plan: Plan, index: int) -> str:
 class StageCache:
     """Peak memory of simulated stages, each simulated once, kept in a JSON file between runs.
 
+    On simulated CUDA devices it also keeps each stage's reserved peak (the allocator's replay), under the file's
+    ``"reserved"`` key (a file written before has none: its CUDA stages are simulated again once).
+
     Args:
         path: the JSON file (created; reloaded when it exists).
         model: zoo name or ``module:function``.
@@ -68,7 +71,11 @@ class StageCache:
         self.cluster = cluster
         self.run_options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
         self.progress = progress
-        self.peaks: dict[str, int] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.reserved: dict[str, int] = dict(data.pop("reserved", {}))
+        """CUDA: the reserved peak of every simulated stage (``max_memory_reserved`` of the replay)."""
+        self.peaks: dict[str, int] = data
+        self._cuda = self.run_options.get("device_type") == "cuda"
         self.simulated = 0
         self._specs: Any = None
 
@@ -83,12 +90,14 @@ class StageCache:
         out: list[DeviceMemory] = []
         for i, stage in enumerate(plan.stages):
             key = stage_key(plan, i)
-            if key not in self.peaks:
+            if key not in self.peaks or (self._cuda and key not in self.reserved):
                 validate_config(cfg)
                 if self._specs is None:
                     self._specs = boundary_specs(resolve_model(self.model))
                 report = simulate_stage(cfg, i, iterations=2, specs=self._specs)
                 self.peaks[key] = max(report.iteration_peaks[1:])  # the measured iteration, as launch reports it
+                if report.reserved_peaks:
+                    self.reserved[key] = max(report.reserved_peaks[1:])
                 self.simulated += 1
                 self._save()
                 if self.progress is not None:
@@ -96,7 +105,12 @@ class StageCache:
             out += [DeviceMemory(d, i, None, self.peaks[key]) for d in stage.devices]
         return sorted(out, key=lambda d: d.device)
 
+    def reserved_peaks(self, plan: Plan) -> dict[int, int]:
+        """CUDA: every device's reserved peak, for the stages :meth:`measure` simulated (empty on a CPU)."""
+        return {d: self.reserved[key] for i, stage in enumerate(plan.stages)
+                if (key := stage_key(plan, i)) in self.reserved for d in stage.devices}
+
     def _save(self) -> None:
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps(self.peaks, indent=0) + "\n")
+        tmp.write_text(json.dumps({**self.peaks, **({"reserved": self.reserved} if self.reserved else {})}, indent=0) + "\n")
         os.replace(tmp, self.path)

@@ -56,12 +56,23 @@ class ValidationReport:
         errors = [abs(r.error) for r in self.rows if r.error is not None]
         return max(errors) if errors else None
 
+    def reserved(self) -> dict[int, tuple[int | None, int | None]]:
+        """CUDA: every device's (predicted, measured) reserved peak of the caching allocator; {} on a CPU."""
+        predicted = {d.device: d.reserved_peak_bytes for d in self.prediction.devices}
+        measured = {d.device: d.reserved_peak_bytes for d in self.run.devices}
+        if all(v is None for v in (*predicted.values(), *measured.values())):
+            return {}
+        return {r.device: (predicted.get(r.device), measured.get(r.device)) for r in self.rows}
+
     def to_dict(self) -> dict[str, Any]:
+        reserved = self.reserved()
         return {
             "plan": self.plan.to_dict(),
             "status": self.run.status,
             "reason": self.run.reason,
-            "devices": [{**asdict(r), "relative_error": r.error} for r in self.rows],
+            "devices": [{**asdict(r), "relative_error": r.error,
+                         **({"predicted_reserved": reserved[r.device][0], "measured_reserved": reserved[r.device][1]}
+                            if reserved else {})} for r in self.rows],
             "max_abs_relative_error": self.max_abs_error,
             "predicted_peak_bytes": self.prediction.peak_memory_bytes,
             "measured_peak_bytes": self.run.peak_memory_bytes,
@@ -72,10 +83,14 @@ class ValidationReport:
         lines = [self.plan.describe(), f"run: {self.run.status}" + (f" ({self.run.reason})" if self.run.reason else "")]
         if self.run.config.get("share_gpu"):
             lines.append(f"MODE: {SHARED_GPU_NOTE}")
-        lines.append(f"{'device':>6} {'stage':>5} {'predicted':>12} {'measured':>12} {'error':>8}")
+        reserved = self.reserved()  # CUDA: the caching allocator's reserved peak too (predict/reserved.py)
+        lines.append(f"{'device':>6} {'stage':>5} {'predicted':>12} {'measured':>12} {'error':>8}"
+                     + (f" {'reserved pred.':>14} {'reserved meas.':>14}" if reserved else ""))
         for r in self.rows:
             err = "-" if r.error is None else f"{100 * r.error:+.2f}%"
-            lines.append(f"{r.device:>6} {r.stage:>5} {format_bytes(r.predicted):>12} {format_bytes(r.measured):>12} {err:>8}")
+            lines.append(f"{r.device:>6} {r.stage:>5} {format_bytes(r.predicted):>12} {format_bytes(r.measured):>12} {err:>8}"
+                         + (f" {format_bytes(reserved[r.device][0]):>14} {format_bytes(reserved[r.device][1]):>14}"
+                            if reserved else ""))
         measured = self.run.peak_memory_bytes
         if self.max_abs_error is not None and measured is not None:
             plan_err = relative_error(self.prediction.peak_memory_bytes, measured)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import PlanError
 from hybridplan.search.memory.exact import solve_exact
+from hybridplan.search.memory.exhaustive import solve_exhaustive
 from hybridplan.search.memory.fewest import fewest_devices, mesh_shapes
 from hybridplan.search.memory.space import PlanSpace
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
@@ -69,3 +72,67 @@ def test_no_allowed_plan_anywhere() -> None:
         model.disallowed[cfg] = np.ones((3, 4), dtype=bool)
     with pytest.raises(PlanError, match="no shape has a valid plan"):
         fewest_devices(model, Cluster.uniform(1, 2), 3, capacity=1.0)
+
+
+# The extended space, shape by shape (plan --fewest-devices with --space extended, --zero, --recompute-db,
+# --allow-cross-node). The meshes are those whose every sub-mesh's stage configs are among the full mesh's
+# (nodes of k' <= k devices, spans m*k' that the full mesh's spans or node configs include), so that one random
+# table model answers for every shape.
+@settings(max_examples=60, deadline=None)
+@given(layers=st.integers(1, 5), mesh=st.sampled_from([(3, 2), (2, 2), (4, 1), (1, 4), (2, 1)]),
+       horizon=st.integers(1, 3), seed=st.integers(0, 10_000), levels=st.integers(2, 5),
+       composite=st.booleans(), zero=st.booleans(), recompute=st.booleans(), cross_node=st.booleans(),
+       pick=st.integers(0, 10_000))
+def test_fewest_in_the_extended_space_equals_exhaustive_shape_by_shape(layers, mesh, horizon, seed, levels, composite,
+                                                                        zero, recompute, cross_node, pick):
+    """The reference, written from the rule alone: shapes ``n x k'`` by devices, then fewer nodes; each solved by
+    enumerating every plan (solve_exhaustive); the first whose best peak is within the capacity wins. The
+    capacity is one of the shapes' best peaks (so that every shape may be the answer), or below them all."""
+    nodes, k = mesh
+    flags = dict(composite=composite, zero=zero, recompute=recompute, cross_node=cross_node)
+    model = TableStageModel.random(layers, k, horizon=horizon, seed=seed, levels=levels, num_nodes=nodes, **flags)
+    shapes = sorted(((n, kk) for n in range(1, nodes + 1) for kk in range(1, k + 1)), key=lambda s: (s[0] * s[1], s[0]))
+    reference = []
+    for n, kk in shapes:
+        try:
+            reference.append(((n, kk), solve_exhaustive(model, PlanSpace(layers, n, kk, **flags))))
+        except PlanError:
+            reference.append(((n, kk), None))
+    peaks = sorted({r.peak for _, r in reference if r is not None})
+    if not peaks:
+        with pytest.raises(PlanError, match="fits on no sub-mesh"):
+            fewest_devices(model, Cluster.uniform(nodes, k), layers, capacity=1.0, **flags)
+        return
+    capacity = (peaks + [peaks[0] - 1])[pick % (len(peaks) + 1)]
+    expected = next((((n, kk), r) for (n, kk), r in reference if r is not None and r.peak <= capacity), None)
+    if expected is None:
+        with pytest.raises(PlanError, match="fits on no sub-mesh"):
+            fewest_devices(model, Cluster.uniform(nodes, k), layers, capacity=capacity, **flags)
+        return
+    found = fewest_devices(model, Cluster.uniform(nodes, k), layers, capacity=capacity, **flags)
+    (n, kk), best = expected
+    assert (found.result.num_nodes, found.result.devices_per_node) == (n, kk)
+    assert found.cluster.shape == f"{n}x{kk}"
+    assert found.result.peak == best.peak
+    assert [(s.start, s.stop, s.kind, s.degree, s.tensor_degree, s.zero, s.recompute, s.devices)
+            for s in found.result.stages] == [(s.start, s.stop, s.kind, s.degree, s.tensor_degree, s.zero, s.recompute,
+                                                s.devices) for s in best.stages]
+    assert [(t.num_nodes, t.devices_per_node) for t in found.tried] == shapes[: len(found.tried)]
+
+
+def test_crossing_nodes_lets_fewer_devices_fit():
+    """Two layers (M_i = M_a = 100, activations 80), 1F1B with 2 micro-batches, nodes of one device. One device
+    holds both layers at 100 + 100 = 200 (a last stage keeps one micro-batch, already in M); two nodes without
+    crossing give a stage per node at 100 + 80 = 180 (a second micro-batch in flight) and 100; across them data x2
+    over both layers holds (200 - 160) + 160/2 = 120 (AdditiveStageModel's data rule, the same case as
+    test_cross_node_space.py). With a capacity of 150 the two devices fit only across nodes; with 100 nothing
+    fits."""
+    model = AdditiveStageModel((100.0,) * 2, (100.0,) * 2, (80.0,) * 2, position_horizon=2)
+    cluster = Cluster.uniform(2, 1)
+    with pytest.raises(PlanError, match="fits on no sub-mesh"):
+        fewest_devices(model, cluster, 2, capacity=150.0)
+    found = fewest_devices(model, cluster, 2, capacity=150.0, cross_node=True)
+    assert found.cluster.shape == "2x1" and found.result.peak == 120.0
+    assert [(s.kind, s.degree, s.devices) for s in found.result.stages] == [("data", 2, (0, 1))]
+    with pytest.raises(PlanError, match="fits on no sub-mesh"):
+        fewest_devices(model, cluster, 2, capacity=100.0, cross_node=True)

@@ -1,5 +1,5 @@
-"""ZeRO as a per-stage dimension of the memory search (``PlanSpace(..., zero=True)``): ZeRO-1 and ZeRO-3 data
-stages beside the others, searched exactly (the exact solver equals exhaustive enumeration)."""
+"""ZeRO as a per-stage dimension of the memory search (``PlanSpace(..., zero=True)``): ZeRO-1, ZeRO-2 and ZeRO-3
+data stages beside the others, searched exactly (the exact solver equals exhaustive enumeration)."""
 
 from __future__ import annotations
 
@@ -15,15 +15,16 @@ def test_zero_configs_come_last_and_keep_the_other_indices():
     plain, extended = stage_configs(4, composite=True), stage_configs(4, composite=True, zero=True)
     assert extended[: len(plain)] == plain
     assert extended[len(plain):] == (StageConfig("data", 2, 0, 1), StageConfig("data", 4, 0, 1),
-                                     StageConfig("data", 2, 0, 3), StageConfig("data", 4, 0, 3))
+                                     StageConfig("data", 2, 0, 3), StageConfig("data", 4, 0, 3),
+                                     StageConfig("data", 2, 0, 2), StageConfig("data", 4, 0, 2))
     assert StageConfig("data", 2, 0, 1).model_kwargs == {"zero": 1} and StageConfig("data", 2).model_kwargs == {}
 
 
 def test_zero_multiplies_the_data_stages():
     # 2 layers on 1x2, every device used: both layers as data x2 or tensor x2, or one layer per device: 3 plans;
-    # ZeRO-1 and ZeRO-3 are two more ways to run the data x2 stage: 5
+    # ZeRO-1, ZeRO-2 and ZeRO-3 are three more ways to run the data x2 stage: 6
     assert count_plans(PlanSpace(2, 1, 2)) == 3
-    assert count_plans(PlanSpace(2, 1, 2, zero=True)) == 5
+    assert count_plans(PlanSpace(2, 1, 2, zero=True)) == 6
 
 
 @settings(max_examples=40, deadline=None)

@@ -61,3 +61,40 @@ def test_a_cuda_capacity_holds_the_memory_outside_the_allocator_too():
     peak = predictor.predict(PIPELINE).peak_memory_bytes
     assert not Feasibility(Cluster.parse("1x4", device_memory=peak), predictor)(PIPELINE)
     assert Feasibility(Cluster.parse("1x4", device_memory=max(totals)), predictor)(PIPELINE)
+
+
+def test_stage_peaks_are_the_prediction_per_stage_and_inf_over_capacity():
+    """The peaks a throughput search chooses stage options from: per stage its device's predicted peak (one device
+    per stage here), ``inf`` for the stage whose device exceeds its capacity, ``None`` for a plan that is invalid or
+    unpredictable; no rejection is counted."""
+    predictor = _predictor("1f1b", "1f1b")
+    peaks = [d.peak_memory_bytes for d in predictor.predict(PIPELINE).devices]
+    roomy = Feasibility(Cluster.parse("1x4", device_memory=max(peaks)), predictor)
+    assert roomy.stage_peaks(PIPELINE) == [float(p) for p in peaks]
+    tight = Feasibility(Cluster.parse("1x4", device_memory=max(peaks) - 1), predictor)
+    assert tight.stage_peaks(PIPELINE) == [float(p) if p < max(peaks) else math.inf for p in peaks]
+    assert tight.stage_peaks(_plan((0, 2, "data", (0, 1)), (2, 4, "tensor", (2, 3)))) is None  # no data statistics
+    assert tight.stage_peaks(_plan((0, 4, "none", (0,)))) is None  # devices 1-3 unused
+    assert tight.rejected == 0
+    assert Feasibility(Cluster.parse("1x4")).stage_peaks(PIPELINE) == [0.0] * 4
+
+
+def test_a_cuda_capacity_holds_the_reserved_peak():
+    """With reserved peaks measured by the profile, what must fit is reserved + outside: the profile's excess of
+    4 MiB on every span (10 MiB reserved for a tensor peak of 5 MiB + 1 B, rounded up to 6) lifts every device's
+    total by 4 MiB or more above the rounded tensor peak + outside (predict/reserved.py)."""
+    from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from
+
+    predictor = _predictor("1f1b", "1f1b")
+    predictor.device_type = "cuda"
+    M = 2**20
+    predictor.reserved = ReservedExcess([("none", 1, b, b // 4, a, a + 1, 5 * M + 1, 10 * M)
+                                       for b in (8, 16, 32) for a in range(4)])
+    devices = predictor.predict(PIPELINE).devices
+    for d in devices:
+        assert d.reserved_peak_bytes == reserved_peak_from(d.peak_memory_bytes, 0) + 4 * M
+        assert d.total_bytes == d.needed_bytes == d.reserved_peak_bytes + d.overhead_bytes
+    tensors_only = max(d.peak_memory_bytes + d.overhead_bytes for d in devices)
+    assert not Feasibility(Cluster.parse("1x4", device_memory=max(d.total_bytes for d in devices) - 1), predictor)(PIPELINE)
+    assert not Feasibility(Cluster.parse("1x4", device_memory=tensors_only), predictor)(PIPELINE)
+    assert Feasibility(Cluster.parse("1x4", device_memory=max(d.total_bytes for d in devices)), predictor)(PIPELINE)

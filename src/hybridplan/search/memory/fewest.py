@@ -2,9 +2,13 @@
 
 Training on fewer devices frees the rest of the cluster; CAPTURE's predictions make the question cheap
 to answer without a single run. For ``D = 1, 2, ...`` devices the shapes ``n' x k'`` with ``n' <= N``,
-``k' <= k`` and ``n' * k' = D`` are tried with fewer nodes first (a stage never spans nodes, so fewer,
-fuller nodes give the plan space more room); the first whose best plan's peak fits the device
-capacity wins. Each shape is solved exactly (:func:`~hybridplan.search.memory.exact.solve_exact`).
+``k' <= k`` and ``n' * k' = D`` are tried with fewer nodes first (by default a stage never spans nodes, so
+fewer, fuller nodes give the plan space more room; across nodes too, fewer nodes keep more of the traffic
+on the fast intra-node links); the first whose best plan's peak fits the device capacity wins. Each shape is
+solved exactly (:func:`~hybridplan.search.memory.exact.solve_exact`) over the same space as the memory
+search: CAPTURE's, or extended by data x tensor stages, ZeRO, per-stage recompute and stages over whole
+nodes (:class:`~hybridplan.search.memory.space.PlanSpace`), each sub-mesh with its own stage configs (a
+stage over whole nodes of ``k'`` devices has ``m * k'`` of them).
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ def mesh_shapes(num_nodes: int, devices_per_node: int) -> list[tuple[int, int]]:
 
 def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *, capacity: float | None = None,
                    pipeline_only: bool = False, max_stages: int | None = None, composite: bool = False,
+                   zero: bool = False, recompute: bool = False, cross_node: bool = False,
                    progress: ProgressCallback | None = None) -> FewestResult:
     """The smallest sub-mesh of ``cluster`` whose best plan's predicted peak fits in device memory.
 
@@ -67,6 +72,8 @@ def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *
         pipeline_only: search mCAP's pipeline-only plans.
         max_stages: bound on the pipeline depth.
         composite: search the extended space (data x tensor stages too).
+        zero, recompute, cross_node: the other dimensions of the extended space (ZeRO-1/3 data stages,
+            per-stage recompute, stages over whole nodes), as :class:`PlanSpace` takes them.
         progress: receives a line now and then on a long search, e.g. ``"fewest devices: trying 4x8 (3 of 7),
             12.0 s"``, or the exact search's line within it (:mod:`~hybridplan.search.progress`); ``None``: silent.
 
@@ -86,7 +93,7 @@ def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *
         trying = f"trying {n}x{k} ({i:,} of {len(shapes):,})"
         report.update(f"fewest devices: {trying}")
         try:
-            space = PlanSpace(num_layers, n, k, pipeline_only, max_stages, composite)
+            space = PlanSpace(num_layers, n, k, pipeline_only, max_stages, composite, zero, recompute, cross_node)
             result = solve_exact(model, space, progress=report.within(f"fewest devices, {trying}"))
         except PlanError as e:
             tried.append(MeshAttempt(n, k, None, False, e.message))

@@ -126,8 +126,8 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
     comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
     powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
-    adds the data stages sharded by ZeRO-1 and ZeRO-3 (the levels a profile predicts, predict/zero.py) after
-    those. ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
+    adds the data stages sharded by ZeRO-1 and ZeRO-3 after those, and ZeRO-2 last (predict/zero.py; added later,
+    so the indices of the others, and the plans drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
     (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
     degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms
     ([Note: stages across nodes]). ``recompute`` then repeats every config so far with activation recompute, last:
@@ -153,6 +153,7 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
         + tuple(StageConfig("data", d) for d in spans)
         + (tuple(StageConfig("data+tensor", d, t) for d in spans for t in degrees if k % t == 0) if composite else ())
         + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in spans) if zero else ())
+        + (tuple(StageConfig("data", d, 0, 2) for d in degrees + spans) if zero else ())  # last: older draws stay
     )
     return plain + (tuple(c._replace(recompute=True) for c in plain) if recompute else ())
 
@@ -290,7 +291,7 @@ class PlanSpace:
     composite: bool = False
     """The extended space: also stages of data x tensor devices (:func:`stage_configs`)."""
     zero: bool = False
-    """Also data stages sharded by ZeRO-1 and ZeRO-3 (:func:`stage_configs`)."""
+    """Also data stages sharded by ZeRO-1, ZeRO-2 and ZeRO-3 (:func:`stage_configs`)."""
     recompute: bool = False
     """Every stage config also with activation recompute (:func:`stage_configs`; the model needs a recompute
     profile to predict them)."""

@@ -133,6 +133,27 @@ class Feasibility:
         prediction = self.prediction(plan)
         return math.inf if prediction is None else float(prediction.peak_memory_bytes)
 
+    def stage_peaks(self, plan: Plan) -> list[float] | None:
+        """Per stage, the predicted peak of its fullest device, ``inf`` where a device exceeds its capacity; ``None``
+        where the plan is invalid or unpredictable (the ``stage_peaks`` of search/time/stage_options.py; counted
+        in no rejection: the plan chosen from them goes through :meth:`__call__`). Without a predictor every
+        stage fits at 0."""
+        try:
+            plan.validate(model=self.model, cluster=self.cluster)
+        except PlanError:
+            return None
+        if self.predictor is None:
+            return [0.0] * plan.num_stages
+        prediction = self.prediction(plan)
+        if prediction is None:
+            return None
+        peaks = [0.0] * plan.num_stages
+        for d in prediction.devices:
+            capacity = self.cluster.memory_of(d.device)
+            over = capacity is not None and d.needed_bytes > capacity
+            peaks[d.stage] = math.inf if over else max(peaks[d.stage], float(d.peak_memory_bytes))
+        return peaks
+
     def __call__(self, plan: Plan) -> bool:
         """Whether ``plan`` is kept (``memory_ok``)."""
         try:

@@ -20,6 +20,11 @@ and may span nodes; ``node_local_stages=True`` keeps only plans whose stages eac
 
 The search depends on no memory model: ``memory_ok(plan) -> bool`` filters and ``peak_memory(plan) -> bytes``
 feeds the Pareto objective; both come from the caller (the memory predictor).
+
+With ``zero_levels`` and/or ``recompute`` every stage of a strategy's plan may also shard its training state
+(ZeRO) and recompute its activations: per stage, the fastest options that fit, chosen exactly
+(search/time/stage_options.py, [Note: choosing stage options by thresholds]; the per-stage peaks come from
+``stage_peaks``); the Pareto objective keeps the fastest choice under every memory threshold.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, bottleneck_min_max, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
+from hybridplan.search.time.stage_options import StagePeaks, choose_options, option_table, options_label, with_options
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
 
 __all__ = [
@@ -126,7 +132,7 @@ class ThroughputSearchResult:
             mem = "-" if c.peak_memory_bytes is None else f"{c.peak_memory_bytes / 2**30:.2f} GiB"
             lines.append(
                 f"{i + 1:>3} {c.pipeline_degree:>3} {c.data_degree:>3} {c.tensor_degree:>3} {c.micro_batch_size:>4}"
-                f" {c.iteration_s:>8.3f} {mem:>10}  {list(c.plan.boundaries)}"
+                f" {c.iteration_s:>8.3f} {mem:>10}  {list(c.plan.boundaries)}{options_label(c.plan)}"
             )
         lines.append(
             f"{self.evaluated} strategies evaluated, {self.rejected_by_memory} rejected by memory, {self.seconds:.3f} s"
@@ -270,6 +276,9 @@ def search_throughput(
     composite: bool = False,
     progress: ProgressCallback | None = None,
     cuts: CutAlgorithm = "bottleneck",
+    zero_levels: Sequence[int] = (),
+    recompute: bool = False,
+    stage_peaks: StagePeaks | None = None,
 ) -> ThroughputSearchResult:
     """AMP's search over ``(pp, dp, tp, mbs)`` (module docstring).
 
@@ -288,6 +297,10 @@ def search_throughput(
         schedule: the Plan schedule to write and time ("1f1b", "gpipe", "flush", or "2bw", which has no flush;
             AMP's runs use DeepSpeed's 1F1B).
         cuts: how each strategy's stages are cut (:data:`CutAlgorithm`; "amp": the reference, slow at scale).
+        zero_levels: ZeRO levels (of 1, 2, 3) each stage with data replicas may take (module docstring).
+        recompute: each stage may recompute its activations.
+        stage_peaks: per-stage predicted peaks for the choice of those options (default: every option fits;
+            ``memory_ok`` still checks the chosen plan).
         progress: receives a line now and then on a long search, e.g. ``"throughput search: strategy 3/12
             (pp 4, dp 2, tp 1), 40 evaluated, 3.0 s"`` (:mod:`~hybridplan.search.progress`); ``None``: silent.
 
@@ -316,22 +329,31 @@ def search_throughput(
         raise UsageError(f"unknown schedule {schedule!r}", fix=f"use one of {list(SCHEDULES)}")
     if cuts not in ("bottleneck", "amp"):
         raise UsageError(f"unknown stage-cut algorithm {cuts!r}", fix="use 'bottleneck' or 'amp'")
+    if any(isinstance(z, bool) or z not in (1, 2, 3) for z in zero_levels):
+        raise UsageError(f"ZeRO levels must be among 1, 2, 3, got {list(zero_levels)!r}", fix="e.g. zero_levels=(1, 3)")
+    with_stage_options = bool(zero_levels) or recompute
     report = Progress.of(progress)
     evaluated = rejected = 0
     cache: dict[bytes, Assignment] = {}
     range_bytes = parameter_range_bytes(profile)
 
-    def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> ThroughputCandidate | None:
+    def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> list[ThroughputCandidate]:
+        """The strategy's candidates: its plan, or with stage options the fastest choice (pareto: under every
+        memory threshold); empty where none is kept."""
         nonlocal evaluated, rejected
         plan = assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
                              micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
                              cuts=cuts, range_bytes=range_bytes)
         evaluated += 1
-        if memory_ok is not None and not memory_ok(plan):
+        plans = [plan]
+        if with_stage_options:
+            table = option_table(plan, profile, cluster, zero_levels=zero_levels, recompute=recompute,
+                                 stage_peaks=stage_peaks)
+            plans = [with_options(plan, c) for c in choose_options(table, pareto=objective == "pareto")]
+        kept = [p for p in plans if memory_ok is None or memory_ok(p)]
+        if not kept:
             rejected += 1
-            return None
-        predicted = predict_iteration_time(plan, profile, cluster)
-        return ThroughputCandidate(plan, predicted, pp, dp, tp, mbs)
+        return [ThroughputCandidate(p, predict_iteration_time(p, profile, cluster), pp, dp, tp, mbs) for p in kept]
 
     found: list[ThroughputCandidate] = []
     strategies = enumerate_degrees(cluster.num_devices, profile.num_layers, supported_tensor_degrees(profile, cluster),
@@ -348,9 +370,7 @@ def search_throughput(
             if report.due():
                 report.update(f"throughput search: strategy {i}/{len(strategies)} (pp {pp}, dp {dp}, tp {tp},"
                               f" micro-batch size {mbs}), {evaluated} evaluated")
-            candidate = evaluate(devices, pp, dp, tp, mbs)
-            if candidate is not None:
-                found.append(candidate)
+            found.extend(evaluate(devices, pp, dp, tp, mbs))
     found.sort(key=lambda c: c.iteration_s)
 
     if placement == "anneal":
@@ -364,16 +384,13 @@ def search_throughput(
                 if report.due():
                     report.update(f"throughput search: annealing the placement of candidate {rank + 1}"
                                   f"/{len(annealed)}, {evaluated} evaluated")
-                candidate = evaluate(devices, *degrees)
-                return float("inf") if candidate is None else candidate.iteration_s
+                return min((c.iteration_s for c in evaluate(devices, *degrees)), default=float("inf"))
 
             group = c.tensor_degree if composite else size
             allowed = (lambda d, group=group: _node_local(cluster, d, group)) if node_local_stages else None
             start_devices = tuple(d for s in c.plan.stages for d in s.devices)  # rank order
             devices, _ = anneal_placement(cost, start_devices, iterations=anneal_iterations, seed=seed + rank, allowed=allowed)
-            better = evaluate(devices, *degrees)
-            if better is not None and better.iteration_s < c.iteration_s:
-                found.append(better)
+            found.extend(b for b in evaluate(devices, *degrees) if b.iteration_s < c.iteration_s)
         found.sort(key=lambda c: c.iteration_s)
 
     if objective == "pareto" and peak_memory is not None:

@@ -1,0 +1,180 @@
+"""Per-stage ZeRO and recompute in the throughput search ([Note: choosing stage options by thresholds]): the choice
+against enumerating every combination of stage options, and small cases worked by hand where ZeRO, recompute or a
+stage across nodes changes the fastest plan that fits."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hybridplan.errors import UsageError
+from hybridplan.plan import Cluster, Plan
+from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.search.time.stage_options import (
+    choose_options,
+    option_table,
+    options_label,
+    stage_options,
+    with_options,
+)
+from hybridplan.search.time.throughput import pareto_frontier, search_throughput
+from tests.search.time.util import all_cuts
+
+
+class ToyMemory:
+    """A stand-in memory model, per stage and independent of the other stages (not measured): ``4 P`` of training
+    state for ``P`` parameter bytes (weights, gradients, two AdamW moments), of which ZeRO-1 shards the moments,
+    ZeRO-2 also the gradients, ZeRO-3 everything over the ``d`` replicas; plus ``act`` bytes per sample and
+    layer for each micro-batch in flight (1F1B: ``min(stages - i, m)``), of which a recomputed stage keeps a
+    quarter for the micro-batches beyond the one it recomputes."""
+
+    def __init__(self, profile: TimeProfile, act: float, capacity: float, unpredictable_zero: int = 0) -> None:
+        self.profile, self.act, self.capacity, self.unpredictable_zero = profile, act, capacity, unpredictable_zero
+
+    def stage_peaks(self, plan: Plan) -> list[float] | None:
+        if self.unpredictable_zero and any(s.zero == self.unpredictable_zero for s in plan.stages):
+            return None
+        out = []
+        for i, s in enumerate(plan.stages):
+            P = sum(layer.parameter_bytes for layer in self.profile.layers[s.start:s.stop])
+            d = s.data_degree
+            state = {0: 4 * P, 1: 2 * P + 2 * P / d, 2: P + 3 * P / d, 3: 4 * P / d}[s.zero]
+            flight = min(plan.num_stages - i, plan.num_microbatches)
+            per = self.act * (s.stop - s.start) * plan.microbatch_size / d
+            held = per * (1 + 0.25 * (flight - 1)) if s.recompute == "full" else per * flight
+            peak = state + held
+            out.append(peak if peak <= self.capacity else float("inf"))
+        return out
+
+    def fits(self, plan: Plan) -> bool:
+        peaks = self.stage_peaks(plan)
+        return peaks is not None and all(p < float("inf") for p in peaks)
+
+    def peak(self, plan: Plan) -> float:
+        peaks = self.stage_peaks(plan)
+        return float("inf") if peaks is None else max(peaks)
+
+
+def _profile(fwd: list[float], params: list[float], act: float = 0.0, rate: float | None = None) -> TimeProfile:
+    return TimeProfile(
+        model="toy",
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=act, parameter_bytes=p) for i, p in enumerate(params)),
+        timings=(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=tuple(fwd),
+                             backward_s=tuple(2 * f for f in fwd), optimizer_s_per_byte=rate),),
+    )
+
+
+# ------------------------------------------------------------------------------------- against enumeration
+@settings(max_examples=30, deadline=None)
+@given(layers=st.integers(2, 3), mesh=st.sampled_from([(1, 2), (2, 1), (2, 2), (1, 4)]), seed=st.integers(0, 10_000),
+       capacity=st.floats(0.3, 1.5), unpredictable=st.sampled_from([0, 2, 3]), pareto=st.booleans(),
+       rate=st.sampled_from([None, 1e-5]))
+def test_the_choice_equals_enumerating_every_combination(layers, mesh, seed, capacity, unpredictable, pareto, rate):
+    """Every uniform plan (cut, data degree, micro-batch size) of a random profile: the fastest combination of
+    stage options that fits equals the best of all ``options^stages`` combinations, each timed whole by the time
+    model; with ``pareto``, the candidates' frontier of (peak, time) equals the frontier of all combinations."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    fwd = list(rng.uniform(1e-3, 5e-3, layers))
+    params = list(rng.uniform(1e5, 1e7, layers).round())
+    profile = _profile(fwd, params, act=float(rng.uniform(1e4, 1e6)), rate=rate)
+    nodes, k = mesh
+    cluster = Cluster.uniform(nodes, k, device_type="A", intra_node_bandwidth=float(rng.uniform(1e8, 1e10)),
+                              inter_node_bandwidth=float(rng.uniform(1e7, 1e9)))
+    n, gbs = nodes * k, 8
+    for dp in (d for d in (1, 2, 4) if n % d == 0 and n // d <= layers):
+        pp = n // dp
+        for b, mbs in itertools.product(all_cuts(layers, pp), (1, 2)):
+            plan = Plan.uniform(boundaries=b, data_degree=dp, tensor_degree=1, micro_batch_size=mbs, global_batch_size=gbs)
+            base = ToyMemory(profile, profile.layers[0].activation_bytes_per_sample, float("inf")).peak(plan)
+            memory = ToyMemory(profile, profile.layers[0].activation_bytes_per_sample, capacity * base, unpredictable)
+            table = option_table(plan, profile, cluster, zero_levels=(1, 2, 3), recompute=True,
+                                 stage_peaks=memory.stage_peaks)
+            points = []
+            for combo in itertools.product(*(stage_options(s, (1, 2, 3), True) for s in plan.stages)):
+                mixed = with_options(plan, combo)
+                if memory.fits(mixed):
+                    points.append((memory.peak(mixed), predict_iteration_time(mixed, profile, cluster).total_s))
+            chosen = [with_options(plan, c) for c in choose_options(table, pareto=pareto)]
+            assert all(memory.fits(c) for c in chosen)
+            if not points:
+                assert chosen == []
+                continue
+            got = [(memory.peak(c), predict_iteration_time(c, profile, cluster).total_s) for c in chosen]
+            if pareto:
+                want = sorted({points[i] for i in pareto_frontier(points)})
+                have = sorted({got[i] for i in pareto_frontier(got)})
+                assert [p for p, _ in have] == pytest.approx([p for p, _ in want], rel=1e-12)
+                assert [t for _, t in have] == pytest.approx([t for _, t in want], rel=1e-9)
+            else:
+                assert len(got) == 1 and got[0][1] == pytest.approx(min(t for _, t in points), rel=1e-9)
+
+
+# ---------------------------------------------------------------------------------------------- by hand
+# Two layers of 1 s forward and 2 s backward per sample, 100 parameter bytes each, nothing to send between stages;
+# 2 samples per iteration on two devices. Without options (tensor degree 1): pp=2 with 2 micro-batches of 1 sample:
+# t = 3 per stage, T = (2-1) 3 + 3 + 3 = 9 (with 1 micro-batch of 2: 12); dp=2, one stage over both layers, one
+# micro-batch of 2 samples, 1 per replica: t = 2 (1 + 2) = 6, plus the all-reduce A of 200 B at 200 B/s,
+# 2 (2-1)/2 * 200 / 200 = 1: T = 7.
+HAND = _profile([1.0, 1.0], [100.0, 100.0])
+
+
+def _search(cluster: Cluster, capacity: float, act: float, **options: object):  # type: ignore[no-untyped-def]
+    memory = ToyMemory(HAND, act, capacity)
+    return search_throughput(HAND, cluster, 2, memory_ok=memory.fits, stage_peaks=memory.stage_peaks, **options)  # type: ignore[arg-type]
+
+
+def test_zero_makes_the_data_parallel_stage_fit_and_fastest():
+    """Memory (ToyMemory, no activations): dp=2 holds 4 * 200 = 800 B per device, a pp=2 stage 400. At a
+    capacity of 650: without ZeRO only pp=2 fits (T = 9). ZeRO-1 (2 P + 2 P / 2 = 600 B) fits at 6 + 1.5 A = 7.5;
+    ZeRO-2 (P + 3 P / 2 = 500) adds A to the one micro-batch and syncs nothing: 7 + 0 = 7; ZeRO-3 (400) 1.5 A: 7.5.
+    So with every level the fastest that fits is dp=2 ZeRO-2 at 7, with ZeRO-1 alone dp=2 ZeRO-1 at 7.5."""
+    cluster = Cluster.uniform(1, 2, device_type="A", intra_node_bandwidth=200.0)
+    plain = _search(cluster, 650.0, 0.0).best
+    assert (plain.pipeline_degree, plain.data_degree, plain.iteration_s) == (2, 1, pytest.approx(9.0))
+    every = _search(cluster, 650.0, 0.0, zero_levels=(1, 2, 3)).best
+    assert (every.data_degree, [s.zero for s in every.plan.stages], every.iteration_s) == (2, [2], pytest.approx(7.0))
+    one = _search(cluster, 650.0, 0.0, zero_levels=(1,)).best
+    assert (one.data_degree, [s.zero for s in one.plan.stages], one.iteration_s) == (2, [1], pytest.approx(7.5))
+    assert options_label(one.plan) == " zero=[1]"
+    # with room for the plain stage, ZeRO is not chosen: plain dp=2 (7) is as fast as ZeRO-2 and listed first
+    roomy = _search(cluster, 1000.0, 0.0, zero_levels=(1, 2, 3)).best
+    assert ([s.zero for s in roomy.plan.stages], roomy.iteration_s) == ([0], pytest.approx(7.0))
+
+
+def test_recompute_is_chosen_per_stage():
+    """Activations of 100 B per sample and layer; pp=2 with 2 micro-batches of 1 sample: under 1F1B stage 0 holds 2
+    in flight, 400 + 200 = 600 B, stage 1 one, 500 B; dp=2 at least 800 B. Recomputing stage 0 keeps 100 +
+    0.25 * 100 = 125 B: 525 B. At a capacity of 550 nothing fits without recompute; with it only stage 0
+    recomputes (stage 1 fits as it is, and recomputing it would cost time): t = (3 + 1, 3), T = (2-1) 4 + 7 = 11.
+    (pp=2 with one micro-batch of 2 holds 400 + 200 = 600 B on each stage, recomputed or not.)"""
+    cluster = Cluster.uniform(1, 2, device_type="A", intra_node_bandwidth=200.0)
+    with pytest.raises(UsageError, match="no feasible plan"):
+        _search(cluster, 550.0, 100.0).best
+    best = _search(cluster, 550.0, 100.0, recompute=True).best
+    assert [s.recompute for s in best.plan.stages] == ["full", "none"]
+    assert best.plan.num_microbatches == 2 and best.iteration_s == pytest.approx(11.0)
+    assert best.predicted.stages[0].recompute_s == pytest.approx(1.0)
+
+
+def test_a_stage_across_nodes_is_fastest_where_the_link_allows():
+    """The same two layers on two nodes of one device: dp=2 spans the nodes and syncs over the inter-node link.
+    At 200 B/s A = 1, T = 7 < 9: the stage across nodes wins; at 20 B/s A = 10, T = 16: pp=2 (9) wins. With ZeRO-2
+    at 200 B/s and a capacity that only ZeRO-2/3 meet (550: ZeRO-2 500 B), the crossing ZeRO-2 stage at 7 wins."""
+    fast = Cluster.uniform(2, 1, device_type="A", intra_node_bandwidth=1e9, inter_node_bandwidth=200.0)
+    slow = Cluster.uniform(2, 1, device_type="A", intra_node_bandwidth=1e9, inter_node_bandwidth=20.0)
+    across = _search(fast, 1000.0, 0.0).best
+    assert (across.data_degree, across.plan.stages[0].devices, across.iteration_s) == (2, (0, 1), pytest.approx(7.0))
+    assert _search(slow, 1000.0, 0.0).best.pipeline_degree == 2
+    sharded = _search(fast, 550.0, 0.0, zero_levels=(1, 2, 3)).best
+    assert ([s.zero for s in sharded.plan.stages], sharded.iteration_s) == ([2], pytest.approx(7.0))
+
+
+def test_bad_zero_levels_are_refused():
+    with pytest.raises(UsageError, match="ZeRO levels must be among 1, 2, 3"):
+        search_throughput(HAND, Cluster.uniform(1, 2, device_type="A"), 2, zero_levels=(4,))
