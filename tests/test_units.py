@@ -36,3 +36,12 @@ def test_format_bytes():
     assert format_bytes(1024**2 * 3) == "3.00 MiB"
     assert format_bytes(100) == "100 B"
     assert format_bytes(None) == "-"
+
+
+def test_parse_seconds():
+    from hybridplan.units import parse_seconds
+
+    assert [parse_seconds(x) for x in ("20us", "0.3ms", "2s", "500ns", 0.25)] == [2e-5, 3e-4, 2.0, 5e-7, 0.25]
+    for bad in ("soon", "5 parsecs", -1.0, True, float("inf")):
+        with pytest.raises(UsageError):
+            parse_seconds(bad)  # type: ignore[arg-type]

@@ -2,10 +2,11 @@
 
 Issue 14: on an H100 the layers-only estimate was 16-36% below the measured iteration
 (../shared/notes/gpu-h100-facts.md, section Time). This benchmark times the layers of a model with
-``profile --time`` (several micro-batch sizes, the optimizer step and the per-iteration overhead), then for each
-plan compares the estimate (predict/time_model.py, with and without the new terms) with the iteration time the
-runtime measures (mean of the measured iterations of the slowest rank, memory tracking off), one plan after the
-other. Plans: one stage on one device, two stages, four stages (4 processes on this 2-core host: the time model's
+``profile --time`` (several micro-batch sizes, the optimizer step, the per-iteration overhead, and the links'
+per-message latency and bandwidth), then for each plan compares the estimate (predict/time_model.py) with the
+iteration time the runtime measures (mean of the measured iterations of the slowest rank, memory tracking off),
+one plan after the other. "Before" is the same profile without its links: the bandwidth-only model of before
+per-message latency ([Note: per-message latency]). Plans: one stage on one device, two stages, four stages (4 processes on this 2-core host: the time model's
 core sharing, [Note: devices that share CPU cores]) and a data-parallel pair.
 
 Run from the repository root (about 2 minutes on 2 idle cores)::
@@ -53,10 +54,10 @@ def plans(num_layers: int, global_batch_size: int, num_microbatches: int) -> dic
     }
 
 
-def layers_only(profile: TimeProfile) -> TimeProfile:
-    """The profile as the model read it before issue 14: no optimizer step, no overhead, no core sharing."""
-    tables = tuple(replace(t, optimizer_s_per_byte=None, overhead_s=None) for t in profile.timings)
-    return replace(profile, timings=tables, host_cores=None)
+def without_links(profile: TimeProfile) -> TimeProfile:
+    """The profile as the model read it before per-message latency: no measured links (latency 0, the cluster's
+    bandwidths uncapped)."""
+    return replace(profile, links=None)
 
 
 def main() -> None:
@@ -75,12 +76,12 @@ def main() -> None:
             LayerTiming(cfg, store, progress=print).run()
             profile = time_profile_from_store(store)
     print(f"profiled in {time.perf_counter() - started:.0f} s; host cores {profile.host_cores},"
-          f" load average {os.getloadavg()[0]:.1f}", flush=True)
+          f" load average {os.getloadavg()[0]:.1f}; links {profile.links}", flush=True)
     rows: list[dict[str, Any]] = []
     for name, plan in plans(profile.num_layers, args.global_batch_size, args.num_microbatches).items():
         cluster = Cluster.uniform(1, plan.num_devices)  # a plan uses every device of its cluster
         new = predict_iteration_time(plan, profile, cluster)
-        old = predict_iteration_time(plan, layers_only(profile), cluster)
+        old = predict_iteration_time(plan, without_links(profile), cluster)
         load = os.getloadavg()[0]
         result = launch(RunConfig(model=args.model, plan=plan, cluster=cluster, iterations=args.iterations,
                                   track_memory=False, record_timeline=False))
@@ -88,22 +89,26 @@ def main() -> None:
             print(f"{name}: {result.status} ({result.reason})")
             continue
         measured = result.iteration_seconds
+        latency = new.sync_s - old.sync_s + new.pipeline_s - old.pipeline_s
         rows.append({"plan": name, "stages": plan.to_dict()["stages"], "estimate_s": new.total_s,
-                     "layers_only_s": old.total_s, "measured_s": measured, "error": new.total_s / measured - 1,
-                     "layers_only_error": old.total_s / measured - 1, "optimizer_s": new.optimizer_s,
-                     "overhead_s": new.overhead_s, "load_average": load})
-        print(f"{name}: estimate {new.total_s * 1e3:.1f} ms (layers only {old.total_s * 1e3:.1f}), measured"
+                     "before_s": old.total_s, "measured_s": measured, "error": new.total_s / measured - 1,
+                     "before_error": old.total_s / measured - 1, "links_s": latency,
+                     "sync_messages": sum(s.sync_messages for s in new.stages),
+                     "p2p_messages": sum(s.p2p_messages for s in new.stages), "load_average": load})
+        print(f"{name}: estimate {new.total_s * 1e3:.1f} ms (before {old.total_s * 1e3:.1f}), measured"
               f" {measured * 1e3:.1f} ms, error {100 * (new.total_s / measured - 1):+.1f}%", flush=True)
+    links = profile.links.to_dict() if profile.links is not None else None
     Path(args.out).write_text(json.dumps({"model": args.model, "global_batch_size": args.global_batch_size,
                                           "num_microbatches": args.num_microbatches, "host_cores": profile.host_cores,
-                                          "rows": rows}, indent=1) + "\n")
+                                          "links": links, "rows": rows}, indent=1) + "\n")
     print()
-    print("| plan | estimate ms | of which step + overhead ms | layers-only estimate ms | measured ms | error | layers-only error | load avg |")
-    print("|---|--:|--:|--:|--:|--:|--:|--:|")
+    print("| plan | estimate ms | of which links ms | before (no links) ms | measured ms | error | error before |"
+          " sync ring steps | p2p messages | load avg |")
+    print("|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|")
     for r in rows:
-        print(f"| {r['plan']} | {r['estimate_s'] * 1e3:.1f} | {(r['optimizer_s'] + r['overhead_s']) * 1e3:.1f} |"
-              f" {r['layers_only_s'] * 1e3:.1f} | {r['measured_s'] * 1e3:.1f} | {100 * r['error']:+.1f}% |"
-              f" {100 * r['layers_only_error']:+.1f}% | {r['load_average']:.1f} |")
+        print(f"| {r['plan']} | {r['estimate_s'] * 1e3:.1f} | {r['links_s'] * 1e3:.1f} | {r['before_s'] * 1e3:.1f} |"
+              f" {r['measured_s'] * 1e3:.1f} | {100 * r['error']:+.1f}% | {100 * r['before_error']:+.1f}% |"
+              f" {r['sync_messages']} | {r['p2p_messages']} | {r['load_average']:.1f} |")
 
 
 if __name__ == "__main__":

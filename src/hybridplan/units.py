@@ -1,4 +1,4 @@
-"""Byte and bandwidth quantities as people write them ("200MiB", "40GB", "12.5GB/s").
+"""Byte, bandwidth and duration quantities as people write them ("200MiB", "40GB", "12.5GB/s", "5us").
 
 Binary prefixes (KiB, MiB, GiB, TiB) are powers of 1024; decimal ones (KB, MB, GB, TB) powers of
 1000, as on GPU spec sheets (an "A100 40GB" has 40 GiB of HBM; users may write either).
@@ -10,7 +10,7 @@ import re
 
 from hybridplan.errors import UsageError
 
-__all__ = ["parse_bytes", "format_bytes", "parse_bandwidth", "format_bandwidth"]
+__all__ = ["parse_bytes", "format_bytes", "parse_bandwidth", "format_bandwidth", "parse_seconds"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -104,3 +104,27 @@ def format_bandwidth(bytes_per_second: float) -> str:
         if bytes_per_second >= size:
             return f"{bytes_per_second / size:.2f} {unit}"
     return f"{bytes_per_second:.0f} B/s"
+
+
+_PER_SECOND = {"s": 1.0, "ms": 1e3, "us": 1e6, "\u00b5s": 1e6, "ns": 1e9}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(s|ms|us|\u00b5s|ns)\s*$")
+
+
+def parse_seconds(text: str | int | float, *, what: str = "duration") -> float:
+    """Parse a duration (a link's latency) into seconds: "5us", "0.3ms", "2e-6s", or a plain number of seconds.
+
+    Example:
+        >>> parse_seconds("5us")
+        5e-06
+    """
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        value = float(text)
+    else:
+        match = _DURATION.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise UsageError(f"{what} {text!r} is not a duration",
+                             fix="write e.g. '5us', '0.3ms', '1e-6s' or a number of seconds")
+        value = float(match.group(1)) / _PER_SECOND[match.group(2)]
+    if not 0 <= value < float("inf"):
+        raise UsageError(f"{what} must be a finite number of seconds >= 0, got {text!r}", fix="e.g. '5us'")
+    return value

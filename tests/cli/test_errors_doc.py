@@ -81,6 +81,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("run --model gpt-tiny --cluster missing.toml --plan gpt_plan.json", "does not exist"),
         Case("run --model gpt-tiny --cluster bad.toml --plan gpt_plan.json", "is not valid TOML"),
         Case("run --model gpt-tiny --cluster badlink.toml --plan gpt_plan.json", "node_overrides[0]: intra_node 'fast'"),
+        Case("run --model gpt-tiny --cluster badlatency.toml --plan gpt_plan.json", "network.intra_node_latency 'soon'"),
         Case(f"{RUN} --device-memory lots", "is not a size"),
         Case(f"{RUN} --device-memory 0", "is not a capacity"),
         Case(f"{RUN} --device-memory=-1GiB", "is not a size"),
@@ -224,6 +225,7 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     (folder / "hf_broken.json").write_text('{"model_type": "llama", ')
     (folder / "hf_bert.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522}))
     (folder / "badlink.toml").write_text('nodes = 2\ndevices_per_node = 2\n[[node_overrides]]\nnodes = [1]\nintra_node = "fast"\n')
+    (folder / "badlatency.toml").write_text('nodes = 1\ndevices_per_node = 4\n[network]\nintra_node_latency = "soon"\n')
     (folder / "notadb.sqlite").write_text("this is a text file, not a database\n")
     with sqlite3.connect(folder / "other.sqlite") as db:
         db.execute("CREATE TABLE t (x INTEGER)")

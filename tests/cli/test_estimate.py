@@ -22,6 +22,7 @@ def test_estimate_prints_time_per_stage_and_memory(files, capsys):
     assert main(args) == 0
     out = capsys.readouterr().out
     assert "ms per iteration" in out and "fwd ms" in out and "predicted plan peak" in out
+    assert "no per-message latency" in out  # t.json predates links: alpha = 0, said
     assert main(args + ["--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     plan = Plan.from_dict(MIXED)
@@ -34,6 +35,23 @@ def test_estimate_prints_time_per_stage_and_memory(files, capsys):
     two = json.loads(capsys.readouterr().out)
     assert two["time"]["schedule"] == "2bw" and two["time"]["total_s"] < data["time"]["total_s"]
     assert two["memory"]["peak_memory_bytes"] > data["memory"]["peak_memory_bytes"]
+
+
+def test_estimate_prints_the_per_message_latency(files, capsys):
+    """A time profile with measured links: the table names the latency of every stage's messages and the JSON holds it."""
+    data = json.loads((files / "t.json").read_text())
+    data["links"] = {"backend": "gloo", "allreduce_latency_s": 1e-4, "p2p_latency_s": 2e-3}
+    (files / "t_links.json").write_text(json.dumps(data))
+    args = ["estimate", "--plan", str(files / "plan.json"), "--time-profile", str(files / "t_links.json"), "--cluster", "1x4"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "per-message latency (in p2p and sync): stage 0: p2p 4.00 ms per micro-batch" in out
+    assert "no per-message latency" not in out
+    assert main(args + ["--json"]) == 0
+    stages = json.loads(capsys.readouterr().out)["time"]["stages"]
+    # two boundaries (3 stages): 2 ms per message, one per direction
+    assert [s["p2p_latency_s"] for s in stages] == pytest.approx([4e-3, 4e-3, 0.0])
+    assert all(s["p2p_messages"] > 0 for s in stages[:2])
 
 
 @pytest.mark.parametrize("args, message", [

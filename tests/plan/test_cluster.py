@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from hybridplan.plan.cluster import Cluster
@@ -175,3 +177,21 @@ def test_toml_matrix_and_per_node_link_contradict(tmp_path):
     f.write_text("nodes = 2\ndevices_per_node = 1\nnode_overrides = 3\n")
     with pytest.raises(ClusterError, match="node_overrides must be a list of tables"):
         Cluster.parse(str(f))
+
+
+def test_toml_link_latencies(tmp_path):
+    (tmp_path / "c.toml").write_text('nodes = 2\ndevices_per_node = 2\n[network]\nintra_node_latency = "20us"\n'
+                                     'inter_node_latency = 0.001\n')
+    c = Cluster.parse(tmp_path / "c.toml")
+    assert (c.latency(0, 1), c.latency(0, 2), c.latency(3, 3)) == (2e-05, 0.001, 0.0)
+    assert Cluster.from_dict(c.to_dict()) == c and c.with_shape(1, 2).intra_node_latency == 2e-05
+    # not given: None (the time profile's measured latency applies)
+    assert Cluster.parse("2x2").latency(0, 2) is None
+
+
+@pytest.mark.parametrize("value, message", [('"fast"', "network.intra_node_latency 'fast' is not a duration"),
+                                            ("-1", "must be a finite number of seconds >= 0")])
+def test_toml_bad_latency_is_named(tmp_path, value, message):
+    (tmp_path / "c.toml").write_text(f"nodes = 1\ndevices_per_node = 2\n[network]\nintra_node_latency = {value}\n")
+    with pytest.raises(ClusterError, match=re.escape(message)):
+        Cluster.parse(tmp_path / "c.toml")

@@ -6,6 +6,7 @@ Expected numbers are worked out here from the formulas of the module note, not b
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 import numpy as np
 import pytest
@@ -15,7 +16,8 @@ from hypothesis import strategies as st
 from hybridplan.plan.cluster import Cluster, DeviceSpec
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
-from hybridplan.predict.time_model import allreduce_seconds, pipeline_seconds, predict_iteration_time
+from hybridplan.predict.time_model import allreduce_seconds, p2p_messages, pipeline_seconds, predict_iteration_time, sync_messages
+from hybridplan.profiling.links import LinkCosts
 from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
 from tests.paths import SHARED
 
@@ -63,9 +65,20 @@ def test_two_plain_stages_by_hand() -> None:
 
 
 def test_slow_link_paces_the_steady_state() -> None:
-    # same plan, 0.01 B/s: e = 2 * 2 * 5 / 0.01 = 2000 s, one way 1000 s > 18 s: T = 3 * 1000 + 21 + 2000 = 5021
+    # same plan, 0.01 B/s: e = 2 * 2 * 5 / 0.01 = 2000 s, one way 1000 s > 18 s. The round trip of 1F1B (2 micro-
+    # batches in flight on stage 0) is slower still: (18 + 3 + 2000) / 2 = 1010.5 s per micro-batch.
+    # T = 3 * 1010.5 + 21 + 2000 = 5052.5; GPipe has no round-trip bound: 3 * 1000 + 21 + 2000 = 5021.
     plan = _plan([(0, 2, "none", [0]), (2, 3, "none", [1])])
-    assert predict_iteration_time(plan, _profile(), _cluster(2, 1, 1000.0, 0.01)).total_s == pytest.approx(5021.0)
+    assert predict_iteration_time(plan, _profile(), _cluster(2, 1, 1000.0, 0.01)).total_s == pytest.approx(5052.5)
+    assert predict_iteration_time(plan, _profile(), _cluster(2, 1, 1000.0, 0.01), schedule="gpipe").total_s == pytest.approx(5021.0)
+
+
+def test_balanced_stages_pay_the_round_trip() -> None:
+    # 4 micro-batches, two stages of 1 s each, e = 0.5 s: eq. 5 gives 3 * 1 + 2 + 0.5 = 5.5; 1F1B holds 2
+    # micro-batches in flight on stage 0, so a period is at least (1 + 1 + 0.5) / 2 = 1.25: 3 * 1.25 + 2.5 = 6.25.
+    assert pipeline_seconds([1.0, 1.0], [0.5], 4) == pytest.approx(5.5)
+    assert pipeline_seconds([1.0, 1.0], [0.5], 4, in_flight=2) == pytest.approx(6.25)
+    assert pipeline_seconds([1.0, 1.0], [0.5], 4, in_flight=4) == pytest.approx(5.5)  # GPipe: all 4 in flight
 
 
 def test_mixed_data_then_tensor_stage_by_hand() -> None:
@@ -331,3 +344,105 @@ def test_zero_and_recompute_terms_by_hand() -> None:
     recomputed = predict_iteration_time(stage(recompute="full"), profile, across)
     assert recomputed.stages[0].recompute_s == pytest.approx(3.5) and recomputed.total_s == pytest.approx(86.0)
     assert "+ recompute 3500.00 ms" in recomputed.table() and recomputed.to_dict()["stages"][0]["recompute_s"] == 3.5
+
+
+# ------------------------------------------------------------------ per-message latency ([Note: per-message latency])
+def _latency_profile(links: LinkCosts | None, tensors: bool = True) -> TimeProfile:
+    """_profile() with parameter tensor counts (embed 2, block 12, head 3, shared with embed) and measured links."""
+    counts = (2, 12, 3) if tensors else (None, None, None)
+    base = _profile()
+    return dataclasses.replace(base, links=links, layers=tuple(
+        dataclasses.replace(layer, parameter_tensors=n) for layer, n in zip(base.layers, counts)))
+
+
+_DATA_THEN_ONE = [(0, 2, "data", [0, 1]), (2, 3, "none", [2])]
+"""stage 0: data x2 on devices 0, 1 (layers 0, 1); stage 1: device 2 (layer 2); 4 micro-batches of 2 samples."""
+
+
+def test_message_counts_of_a_small_plan_by_hand() -> None:
+    plan = _plan(_DATA_THEN_ONE)
+    t = predict_iteration_time(plan, _latency_profile(None), _cluster(1, 3, 1000.0, 1000.0))
+    # p2p: forward, each replica sends its half of a micro-batch to device 2 (2 messages); backward, device 2 sends
+    # each replica its half of the gradient (2 messages): 4 per micro-batch, x 4 micro-batches = 16 per iteration.
+    # sync: stage 0 holds embed (2 tensors) and block (12): 14 all-reduces, each a ring of 2 (2 - 1) = 2 steps: 28.
+    assert [s.p2p_messages for s in t.stages] == [16, 0]
+    assert [s.sync_messages for s in t.stages] == [28, 0]
+    # a plain pipeline: one message per direction per micro-batch; no sync
+    pipe = predict_iteration_time(_plan([(0, 2, "none", [0]), (2, 3, "none", [1])]), _latency_profile(None),
+                                  _cluster(1, 2, 1000.0, 1000.0))
+    assert [s.p2p_messages for s in pipe.stages] == [8, 0] and [s.sync_messages for s in pipe.stages] == [0, 0]
+
+
+def test_latency_terms_by_hand() -> None:
+    # One node of 3 devices at 1000 B/s; M = 2 samples, 4 micro-batches.
+    # stage 0 (data x2, 1 sample per replica): t0 = (1 + 2) + (2 + 4) = 9 s; stage 1 (2 samples): (0.5 + 1) * 2 = 3 s.
+    # measured: all-reduce alpha 0.01 s per ring step, send/recv alpha 0.1 s, bandwidths not measured.
+    # e = 2 directions * M * 5 B / 1000 B/s (the single device receives the whole micro-batch) = 0.02 s,
+    #     + one alpha per direction = 0.2 s -> 0.22 s.
+    # sync = ring of 300 B over 2 = 2 * 1 / 2 * 300 / 1000 = 0.3 s, + 28 steps * 0.01 s = 0.28 s -> 0.58 s.
+    # pipeline: 1F1B holds 2 micro-batches on stage 0; period max(9, 0.11, (12 + 0.22) / 2) = 9:
+    #     3 * 9 + 12 + 0.22 = 39.22; T = 39.22 + 0.58 = 39.80.
+    links = LinkCosts(backend="gloo", allreduce_latency_s=0.01, allreduce_bandwidth=None, p2p_latency_s=0.1, p2p_bandwidth=None)
+    plan = _plan(_DATA_THEN_ONE)
+    t = predict_iteration_time(plan, _latency_profile(links), _cluster(1, 3, 1000.0, 1000.0))
+    assert t.stages[0].p2p_s == pytest.approx(0.22) and t.stages[0].p2p_latency_s == pytest.approx(0.2)
+    assert t.stages[0].sync_s == pytest.approx(0.58) and t.stages[0].sync_latency_s == pytest.approx(0.28)
+    assert t.total_s == pytest.approx(39.80)
+    # the cluster file's latency wins over the measured one, for both kinds: 0.05 s per message.
+    # e = 0.02 + 2 * 0.05 = 0.12; sync = 0.3 + 28 * 0.05 = 1.7; T = 27 + 12 + 0.12 + 1.7 = 40.82
+    given = _cluster(1, 3, 1000.0, 1000.0).with_latencies(0.05, None)
+    assert predict_iteration_time(plan, _latency_profile(links), given).total_s == pytest.approx(40.82)
+    # a measured bandwidth caps the cluster's: send/recv at 100 B/s: e = 2 * 2 * 5 / 100 + 0.2 = 0.4;
+    # T = 27 + 12 + 0.4 + 0.58 = 39.98
+    capped = dataclasses.replace(links, p2p_bandwidth=100.0)
+    assert predict_iteration_time(plan, _latency_profile(capped), _cluster(1, 3, 1000.0, 1000.0)).total_s == pytest.approx(39.98)
+
+
+def test_a_profile_without_links_charges_no_latency() -> None:
+    # AMP's model: e = 0.02, sync = 0.3: T = 27 + 12 + 0.02 + 0.3 = 39.32, as before latencies existed
+    plan = _plan(_DATA_THEN_ONE)
+    t = predict_iteration_time(plan, _latency_profile(None, tensors=False), _cluster(1, 3, 1000.0, 1000.0))
+    assert t.total_s == pytest.approx(39.32) and t.stages[0].sync_latency_s == 0.0 and t.stages[0].p2p_latency_s == 0.0
+    assert "per-message latency" not in t.table()
+    # with a cluster latency and no tensor counts, each layer with parameters counts one tensor: 2 all-reduces
+    # x 2 steps x 0.05 = 0.2 s of sync latency
+    t = predict_iteration_time(plan, _latency_profile(None, tensors=False), _cluster(1, 3, 1000.0, 1000.0).with_latencies(0.05, None))
+    assert t.stages[0].sync_latency_s == pytest.approx(0.2) and "per-message latency" in t.table()
+
+
+@pytest.mark.parametrize("d1, t1, d2, t2", [(1, 1, 1, 1), (2, 1, 1, 1), (1, 2, 4, 1), (2, 2, 3, 1), (4, 1, 6, 2), (3, 2, 2, 2)])
+def test_message_count_is_what_the_runtime_routes(d1: int, t1: int, d2: int, t2: int) -> None:
+    # the closed form of p2p_messages against runtime/routing.py's route, the transfers the executor posts
+    from hybridplan.runtime.routing import layout_of, route
+
+    def stage(start: int, d: int, t: int, first: int) -> StagePlan:
+        kind = "data+tensor" if d > 1 and t > 1 else "data" if d > 1 else "tensor" if t > 1 else "none"
+        return StagePlan(start, start + 1, kind, d * t, tuple(range(first, first + d * t)), {}, t if kind == "data+tensor" else 0)
+
+    a, b = stage(0, d1, t1, 0), stage(1, d2, t2, d1 * t1)
+    rows = d1 * d2 * 2
+    routed = len(route(layout_of(a), layout_of(b), rows)) + len(route(layout_of(b), layout_of(a), rows))
+    assert p2p_messages(a, b, 3) == 3 * routed
+
+
+def test_sync_count_is_what_the_runtime_all_reduces(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The data-parallel sync's collectives counted by the model against the executor's calls of
+    collectives.all_reduce in a simulated run (runtime/sim.py runs the executor's own code on fake tensors)."""
+    from hybridplan import collectives
+    from hybridplan.models.zoo import resolve_model
+    from hybridplan.profiling.timing import layer_infos
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.launch import launch
+
+    mlp = "tests.cli.user_models:mlp"  # Linear, ReLU, Linear, ReLU, Linear: a weight and a bias each, 6 tensors
+    calls: list[tuple[int, ...]] = []
+    real = collectives.all_reduce
+    monkeypatch.setattr(collectives, "all_reduce", lambda t, group=None: calls.append(tuple(t.shape)) or real(t, group=group))
+    stage = StagePlan(0, 5, "data", 2, (0, 1))
+    result = launch(RunConfig(model=mlp, plan=Plan("1f1b", 8, 2, (stage,)), cluster=Cluster.parse("1x2"), iterations=3,
+                              backend="sim", track_memory=False))
+    assert result.ok
+    per_iteration = len(calls) / 3  # one device simulated (both replicas run the same code)
+    profile = dataclasses.replace(_profile(), layers=layer_infos(resolve_model(mlp)), timings=(TimingTable(
+        device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1.0,) * 5, backward_s=(1.0,) * 5),))
+    assert per_iteration == 6 == sync_messages(profile, stage) / (2 * (2 - 1))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridplan.errors import ProfileError
+from hybridplan.profiling.links import LinkCosts
 from hybridplan.profiling.time_profile import FORMAT, LayerInfo, TimeProfile, TimingTable
 
 
@@ -191,3 +194,46 @@ def test_round_trip_property(acts: list[float], fwd: list[float], bwd: list[floa
         timings=(TimingTable(device_type="X", tensor_degree=tp, micro_batch_size=mbs, forward_s=tuple(fwd), backward_s=tuple(bwd)),),
     )
     assert TimeProfile.from_dict(json.loads(p.to_json())) == p
+
+
+OLD_FILE = """{"format": "hybridplan.time_profile", "version": 1, "model": "gpt-tiny", "source": "hybridplan profile --time",
+  "tensor_comm_in_times": true, "host_cores": 2,
+  "layers": [
+    {"name": "embed", "activation_bytes_per_sample": 131072.0, "parameter_bytes": 1179648.0, "tensor_parallel_allreduces": [0, 0], "shared_parameters": null},
+    {"name": "block0", "activation_bytes_per_sample": 131072.0, "parameter_bytes": 3158016.0, "tensor_parallel_allreduces": [2, 2], "shared_parameters": null}],
+  "timings": [
+    {"device_type": "cpu", "tensor_degree": 1, "micro_batch_size": 32, "forward_s": [0.001, 0.01], "backward_s": [0.002, 0.02], "optimizer_s_per_byte": 1e-9, "overhead_s": 0.004}]}
+"""
+"""A time profile as the code before per-message latency wrote it (checked once: TimeProfile.to_json of commit
+81d292f writes exactly these keys)."""
+
+
+def test_a_profile_written_before_links_loads_with_no_latency(tmp_path: Path) -> None:
+    (tmp_path / "old.json").write_text(OLD_FILE)
+    p = TimeProfile.load(tmp_path / "old.json")
+    assert p.links is None and [layer.parameter_tensors for layer in p.layers] == [None, None]
+    # written again, it is the file the old code wrote (no new keys appear)
+    assert json.loads(p.to_json()) == json.loads(OLD_FILE)
+
+
+def test_links_and_tensor_counts_round_trip(tmp_path: Path) -> None:
+    links = LinkCosts(backend="gloo", allreduce_latency_s=2e-4, allreduce_bandwidth=1e9, p2p_latency_s=1e-3,
+                      p2p_bandwidth=None, source="probe")
+    p = TimeProfile.from_dict(json.loads(OLD_FILE))
+    q = dataclasses.replace(p, links=links, layers=tuple(dataclasses.replace(layer, parameter_tensors=n)
+                                                         for layer, n in zip(p.layers, (2, 12))))
+    q.save(tmp_path / "t.json")
+    back = TimeProfile.load(tmp_path / "t.json")
+    assert back == q and back.links == links and [layer.parameter_tensors for layer in back.layers] == [2, 12]
+
+
+@pytest.mark.parametrize("links, message", [
+    ({"backend": "gloo", "allreduce_latency_s": -1.0, "p2p_latency_s": 0.0}, "allreduce_latency_s"),
+    ({"backend": "gloo", "allreduce_latency_s": 0.0, "p2p_latency_s": 0.0, "p2p_bandwidth": 0}, "p2p_bandwidth"),
+    ({"backend": "gloo", "allreduce_latency_s": 0.0}, "missing key(s) ['p2p_latency_s']"),
+    ("fast", "must be an object"),
+])
+def test_bad_links_are_named(links: Any, message: str) -> None:
+    data = json.loads(OLD_FILE) | {"links": links}
+    with pytest.raises(ProfileError, match=re.escape(message)):
+        TimeProfile.from_dict(data)

@@ -13,6 +13,7 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.slice import ModelSlice
 from hybridplan.models.zoo import get_model
+from hybridplan.profiling.links import LinkCosts
 from hybridplan.profiling.time_profile import TimeProfile, time_profile_from_store
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.profiling.timing import (
@@ -97,6 +98,24 @@ def test_runs_medians_database_and_export(tmp_path):
     assert TimeProfile.from_dict(json.loads(profile.to_json())) == profile
 
 
+def test_links_are_measured_once_and_reach_the_profile(tmp_path):
+    calls = []
+
+    def links(device_type: str) -> LinkCosts:
+        calls.append(device_type)
+        return LinkCosts(backend="gloo", allreduce_latency_s=1e-4, allreduce_bandwidth=2e9, p2p_latency_s=3e-4,
+                         p2p_bandwidth=None)
+
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        cfg = TimingConfig(model=MLP, cluster=Cluster.parse("1x2"), micro_batch_sizes=(4,), tensor_degrees=(1,))
+        LayerTiming(cfg, store, execute=FakeRuntime(), links=links).run()
+        LayerTiming(cfg, store, execute=FakeRuntime(), links=links).run()  # resumed: not measured again
+        profile = time_profile_from_store(store)
+    assert calls == ["cpu"] and profile.links == links("cpu")
+    # Linear(16, 32), ReLU, Linear(32, 32), ReLU, Linear(32, 10): weight and bias per Linear, nothing per ReLU
+    assert [layer.parameter_tensors for layer in profile.layers] == [2, 0, 2, 0, 2]
+
+
 def test_resume_and_failures(tmp_path):
     db = tmp_path / "p.sqlite"
     with ProfileStore(db) as store:
@@ -174,6 +193,10 @@ def test_profile_time_cli_on_the_real_runtime(tmp_path, capsys):
     # AdamW's step takes time; the overhead is a residual, >= 0 by construction
     assert all(t.optimizer_s_per_byte and t.optimizer_s_per_byte > 0 and t.overhead_s is not None for t in profile.timings)
     assert profile.host_cores == len(os.sched_getaffinity(0))
-    assert "2 timing runs executed" in capsys.readouterr().out
+    # the links, measured by two gloo processes of the runtime: a message costs time
+    assert profile.links is not None and profile.links.backend == "gloo"
+    assert profile.links.allreduce_latency_s > 0 and profile.links.p2p_latency_s > 0
+    out = capsys.readouterr().out
+    assert "2 timing runs executed" in out and "links (gloo): all-reduce" in out
     assert main(argv) == 0
     assert "0 timing runs executed, 2 resumed" in capsys.readouterr().out

@@ -247,3 +247,43 @@ def test_plan_errors() -> None:
     with pytest.raises(PlanError, match="does not divide the micro-batch size"):  # micro-batch 2, data x4
         baseline_plan("equal", num_layers=8, cluster=cluster, stage_degrees=4, schedule="gpipe",
                       global_batch_size=8, num_microbatches=4)
+
+
+@pytest.mark.parametrize("shape", [(1, 4), (2, 2), (4, 4), (2, 8)])
+def test_uniform_3d_shapes_against_brute_force(shape: tuple[int, int]) -> None:
+    """Every (pp, tp, dp) with pp * tp * dp = devices, tp inside a node, stages tiling whole nodes."""
+    cluster = Cluster.uniform(*shape)
+    n, k = cluster.num_devices, shape[1]
+    brute = [(pp, tp, dp) for pp in range(1, n + 1) for tp in range(1, n + 1) for dp in range(1, n + 1)
+             if pp * tp * dp == n and k % tp == 0 and ((tp * dp) % k == 0 or k % (tp * dp) == 0) and pp <= 6]
+    assert baselines.uniform_3d_shapes(cluster, 6) == sorted(brute)
+
+
+def test_uniform_3d_plan_is_megatrons_layout() -> None:
+    cluster = Cluster.uniform(4, 4)
+    plan = baselines.uniform_3d_plan(num_layers=10, cluster=cluster, pipeline=2, tensor=2, schedule="1f1b",
+                                     global_batch_size=64, num_microbatches=4)
+    # equal layer counts; each stage 2 nodes wide: 4 replicas of tensor pairs, tensor-fastest device order
+    assert [(s.start, s.stop, s.parallelism, s.degree, s.tensor_degree, s.zero) for s in plan.stages] == [
+        (0, 5, "data+tensor", 8, 2, 1), (5, 10, "data+tensor", 8, 2, 1)]
+    assert plan.stages[1].devices == tuple(range(8, 16))
+    assert [plan.stages[0].tensor_group(r) for r in range(4)] == [(0, 1), (2, 3), (4, 5), (6, 7)]
+    # no data group, no ZeRO: pure tensor stages; pure data stages keep ZeRO
+    tensor_only = baselines.uniform_3d_plan(num_layers=10, cluster=cluster, pipeline=4, tensor=4, schedule="1f1b",
+                                            global_batch_size=64, num_microbatches=4)
+    assert {(s.parallelism, s.degree, s.zero) for s in tensor_only.stages} == {("tensor", 4, 0)}
+    data_only = baselines.uniform_3d_plan(num_layers=10, cluster=cluster, pipeline=8, tensor=1, schedule="1f1b",
+                                          global_batch_size=64, num_microbatches=4, zero=0)
+    assert [(s.start, s.stop) for s in data_only.stages][:3] == [(0, 2), (2, 4), (4, 5)]
+    assert {(s.parallelism, s.degree, s.zero) for s in data_only.stages} == {("data", 2, 0)}
+
+
+def test_uniform_3d_plan_errors() -> None:
+    cluster = Cluster.uniform(2, 4)
+    with pytest.raises(PlanError, match="pipeline degree must be a positive divisor"):
+        baselines.uniform_3d_plan(num_layers=8, cluster=cluster, pipeline=3, tensor=1, **PLAN_ARGS)
+    with pytest.raises(PlanError, match="spans nodes"):  # a tensor group of 8 over two nodes
+        baselines.uniform_3d_plan(num_layers=8, cluster=cluster, pipeline=1, tensor=8, **PLAN_ARGS)
+    with pytest.raises(PlanError, match="does not divide the micro-batch size"):  # micro-batch 2, data x4
+        baselines.uniform_3d_plan(num_layers=8, cluster=cluster, pipeline=2, tensor=1, schedule="gpipe",
+                                  global_batch_size=8, num_microbatches=4)

@@ -35,8 +35,23 @@ def test_stage_key_follows_the_schedule():
     choices = next(iter(enumerate_plans(space)))
     gpipe = plan_from_choices(space, choices, schedule="gpipe", global_batch_size=8, num_microbatches=2)
     one = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=8, num_microbatches=2)
-    assert [stage_key(gpipe, i)[-1] for i in range(4)] == ["0"] * 4
+    assert [stage_key(gpipe, i).split(",")[-2:] for i in range(4)] == [["0", "gpipe"]] * 4
     assert [stage_key(one, i).rsplit(",", 1)[1] for i in range(4)] == ["2", "2", "1", "0"]  # min(after, m)
+
+
+def test_one_cache_serves_both_schedules(tmp_path):
+    """GPipe's last stage and 1F1B's have no warm-up forwards alike but hold different bytes (GPipe keeps every
+    micro-batch in flight): the cache keeps them apart, each equal to its whole-plan simulation."""
+    cluster = Cluster.parse("1x2")
+    space = PlanSpace(5, 1, 2, pipeline_only=True)
+    choices = next(iter(enumerate_plans(space)))
+    plans = [plan_from_choices(space, choices, schedule=s, global_batch_size=16, num_microbatches=4)
+             for s in ("gpipe", "1f1b")]
+    cache = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster, run_options={"backend": "sim"})
+    measured = [[d.measured for d in cache.measure(p)] for p in plans]
+    for p, got in zip(plans, measured):
+        assert got == [d.measured for d in measure_plan(None, p, cluster=cluster, backend="sim", model=MLP).devices]
+    assert measured[0][1] != measured[1][1] and cache.simulated == 4
 
 
 def test_data_x_tensor_stages_are_cached_by_their_tensor_degree(tmp_path):
@@ -60,11 +75,6 @@ def test_data_x_tensor_stages_are_cached_by_their_tensor_degree(tmp_path):
         whole = measure_plan(None, p, cluster=cluster, backend="sim", model="gpt-tiny")
         assert [d.measured for d in cache.measure(p)] == [d.measured for d in whole.devices]
     assert cache.simulated == 4  # stage 1 is the same in all three
-    sharded = Plan.from_dict({**plans[0].to_dict(), "stages": [
-        {**plans[0].to_dict()["stages"][0], "parallelism": "data", "tensor_degree": 1, "zero": 3},
-        plans[0].to_dict()["stages"][1]]})
-    with pytest.raises(ValueError, match="is ZeRO-sharded: its devices differ"):
-        stage_key(sharded, 0)
 
 
 def test_cuda_stages_keep_their_reserved_peak_and_an_older_file_is_completed(tmp_path):
@@ -91,3 +101,36 @@ def test_cuda_stages_keep_their_reserved_peak_and_an_older_file_is_completed(tmp
     assert older.reserved_peaks(plan) == {}
     older.measure(plan)
     assert older.simulated == plan.num_stages and older.reserved_peaks(plan) == cache.reserved_peaks(plan)
+
+
+def test_zero_stages_are_cached_device_by_device(tmp_path):
+    """A ZeRO stage's devices hold different shares: the cache keeps each device's peak, in device-list order,
+    equal to a whole-plan simulation's, and reuses them where the same stage sits on other devices (data x4 over
+    both nodes of 2x2 as well)."""
+    from hybridplan.plan import Plan
+
+    cluster = Cluster.parse("2x2")
+
+    def plan(*stages: dict) -> Plan:
+        return Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 4,
+                               "stages": list(stages)})
+
+    zero3 = {"layers": [2, 5], "parallelism": "data", "degree": 2, "zero": 3, "devices": [2, 3]}
+    plans = [plan({"layers": [0, 2], "parallelism": "data", "degree": 2, "zero": 1, "devices": [0, 1]}, zero3),
+             plan({"layers": [0, 1], "parallelism": "none", "degree": 1, "devices": [0]},
+                  {"layers": [1, 2], "parallelism": "none", "degree": 1, "devices": [1]}, zero3),
+             plan({"layers": [0, 5], "parallelism": "data", "degree": 4, "zero": 1, "devices": [0, 1, 2, 3]})]
+    cache = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster, run_options={"backend": "sim"})
+    measured = []
+    for p in plans:
+        whole = measure_plan(None, p, cluster=cluster, backend="sim", model=MLP)
+        assert whole.status == "ok"
+        measured.append([d.measured for d in cache.measure(p)])
+        assert measured[-1] == [d.measured for d in whole.devices]
+    assert cache.simulated == 5  # the ZeRO-3 stage [2, 5) once, though in two plans
+    assert measured[0][0] != measured[0][1]  # ZeRO-1's two shares differ: one peak per device is needed
+    again = StageCache(tmp_path / "stages.json", model=MLP, cluster=cluster)  # per-device lists reload too
+    assert [d.measured for d in again.measure(plans[2])] == measured[2] and again.simulated == 0
+    unordered = plan({"layers": [0, 5], "parallelism": "data", "degree": 4, "zero": 1, "devices": [1, 0, 2, 3]})
+    with pytest.raises(ValueError, match="not in ascending order"):
+        stage_key(unordered, 0)

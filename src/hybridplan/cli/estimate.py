@@ -69,6 +69,8 @@ def handle(args: argparse.Namespace) -> int:
     print(plan.describe())
     print(f"on {cluster.describe()}; layer times: {profile.source or profile.model}")
     print(time.table())
+    if profile.links is None and cluster.intra_node_latency is None and cluster.inter_node_latency is None:
+        print("(no per-message latency: the time profile has no measured links and the cluster gives none; alpha = 0)")
     if time.total_s > 0:
         print(f"throughput: {plan.global_batch_size / time.total_s:.1f} samples/s")
     if memory is not None:

@@ -40,7 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Profile the model's memory with short runs of chosen partitionings (CAPTURE): pipeline-only, "
         "data- and tensor-parallel stages at two batch sizes, from which per-layer statistics predict any plan. Every "
         "run is written to the database as it finishes; running the same command again resumes where it stopped. "
-        "With --time, measure per-layer forward and backward seconds instead (for the throughput objective).",
+        "With --time, measure per-layer forward and backward seconds instead (for the throughput objective), and the "
+        "per-message latency and bandwidth of the runtime's backend between two of its processes.",
         reads="a cluster TOML if --cluster names one; the database, if it exists (to resume).",
         writes="the SQLite profile database (--db: runs, per-device measurements, statistics, layer times); with "
         "--time-out, a layer-time JSON; progress to the terminal. --dry-run writes nothing.",
@@ -74,7 +75,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_training(p)
     t = p.add_argument_group("layer times (--time)")
     t.add_argument("--time", action="store_true",
-                   help="instead of memory, measure per-layer forward/backward seconds on the real runtime (table layer_times)")
+                   help="instead of memory, measure per-layer forward/backward seconds on the real runtime (table layer_times)"
+                   " and the backend's per-message latency and bandwidth (docs/time.md)")
     t.add_argument("--time-out", metavar="FILE", help="also write the layer times as a time-profile JSON")
     t.add_argument("--time-degrees", help="tensor-parallel degrees to time, e.g. 1,2 (default: 1,2,4 where possible)")
     t.add_argument("--time-micro-batch-sizes", metavar="B1,B2,...",
@@ -225,6 +227,10 @@ def _time(args: argparse.Namespace) -> int:
           f" {len(summary.failed)} failed, in {summary.seconds:.0f} s; layer times in {args.db}")
     for failure in summary.failed:
         print(f"  failed: {failure}")
+    if profile.links is not None:
+        links = profile.links
+        print(f"  links ({links.backend}): all-reduce {links.allreduce_latency_s * 1e6:.0f} us per ring step,"
+              f" send/recv {links.p2p_latency_s * 1e6:.0f} us per message (docs/time.md: per-message latency)")
     for t in profile.timings:
         extra = ""
         if t.optimizer_s_per_byte is not None and t.overhead_s is not None:

@@ -14,6 +14,8 @@ A cluster comes from the shorthand ``"2x4"`` (2 nodes of 4 devices) or from a TO
     intra_node = "600GB/s"   # bytes/s between devices of one node ("B" bytes, "b" bits)
     inter_node = "100Gbps"   # between nodes
     # matrix = [[...], ...]  # optional: full device-to-device bandwidth matrix, overrides the two above
+    intra_node_latency = "20us"  # optional: seconds per message within a node ("us", "ms", "s" or a number)
+    inter_node_latency = "5us"   # optional: between nodes
 
     [[node_overrides]]       # optional: heterogeneous nodes, everything about them in one place
     nodes = [2, 3]           # which nodes (indices from 0)
@@ -26,6 +28,11 @@ Devices are numbered globally; device ``d`` is on node ``d // devices_per_node``
 optional (what it omits comes from ``[device]`` and ``[network]``); a node named by several overrides takes
 the last. Two devices of different nodes talk at ``inter_node``; of one node, at that node's ``intra_node``.
 A ``matrix`` gives every pair instead, so it cannot be combined with a per-node ``intra_node``.
+
+The latencies are Hockney's ``alpha``, the fixed seconds of one message on a link whatever its size (the
+bandwidths are its ``beta``); the time model charges them per message the runtime sends
+(predict/time_model.py, [Note: per-message latency]). Omitted, a link's latency is the one ``profile --time``
+measured with the runtime's backend (the time profile's ``links``), or 0 for a profile without one.
 """
 
 from __future__ import annotations
@@ -39,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridplan.errors import ClusterError, UsageError
-from hybridplan.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes
+from hybridplan.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["DeviceSpec", "Cluster", "DEFAULT_INTRA_NODE_BANDWIDTH", "DEFAULT_INTER_NODE_BANDWIDTH"]
 
@@ -109,6 +116,11 @@ class Cluster:
     node_intra_bandwidths: tuple[float, ...] | None = None
     """Optional bytes/s within each node (one per node; e.g. NVLink nodes beside PCIe nodes); overrides
     ``intra_node_bandwidth``. ``None``: every node has ``intra_node_bandwidth``."""
+    intra_node_latency: float | None = None
+    """Seconds per message between two devices of one node (Hockney's alpha); ``None``: not given (the time
+    profile's measured latency applies)."""
+    inter_node_latency: float | None = None
+    """Seconds per message between devices of different nodes; ``None``: not given."""
 
     def __post_init__(self) -> None:
         _check_shape(self.num_nodes, self.devices_per_node)
@@ -134,6 +146,10 @@ class Cluster:
             bad = [b for b in self.node_intra_bandwidths if not 0 < b <= math.inf]
             if bad:
                 raise ClusterError(f"intra-node bandwidth must be positive, got {bad[0]!r}")
+        for name in ("intra_node_latency", "inter_node_latency"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value < math.inf:
+                raise ClusterError(f"{name} must be a finite number of seconds >= 0, got {value!r}", fix='e.g. "5us"')
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -226,9 +242,12 @@ class Cluster:
             if not isinstance(network, dict):
                 raise ClusterError(f"{source}: [network] must be a table, got {network!r}",
                                    fix='write [network] with intra_node = "...", inter_node = "..."')
-            bad = set(network) - {"intra_node", "inter_node", "matrix"}
+            bad = set(network) - {"intra_node", "inter_node", "matrix", "intra_node_latency", "inter_node_latency"}
             if bad:
-                raise ClusterError(f"{source}: unknown [network] key(s) {sorted(bad)}", fix="use intra_node, inter_node, matrix")
+                raise ClusterError(f"{source}: unknown [network] key(s) {sorted(bad)}",
+                                   fix="use intra_node, inter_node, matrix, intra_node_latency, inter_node_latency")
+            latencies = {k: parse_seconds(network[k], what=f"{source}: network.{k}")
+                         for k in ("intra_node_latency", "inter_node_latency") if k in network}
             intra = _bandwidth(network.get("intra_node", DEFAULT_INTRA_NODE_BANDWIDTH), f"{source}: network.intra_node")
             inter = _bandwidth(network.get("inter_node", DEFAULT_INTER_NODE_BANDWIDTH), f"{source}: network.inter_node")
             per_node = [base] * nodes
@@ -278,6 +297,7 @@ class Cluster:
             inter_node_bandwidth=inter,
             bandwidth_matrix=matrix,
             node_intra_bandwidths=per_node_links,
+            **latencies,
         )
 
     def with_memory(self, memory_bytes: int | None) -> Cluster:
@@ -300,7 +320,11 @@ class Cluster:
             speed=d.speed,
             intra_node_bandwidth=self.intra_node_bandwidth,
             inter_node_bandwidth=self.inter_node_bandwidth,
-        )
+        ).with_latencies(self.intra_node_latency, self.inter_node_latency)
+
+    def with_latencies(self, intra_node: float | None, inter_node: float | None) -> Cluster:
+        """The same cluster with these per-message latencies (seconds; None: not given)."""
+        return replace(self, intra_node_latency=intra_node, inter_node_latency=inter_node)
 
     # ------------------------------------------------------------------ queries
     @property
@@ -331,6 +355,12 @@ class Cluster:
         if node != self.node_of(b):
             return self.inter_node_bandwidth
         return self.intra_node_bandwidth if self.node_intra_bandwidths is None else self.node_intra_bandwidths[node]
+
+    def latency(self, a: int, b: int) -> float | None:
+        """Seconds per message from device ``a`` to device ``b`` as the cluster gives it (None: not given; 0 for a == b)."""
+        if a == b:
+            return 0.0
+        return self.inter_node_latency if self.node_of(a) != self.node_of(b) else self.intra_node_latency
 
     def slowest_link(self, devices: Sequence[int]) -> float:
         """The lowest bandwidth between any two of ``devices`` (infinite for fewer than two).
@@ -385,6 +415,9 @@ class Cluster:
         network: dict[str, Any] = {"intra_node": self.intra_node_bandwidth, "inter_node": self.inter_node_bandwidth}
         if self.bandwidth_matrix is not None:
             network["matrix"] = [[0.0 if v == float("inf") else v for v in row] for row in self.bandwidth_matrix]
+        for key in ("intra_node_latency", "inter_node_latency"):
+            if getattr(self, key) is not None:
+                network[key] = getattr(self, key)
         data["network"] = network
         return data
 

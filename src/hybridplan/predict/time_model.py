@@ -38,6 +38,16 @@
   stage's gradient bytes / ``t`` over the data group of that tensor rank. Layers that share parameters
   (tied embeddings) count once per stage.
 
+[Note: the round trip of 1F1B] A schedule that bounds the micro-batches in flight (1F1B, PipeDream-Flush and
+2BW: stage 0 holds at most ``k = p`` of them, plan/schedule.py ``max_in_flight``) cannot start micro-batch
+``j + k`` on the first stage before micro-batch ``j`` has gone forward through every stage and its gradient
+all the way back: ``start(F_{j+k}) >= start(F_j) + R`` with the round trip ``R = sum_i t_i + sum_i e_i``
+(every stage's forward and backward, every boundary's transfer both ways). In the steady state ``k``
+periods hold one round trip, so the period is at least ``R / k`` besides ``max_i t_i``. Eq. 5 leaves this
+out; it binds when stages are balanced and transfers are not negligible: a pipeline of ``p`` equal stages
+pays ``sum e_i / p`` more per micro-batch (on the CPU runtime, 2 stages: one p2p latency per micro-batch,
+benchmarks/estimate_accuracy). GPipe (``k = gas``) has no such bound.
+
 [Note: the terms AMP leaves out] (issue 14: on an H100 the model above was 16-36% below the measured
 iteration, ../shared/notes/gpu-h100-facts.md section Time; on the CPU runtime 13% for gpt-tiny, one stage.)
 Every rank ends an iteration with its optimizer step and the runtime closes it with a barrier
@@ -90,10 +100,39 @@ Every rank ends an iteration with its optimizer step and the runtime closes it w
   timing run of tensor degree ``t`` itself ran ``t`` processes). It assumes every process of the node is
   busy, as in a pipeline's steady state; the fill and drain run fewer, so the factor is an upper bound there.
   Profiles of accelerators leave ``host_cores`` null and get factor 1.
+
+[Note: per-message latency] (issue 14: on the CPU runtime a data-parallel pair of gpt-tiny ran 57% slower than
+the bandwidth-only model, benchmarks/estimate_accuracy.) AMP's terms are bandwidth only; every message also
+pays a fixed latency ``alpha`` (Hockney's model, profiling/links.py, [Note: Hockney's alpha-beta model]). A
+link's ``alpha`` is the cluster file's ``intra_node_latency``/``inter_node_latency`` where given
+(plan/cluster.py), else the one ``profile --time`` measured with the runtime's backend (the time profile's
+``links``: per ring step for collectives, per message for send/recv; used for every link, a lower bound
+across nodes), else 0 (imported or older profiles). A measured bandwidth also caps the cluster's: a
+message goes no faster than the backend moved it on the profiled host (``min(B_cluster, beta)``). The
+messages counted are those the runtime sends:
+
+- data-parallel sync: runtime/executor.py ``_sync_gradients`` all-reduces every trainable parameter
+  tensor's gradient on its own, so ``C`` collectives per iteration (``C``: the stage's parameter tensors, the
+  profile's ``parameter_tensors``, shared ones once; 1 per layer with parameters where not recorded), each a
+  ring of ``2 (d - 1)`` steps (gloo/allreduce.cc ``ring()``; NCCL's ring): ``sync += C * 2 (d - 1) * alpha``.
+  ZeRO-2/3 stages reduce-scatter inside FSDP instead (runtime/sharding.py): their collectives are not
+  counted yet (latency 0 there), nor ZeRO-1's parameter broadcasts after the step.
+- pipeline: per micro-batch and boundary, one message per routed transfer in each direction
+  (runtime/routing.py ``route``: one for stages of equal degrees); a receiving rank posts all its receives
+  before waiting (runtime/shared_gpu.py ``receive_into``) and a sender posts its sends without waiting, so
+  their latencies overlap: ``e_i += 2 alpha`` (one per direction), on the same critical path as the
+  bandwidth term.
+- tensor parallelism: the times a hybridplan profile measures at degree ``t > 1`` were taken inside a real
+  tensor-parallel group (profiling/timing.py, ``tensor_comm_in_times``) and already hold the collectives'
+  latency; for a profile without them each of a layer's ``n_f + n_b`` all-reduces adds ``2 (t - 1) alpha``.
+- the two barriers of an iteration (runtime/executor.py) are in the measured overhead only for tensor
+  degree > 1 (a one-process timing run skips them): not counted.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -101,7 +140,8 @@ import numpy as np
 
 from hybridplan.errors import PlanError
 from hybridplan.plan import Cluster, Plan, StagePlan, spec
-from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes
+from hybridplan.plan.schedule import max_in_flight, stage_actions
+from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes, parameter_tensors
 
 __all__ = [
     "LayerCosts",
@@ -114,11 +154,17 @@ __all__ = [
     "optimizer_seconds",
     "overhead_seconds",
     "p2p_seconds",
+    "p2p_latency_seconds",
+    "p2p_messages",
     "sync_seconds",
     "shard_seconds",
     "recompute_seconds",
     "ZERO_ITERATION_ALLREDUCES",
     "ZERO_MICROBATCH_ALLREDUCES",
+    "sync_latency_seconds",
+    "sync_messages",
+    "link_latency",
+    "link_bandwidth",
     "pipeline_seconds",
     "predict_iteration_time",
 ]
@@ -173,6 +219,14 @@ class StageTime:
     in time])."""
     shard_comm_s: float = 0.0
     """ZeRO-2/3's parameter all-gathers and gradient reduce-scatter, per micro-batch."""
+    p2p_latency_s: float = 0.0
+    """Of ``p2p_s``: the per-message latency of both directions, per micro-batch ([Note: per-message latency])."""
+    p2p_messages: int = 0
+    """Messages across the boundary to the next stage per iteration, both directions, all ranks."""
+    sync_latency_s: float = 0.0
+    """Of ``sync_s``: the per-message latency of the gradient all-reduces."""
+    sync_messages: int = 0
+    """Ring steps one rank of the stage makes per iteration in the gradient all-reduces (collectives x 2(d-1))."""
 
     @property
     def compute_s(self) -> float:
@@ -227,6 +281,8 @@ class TimeBreakdown:
                     "forward_s": s.forward_s, "backward_s": s.backward_s, "tensor_comm_s": s.tensor_comm_s,
                     "p2p_s": s.p2p_s, "sync_s": s.sync_s, "optimizer_s": s.optimizer_s, "overhead_s": s.overhead_s,
                     "core_sharing": s.sharing, "recompute_s": s.recompute_s, "shard_comm_s": s.shard_comm_s,
+                    "p2p_latency_s": s.p2p_latency_s, "p2p_messages": s.p2p_messages,
+                    "sync_latency_s": s.sync_latency_s, "sync_messages": s.sync_messages,
                 }
                 for s in self.stages
             ],
@@ -248,6 +304,11 @@ class TimeBreakdown:
         for i, s in extra:
             rows.append(f"(stage {i}: + recompute {s.recompute_s * 1e3:.2f} ms, + ZeRO collectives"
                         f" {s.shard_comm_s * 1e3:.2f} ms per micro-batch)")
+        if any(s.p2p_latency_s > 0 or s.sync_latency_s > 0 for s in self.stages):
+            rows.append("per-message latency (in p2p and sync): " + "; ".join(
+                f"stage {i}: p2p {s.p2p_latency_s * 1e3:.2f} ms per micro-batch ({s.p2p_messages} messages per iteration),"
+                f" sync {s.sync_latency_s * 1e3:.2f} ms ({s.sync_messages} ring steps)"
+                for i, s in enumerate(self.stages) if s.p2p_latency_s > 0 or s.sync_latency_s > 0))
         shared = max(s.sharing for s in self.stages)
         if shared > 1:
             rows.append(f"(the plan's processes share the host's CPU cores: stage seconds up to x{shared:.2f})")
@@ -270,6 +331,35 @@ def allreduce_seconds(nbytes: float, n: int, bandwidth: float) -> float:
 def slowest_link(cluster: Cluster, devices: tuple[int, ...]) -> float:
     """The lowest bandwidth between any two of ``devices`` (AMP's approximation for a non-uniform group)."""
     return cluster.slowest_link(devices)
+
+
+def link_latency(profile: TimeProfile, cluster: Cluster, devices: tuple[int, ...] | list[int], kind: str) -> float:
+    """``alpha`` of the slowest link among ``devices`` ([Note: per-message latency]): the cluster's latency where
+    it gives one, else the profile's measured one of ``kind`` ("allreduce": per ring step, or "p2p"), else 0."""
+    if not _has_latency(profile, cluster):
+        return 0.0
+    group = sorted(set(devices))
+    if len(group) < 2:
+        return 0.0
+    nodes = {cluster.node_of(d) for d in group}
+    a = group[0]
+    b = next(d for d in group if cluster.node_of(d) != cluster.node_of(a)) if len(nodes) > 1 else group[1]
+    given = cluster.latency(a, b)
+    if given is not None:
+        return given
+    return profile.links.latency(kind) if profile.links is not None else 0.0
+
+
+def _has_latency(profile: TimeProfile, cluster: Cluster) -> bool:
+    """Whether anything gives a latency; when nothing does (AMP's model) the latency terms skip their scans of
+    device groups, which the throughput search would otherwise pay on every candidate."""
+    return profile.links is not None or cluster.intra_node_latency is not None or cluster.inter_node_latency is not None
+
+
+def link_bandwidth(profile: TimeProfile, bandwidth: float, kind: str) -> float:
+    """The cluster's ``bandwidth``, capped by the one the profile measured for ``kind`` ([Note: per-message latency])."""
+    measured = profile.links.bandwidth(kind) if profile.links is not None else None
+    return bandwidth if measured is None else min(bandwidth, measured)
 
 
 def _device_times(profile: TimeProfile, cluster: Cluster, device: int, tensor_degree: int, samples: float) -> tuple[np.ndarray, np.ndarray]:
@@ -300,9 +390,11 @@ def stage_layer_costs(
     if t == 1 or profile.tensor_comm_in_times:
         comm = np.zeros_like(fwd)
     else:
-        bandwidth = min(slowest_link(cluster, group.tensor_group(r)) for r in range(group.data_degree))
+        groups = [group.tensor_group(r) for r in range(group.data_degree)]
+        bandwidth = link_bandwidth(profile, min(slowest_link(cluster, g) for g in groups), "allreduce")
+        alpha = max(link_latency(profile, cluster, g, "allreduce") for g in groups)
         counts = np.array([sum(layer.tensor_parallel_allreduces) for layer in profile.layers], dtype=float)
-        comm = counts * allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes()
+        comm = counts * (allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes() + 2 * (t - 1) * alpha)
     return LayerCosts(fwd, bwd, comm)
 
 
@@ -378,12 +470,50 @@ def _exchange_pairs(sender: StagePlan, receiver: StagePlan) -> list[tuple[int, i
 def p2p_seconds(
     profile: TimeProfile, cluster: Cluster, sender: StagePlan, receiver: StagePlan, microbatch_size: int
 ) -> np.ndarray:
-    """``e`` for a boundary after each layer between two consecutive stages, per micro-batch (the note)."""
-    bandwidth = min(
-        (cluster.bandwidth(a, b) for a, b in _exchange_pairs(sender, receiver)), default=float("inf")
-    )
+    """``e`` for a boundary after each layer between two consecutive stages, per micro-batch (the note), with
+    the per-message latency of both directions ([Note: per-message latency])."""
+    pairs = _exchange_pairs(sender, receiver)
+    bandwidth = link_bandwidth(profile, min((cluster.bandwidth(a, b) for a, b in pairs), default=float("inf")), "p2p")
     share = max(1.0 / (sender.data_degree * sender.tensor_degree), 1.0 / receiver.data_degree)
-    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth
+    return 2.0 * share * microbatch_size * profile.activation_bytes() / bandwidth + _p2p_latency(profile, cluster, pairs)
+
+
+def _p2p_latency(profile: TimeProfile, cluster: Cluster, pairs: list[tuple[int, int]]) -> float:
+    """``2 alpha`` of the slowest of ``pairs``: a pair across nodes if there is one, else any pair."""
+    if not pairs or not _has_latency(profile, cluster):
+        return 0.0
+    slowest = next((pair for pair in pairs if cluster.node_of(pair[0]) != cluster.node_of(pair[1])), pairs[0])
+    return 2.0 * link_latency(profile, cluster, slowest, "p2p")
+
+
+def p2p_latency_seconds(profile: TimeProfile, cluster: Cluster, sender: StagePlan, receiver: StagePlan) -> float:
+    """The latency part of ``e`` per micro-batch: ``2 alpha`` of the slowest exchanging pair ([Note: per-message
+    latency]: the messages of one direction are posted together, so their latencies overlap)."""
+    return _p2p_latency(profile, cluster, _exchange_pairs(sender, receiver)) if _has_latency(profile, cluster) else 0.0
+
+
+def p2p_messages(sender: StagePlan, receiver: StagePlan, num_microbatches: int) -> int:
+    """Messages across the boundary per iteration, both directions: the transfers runtime/routing.py ``route``
+    gives, per micro-batch and direction (the backward routes the same rows back).
+
+    ``route`` sends every rank of the receiving side one message from each replica of the sending side whose rows
+    overlap its replica's; the row ranges of ``d1`` and ``d2`` equal parts of a micro-batch overlap in
+    ``d1 + d2 - gcd(d1, d2)`` pairs (the parts' ends split it into that many pieces). So ``t2 (d1 + d2 - g)``
+    messages forward (``t2``: ranks per receiving replica) and ``t1 (d1 + d2 - g)`` back, counted in closed form
+    because ``route`` itself costs ``d1 d2 t2`` steps per call and the throughput search asks often
+    (tests/predict/test_time_model.py checks the two agree).
+    """
+    d1, d2 = sender.data_degree, receiver.data_degree
+    overlaps = d1 + d2 - math.gcd(d1, d2)
+    return num_microbatches * overlaps * (sender.tensor_degree + receiver.tensor_degree)
+
+
+def sync_messages(profile: TimeProfile, stage: StagePlan) -> int:
+    """Ring steps one rank makes per iteration in the stage's gradient all-reduces: ``C * 2 (d - 1)`` ([Note:
+    per-message latency]); 0 without data parallelism or under ZeRO-2/3 (FSDP's collectives, not counted)."""
+    if stage.data_degree == 1 or stage.zero in (2, 3):
+        return 0
+    return parameter_tensors(profile.layers[stage.start : stage.stop]) * 2 * (stage.data_degree - 1)
 
 
 def _stage_allreduce(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
@@ -394,8 +524,17 @@ def _stage_allreduce(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -
         return 0.0
     nbytes = parameter_bytes(profile.layers[stage.start : stage.stop])
     return max(
-        allreduce_seconds(nbytes / t, d, slowest_link(cluster, stage.data_group(k))) for k in range(t)
-    )
+        allreduce_seconds(nbytes / t, d, link_bandwidth(profile, slowest_link(cluster, stage.data_group(k)), "allreduce"))
+        for k in range(t)
+    ) + sync_latency_seconds(profile, cluster, stage)
+
+
+def sync_latency_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """The latency part of the stage's gradient sync: its ring steps times ``alpha`` of its slowest data group."""
+    steps = sync_messages(profile, stage)
+    if steps == 0 or not _has_latency(profile, cluster):
+        return 0.0
+    return steps * max(link_latency(profile, cluster, stage.data_group(k), "allreduce") for k in range(stage.tensor_degree))
 
 
 def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
@@ -417,17 +556,27 @@ def recompute_seconds(costs: LayerCosts, stage: StagePlan) -> float:
 
 
 def pipeline_seconds(
-    compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int, *, flush: bool = True
+    compute_s: np.ndarray | list[float], p2p_s: np.ndarray | list[float], num_microbatches: int, *, flush: bool = True,
+    in_flight: int | None = None,
 ) -> float:
-    """``(gas - 1) max(max t_i, max e_i / 2) + sum t_i + sum e_i`` (eq. 5 with the p2p-overlap note);
-    ``p2p_s`` has one entry (both directions) per boundary. Without a ``flush`` (PipeDream-2BW):
-    ``gas max(max t_i, max e_i / 2)``."""
+    """``(gas - 1) P + sum t_i + sum e_i`` with ``P = max(max t_i, max e_i / 2)`` (eq. 5 with the p2p-overlap
+    note); ``p2p_s`` has one entry (both directions) per boundary. Without a ``flush`` (PipeDream-2BW):
+    ``gas P``. ``in_flight``: the micro-batches the first stage may hold at once when fewer than ``gas``
+    ([Note: the round trip of 1F1B]): ``P`` is then at least ``(sum t_i + sum e_i) / in_flight``."""
     t = np.asarray(compute_s, dtype=float)
     e = np.asarray(p2p_s, dtype=float)
     steady = max(float(t.max()), float(e.max()) / 2 if e.size else 0.0)
+    if in_flight is not None and in_flight < num_microbatches:
+        steady = max(steady, (float(t.sum()) + float(e.sum())) / in_flight)
     if not flush:
         return float(num_microbatches * steady)
     return float((num_microbatches - 1) * steady + t.sum() + e.sum())
+
+
+@functools.lru_cache(maxsize=1024)
+def _first_stage_in_flight(schedule: str, num_stages: int, num_microbatches: int) -> int:
+    """Micro-batches the first stage holds at once ([Note: the round trip of 1F1B]), from the schedule's own actions."""
+    return max_in_flight(stage_actions(schedule, num_stages, 0, num_microbatches))
 
 
 def predict_iteration_time(
@@ -486,18 +635,26 @@ def predict_iteration_time(
                 sharing=sharing[i],
                 recompute_s=recompute_seconds(c, s),
                 shard_comm_s=shard_seconds(profile, cluster, s),
+                p2p_latency_s=p2p_latency_seconds(profile, cluster, s, plan.stages[i + 1]) if i < len(e) else 0.0,
+                p2p_messages=p2p_messages(s, plan.stages[i + 1], plan.num_microbatches) if i < len(e) else 0,
+                sync_latency_s=sync_latency_seconds(profile, cluster, s),
+                sync_messages=sync_messages(profile, s),
             )
         )
     compute = np.array([s.compute_s for s in stages])
+    in_flight = _first_stage_in_flight(schedule, plan.num_stages, plan.num_microbatches)
     if overlap_p2p:
-        pipeline = pipeline_seconds(compute, e, plan.num_microbatches, flush=flush)
+        pipeline = pipeline_seconds(compute, e, plan.num_microbatches, flush=flush, in_flight=in_flight)
     else:
         out = np.array(e + [0.0]) / 2 + np.array([0.0] + e) / 2
         blocking = compute + out
+        steady = float(blocking.max())
+        if in_flight < plan.num_microbatches:  # [Note: the round trip of 1F1B]
+            steady = max(steady, (float(compute.sum()) + sum(e)) / in_flight)
         if flush:
-            pipeline = float((plan.num_microbatches - 1) * blocking.max() + compute.sum() + sum(e))
+            pipeline = float((plan.num_microbatches - 1) * steady + compute.sum() + sum(e))
         else:
-            pipeline = float(plan.num_microbatches * blocking.max())
+            pipeline = float(plan.num_microbatches * steady)
     return TimeBreakdown(
         stages=tuple(stages),
         num_microbatches=plan.num_microbatches,

@@ -26,7 +26,10 @@ AMP ``known_cost/<model>_<instance>_<tp>.npy`` (Li et al. NeurIPS'22, seed 002; 
 Both formats hold ONE micro-batch size per layer, and no optimizer step or per-iteration overhead. An imported
 profile is therefore read as before: layer time proportional to the samples of a micro-batch (AMP section 3.4;
 [Note: time vs micro-batch size] in time_profile.py: with one size, the roofline's fixed cost is 0), and the
-time model adds no step and no overhead term (``optimizer_s_per_byte`` and ``overhead_s`` are null).
+time model adds no step and no overhead term (``optimizer_s_per_byte`` and ``overhead_s`` are null). Neither
+holds a link measurement nor parameter tensor counts: ``links`` and ``parameter_tensors`` are null, so the time
+model charges no per-message latency (alpha = 0, AMP's own bandwidth-only model) unless the cluster file gives
+one ([Note: per-message latency] in predict/time_model.py).
 
 Several device types in one profile (:func:`merge_device_types`)
     A mixed cluster (T4 nodes beside V100 nodes) is timed from ONE profile that holds a timing table per device

@@ -15,9 +15,12 @@ The JSON form (one object; keys marked * may be omitted)::
      "source": "where the numbers come from",                          *  (default "")
      "tensor_comm_in_times": false,                                    *  (default false)
      "host_cores": 2,                                                  *  (default null)
+     "links": {"backend": "gloo", "allreduce_latency_s": 2.9e-4,      *  (default null: latency 0)
+               "allreduce_bandwidth": 1.0e9, "p2p_latency_s": 1.9e-3, "p2p_bandwidth": 2.6e9, "source": "..."},
      "layers": [
        {"name": "block0", "activation_bytes_per_sample": 2097152, "parameter_bytes": 50384896,
         "tensor_parallel_allreduces": [2, 2],                          *  (default [0, 0])
+        "parameter_tensors": 12,                                       *  (default null)
         "shared_parameters": null},                                    *  (default null)
        ...],
      "timings": [
@@ -37,6 +40,12 @@ seconds of one training iteration of a stage that neither its layers nor its opt
 (profiling/timing.py measures both; null: not measured, e.g. imported profiles, and the time model adds
 nothing). ``host_cores`` is set when the devices are processes sharing one host's CPU cores (the CPU
 runtime): how many cores the profile's devices shared (null: every device has its own hardware).
+
+``links`` is the per-message latency and the bandwidth of the runtime's backend that ``profile --time``
+measured (profiling/links.py, [Note: Hockney's alpha-beta model]); ``parameter_tensors`` the layer's
+trainable parameter tensors, one gradient all-reduce each in the runtime's data-parallel sync. A profile
+written before they existed, or imported (PipeDream, AMP), has neither: the time model then charges no
+per-message latency unless the cluster file gives one (predict/time_model.py, [Note: per-message latency]).
 
 The first device type in ``timings`` is the *reference*: a cluster device whose type the profile lacks
 runs the reference times divided by its ``speed`` (:class:`hybridplan.plan.cluster.DeviceSpec`).
@@ -60,7 +69,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -68,12 +77,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybridplan.errors import ProfileError
+from hybridplan.profiling.links import LinkCosts
 
 if TYPE_CHECKING:
     from hybridplan.profiling.store import ProfileStore
 
 __all__ = ["FORMAT", "VERSION", "LayerInfo", "TimingTable", "TimeProfile", "time_profile_from_store", "scale_to_samples",
-           "parameter_bytes"]
+           "parameter_bytes", "parameter_tensors"]
 
 FORMAT = "hybridplan.time_profile"
 """The value of the ``format`` key of every time-profile file."""
@@ -81,8 +91,9 @@ FORMAT = "hybridplan.time_profile"
 VERSION = 1
 """The JSON schema version this module reads and writes."""
 
-_TOP_KEYS = {"format", "version", "model", "source", "tensor_comm_in_times", "host_cores", "layers", "timings"}
-_LAYER_KEYS = {"name", "activation_bytes_per_sample", "parameter_bytes", "tensor_parallel_allreduces", "shared_parameters"}
+_TOP_KEYS = {"format", "version", "model", "source", "tensor_comm_in_times", "host_cores", "links", "layers", "timings"}
+_LAYER_KEYS = {"name", "activation_bytes_per_sample", "parameter_bytes", "tensor_parallel_allreduces", "shared_parameters",
+               "parameter_tensors"}
 _TIMING_KEYS = {"device_type", "tensor_degree", "micro_batch_size", "forward_s", "backward_s"}
 _TIMING_OPTIONAL = {"optimizer_s_per_byte", "overhead_s"}
 
@@ -105,6 +116,8 @@ class LayerInfo:
     transformer block: (2, 2) (Shoeybi et al. 2019, section 3, figure 4)."""
     shared_parameters: str | None = None
     """Layers with the same tag hold one parameter tensor (tied embeddings): a stage counts it once."""
+    parameter_tensors: int | None = None
+    """Trainable parameter tensors of the layer (the runtime all-reduces each on its own); None: not recorded."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -146,6 +159,8 @@ class TimeProfile:
     source: str = ""
     host_cores: int | None = None
     """CPU cores the profile's devices (processes of one host) shared; None: devices have their own hardware."""
+    links: LinkCosts | None = None
+    """Measured per-message latency and bandwidth of the backend (None: not measured, latency 0)."""
     _index: dict[tuple[str, int], list[tuple[int, np.ndarray, np.ndarray]]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
@@ -260,6 +275,9 @@ class TimeProfile:
                 value = getattr(layer, name)
                 if not _finite_nonneg(value):
                     raise ProfileError(f"{where}: layers[{i}] ({layer.name!r}) {name} must be a finite number >= 0, got {value!r}")
+            if layer.parameter_tensors is not None and not (_is_int(layer.parameter_tensors) and layer.parameter_tensors >= 0):
+                raise ProfileError(f"{where}: layers[{i}] ({layer.name!r}) parameter_tensors must be an integer >= 0"
+                                   f" or null, got {layer.parameter_tensors!r}")
             ar = layer.tensor_parallel_allreduces
             if len(ar) != 2 or not all(_is_int(v) and v >= 0 for v in ar):
                 raise ProfileError(
@@ -307,6 +325,7 @@ class TimeProfile:
             "source": self.source,
             "tensor_comm_in_times": self.tensor_comm_in_times,
             "host_cores": self.host_cores,
+            **({"links": self.links.to_dict()} if self.links is not None else {}),
             "layers": [
                 {
                     "name": layer.name,
@@ -314,6 +333,7 @@ class TimeProfile:
                     "parameter_bytes": layer.parameter_bytes,
                     "tensor_parallel_allreduces": list(layer.tensor_parallel_allreduces),
                     "shared_parameters": layer.shared_parameters,
+                    **({"parameter_tensors": layer.parameter_tensors} if layer.parameter_tensors is not None else {}),
                 }
                 for layer in self.layers
             ],
@@ -392,7 +412,9 @@ class TimeProfile:
             raise ProfileError(f"{where}: 'host_cores' must be a positive integer or null, got {cores!r}")
         layers = _list(data["layers"], f"{where}: 'layers'")
         timings = _list(data["timings"], f"{where}: 'timings'")
+        links = None if data.get("links") is None else LinkCosts.from_dict(data["links"], f"{where}: 'links'")
         return cls(
+            links=links,
             model=data["model"],
             source=source,
             tensor_comm_in_times=comm,
@@ -415,7 +437,11 @@ def _layer_from_dict(data: Any, where: str) -> LayerInfo:
     shared = data.get("shared_parameters")
     if shared is not None and not isinstance(shared, str):
         raise ProfileError(f"{where}: 'shared_parameters' must be a string tag or null, got {shared!r}")
-    return LayerInfo(name=data["name"], tensor_parallel_allreduces=(int(ar[0]), int(ar[1])), shared_parameters=shared, **numbers)
+    tensors = data.get("parameter_tensors")
+    if tensors is not None and not _is_int(tensors):
+        raise ProfileError(f"{where}: 'parameter_tensors' must be an integer or null, got {tensors!r}")
+    return LayerInfo(name=data["name"], tensor_parallel_allreduces=(int(ar[0]), int(ar[1])), shared_parameters=shared,
+                     parameter_tensors=tensors, **numbers)
 
 
 def _timing_from_dict(data: Any, where: str) -> TimingTable:
@@ -437,6 +463,20 @@ def _timing_from_dict(data: Any, where: str) -> TimingTable:
     )
 
 
+def parameter_tensors(layers: Sequence[LayerInfo]) -> int:
+    """The trainable parameter tensors one copy of ``layers`` holds, shared layers once (as :func:`parameter_bytes`);
+    a layer that did not record its count (an older or imported profile) counts 1 if it has parameters: a lower
+    bound, every layer with parameters has at least one tensor.
+
+    Example:
+        >>> parameter_tensors([LayerInfo(name="a", activation_bytes_per_sample=0, parameter_bytes=8, parameter_tensors=3),
+        ...                    LayerInfo(name="b", activation_bytes_per_sample=0, parameter_bytes=8)])
+        4
+    """
+    return sum(layer.parameter_tensors if layer.parameter_tensors is not None else int(layer.parameter_bytes > 0)
+               for layer in _each_copy_once(layers))
+
+
 def parameter_bytes(layers: Sequence[LayerInfo]) -> float:
     """The parameter bytes one copy of ``layers`` holds: layers that share parameters (tied embeddings) count once.
 
@@ -445,15 +485,18 @@ def parameter_bytes(layers: Sequence[LayerInfo]) -> float:
         ...                  LayerInfo(name="b", activation_bytes_per_sample=0, parameter_bytes=8, shared_parameters="e")])
         8.0
     """
+    return float(sum(layer.parameter_bytes for layer in _each_copy_once(layers)))
+
+
+def _each_copy_once(layers: Sequence[LayerInfo]) -> Iterator[LayerInfo]:
+    """``layers`` without the repeats of a shared parameter tag (tied embeddings: a stage holds one copy)."""
     seen: set[str] = set()
-    total = 0.0
     for layer in layers:
         if layer.shared_parameters is not None:
             if layer.shared_parameters in seen:
                 continue
             seen.add(layer.shared_parameters)
-        total += layer.parameter_bytes
-    return float(total)
+        yield layer
 
 
 def scale_to_samples(sizes: Sequence[float], values: Sequence[np.ndarray], samples: float) -> np.ndarray:
@@ -535,7 +578,8 @@ def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] 
     layers = tuple(LayerInfo(name=d["name"], activation_bytes_per_sample=d["activation_bytes_per_sample"],
                              parameter_bytes=d["parameter_bytes"],
                              tensor_parallel_allreduces=tuple(d["tensor_parallel_allreduces"]),
-                             shared_parameters=d.get("shared_parameters")) for d in meta["time_layers"])
+                             shared_parameters=d.get("shared_parameters"), parameter_tensors=d.get("parameter_tensors"))
+                   for d in meta["time_layers"])
     unsplittable = {int(t): set(ls) for t, ls in (meta.get("time_unsplittable") or {}).items()}
     times = store.layer_times()
     costs = store.run_costs()
@@ -564,9 +608,11 @@ def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] 
     source = (f"hybridplan profile --time: runtime hooks, median of micro-batches per layer, slowest tensor rank;"
               f" {identity.get('device', 'cpu')} devices, {identity.get('precision', 'fp32')}")
     cores = meta.get("time_host_cores")
+    links = meta.get("time_links")
     return TimeProfile(model=str(identity.get("model", meta.get("model", "model"))), layers=layers,
                        timings=tuple(tables), tensor_comm_in_times=True, source=source,
-                       host_cores=int(cores) if cores is not None else None)
+                       host_cores=int(cores) if cores is not None else None,
+                       links=LinkCosts.from_dict(links, f"{str(store.path)!r}: time_links") if links is not None else None)
 
 
 def _costs_of(runs: Sequence[tuple[int, int, float, float, float]]) -> tuple[float | None, float | None]:

@@ -30,6 +30,12 @@ at ``t`` are timed, in maximal runs of consecutive ones. A time profile needs ev
 the others get their degree-1 time at the same micro-batch size (what a replicated copy costs); no valid
 plan puts them in a tensor stage (``Plan.validate``), so the value never counts.
 
+[Note: measuring the links] Before the first timing run, two processes of the runtime measure its backend's
+per-message latency and bandwidth (runtime/link_probe.py; gloo on CPU, NCCL on CUDA), stored once per
+database as ``time_links`` (profiling/links.py): the time model charges that latency per message the runtime
+sends (predict/time_model.py, [Note: per-message latency]). A probe that fails is said and leaves the
+profile without links (latency 0), as a profile of an older version has.
+
 Every run's times go to the profile database (table ``layer_times``, profiling/store.py) when it finishes,
 and a run whose layers are all there is skipped: an interrupted profile resumes. :func:`time_profile_from_store`
 turns the table into a :class:`~hybridplan.profiling.time_profile.TimeProfile` (its JSON is the documented
@@ -55,6 +61,7 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan, StagePlan
+from hybridplan.profiling.links import LinkCosts, measure_links
 from hybridplan.profiling.time_profile import LayerInfo, parameter_bytes
 from hybridplan.profiling.store import ProfileStore
 
@@ -208,9 +215,10 @@ def layer_infos(model: LayeredModel, precision: str = "fp32") -> tuple[LayerInfo
         spec = specs[l + 1]
         esize = size if spec.dtype.is_floating_point else torch.empty((), dtype=spec.dtype).element_size()
         with torch.device("meta"):
-            params = sum(p.numel() for p in model.build_layer(l).parameters() if p.requires_grad)
+            trainable = [p for p in model.build_layer(l).parameters() if p.requires_grad]
+        params = sum(p.numel() for p in trainable)
         out.append(LayerInfo(name=model.layer_name(l), activation_bytes_per_sample=float(math.prod(spec.sample_shape) * esize),
-                             parameter_bytes=float(params * size)))
+                             parameter_bytes=float(params * size), parameter_tensors=len(trainable)))
     return tuple(out)
 
 
@@ -222,6 +230,8 @@ class LayerTiming:
         store: the profile database (shared with the memory campaign; resumed).
         progress: called with one line per event.
         execute: runs a RunConfig and returns its result (default: the runtime's launcher).
+        links: measures the backend's links ([Note: measuring the links]; default: two processes of the
+            runtime when ``execute`` is the runtime's launcher, none when a caller gives its own ``execute``).
 
     Raises:
         ProfileError: for a simulated backend, a heterogeneous cluster, or a database of another model or setup.
@@ -234,6 +244,7 @@ class LayerTiming:
         *,
         progress: Callable[[str], None] | None = None,
         execute: Callable[[Any], Any] | None = None,
+        links: Callable[[str], LinkCosts] | None = None,
     ) -> None:
         from hybridplan.models.zoo import resolve_model
 
@@ -262,6 +273,7 @@ class LayerTiming:
             if b < 1 or b % self.model.sample_granularity:
                 raise ProfileError(f"micro-batch size {b} is not a positive multiple of {self.model.sample_granularity}")
         self.execute = execute or self._launch
+        self.links = links if links is not None else (measure_links if execute is None else None)
         self._record_meta()
 
     def _record_meta(self) -> None:
@@ -297,6 +309,7 @@ class LayerTiming:
         """Time every (degree, micro-batch size, chunk) not yet in the database."""
         summary = TimingSummary()
         started = time.perf_counter()
+        self._measure_links()
         done = self.store.layer_times()
         todo = [(t, b, c) for t in self.degrees for b in self.cfg.micro_batch_sizes
                 for c in timing_chunks(self.model, t, self.cfg.max_layers_per_run)]
@@ -328,6 +341,21 @@ class LayerTiming:
                      f" (medians of {samples} micro-batches) in {time.perf_counter() - t0:.1f} s")
         summary.seconds = time.perf_counter() - started
         return summary
+
+    def _measure_links(self) -> None:
+        """[Note: measuring the links], once per database."""
+        if self.links is None or self.store.get_meta("time_links") is not None:
+            return
+        try:
+            costs = self.links(self.cfg.run_options.get("device_type", "cpu"))
+        except ProfileError as e:
+            self.say(f"links not measured ({e.message}): the time model will charge no per-message latency")
+            return
+        self.store.set_meta("time_links", costs.to_dict())
+        bandwidth = lambda b: "unmeasured" if b is None else f"{b / 1e9:.2f} GB/s"  # noqa: E731
+        self.say(f"links ({costs.backend}): all-reduce {costs.allreduce_latency_s * 1e6:.0f} us per ring step,"
+                 f" {bandwidth(costs.allreduce_bandwidth)}; send/recv {costs.p2p_latency_s * 1e6:.0f} us per message,"
+                 f" {bandwidth(costs.p2p_bandwidth)}")
 
     def _parameter_bytes(self, start: int, stop: int) -> float:
         """Parameter bytes of layers ``[start, stop)``, shared ones once (as a stage holds them)."""

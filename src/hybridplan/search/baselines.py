@@ -54,7 +54,7 @@ from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan import Cluster, Parallelism, Plan, StagePlan, as_schedule
 
 __all__ = ["BASELINES", "equal_layers", "balance_by_time", "balance_by_size", "balance_by_parameters",
-           "balance_by_type", "baseline_plan"]
+           "balance_by_type", "baseline_plan", "uniform_3d_shapes", "uniform_3d_plan"]
 
 BASELINES: Mapping[str, str] = {
     "equal": "equal layer counts per stage (Megatron-LM, Alpa uniform stages; remainder to the first stages)",
@@ -333,6 +333,79 @@ def baseline_plan(
             for j in range(stages)
         ),
         extra={"baseline": name},
+    )
+    plan.validate(num_layers=num_layers, cluster=cluster)
+    return plan
+
+
+def uniform_3d_shapes(cluster: Cluster, num_layers: int) -> list[tuple[int, int, int]]:
+    """Every ``(pipeline, tensor, data)`` degree triple of a Megatron-style 3D plan on ``cluster``: the degrees
+    multiply to the devices, a tensor group fits in a node (``tensor`` divides the devices per node, as
+    Megatron-LM places tensor ranks on one node's NVLink), a stage's ``tensor x data`` devices tile the nodes
+    (divide or are a multiple of a node's devices), and there are at most ``num_layers`` stages. Ordered by
+    pipeline, then tensor degree.
+
+    Example:
+        >>> uniform_3d_shapes(Cluster.uniform(2, 2), 8)
+        [(1, 1, 4), (1, 2, 2), (2, 1, 2), (2, 2, 1), (4, 1, 1)]
+    """
+    n, k = cluster.num_devices, cluster.devices_per_node
+    out = []
+    for pp in range(1, min(n, num_layers) + 1):
+        if n % pp:
+            continue
+        for tp in range(1, k + 1):
+            if k % tp or (n // pp) % tp:
+                continue
+            width = n // pp
+            if k % width and width % k:
+                continue
+            out.append((pp, tp, width // tp))
+    return out
+
+
+def uniform_3d_plan(*, num_layers: int, cluster: Cluster, pipeline: int, tensor: int, schedule: str,
+                    global_batch_size: int, num_microbatches: int, zero: int = 1) -> Plan:
+    """The Megatron-style 3D plan: ``pipeline`` stages of equal layer counts (:func:`equal_layers`), each on
+    ``tensor x data`` devices, tensor-parallel inside a node and data-parallel across (the stage's devices
+    ``tensor``-fastest, as Megatron-LM orders ranks: tensor, then data, then pipeline; ``megatron/core/
+    parallel_state.py`` ``initialize_model_parallel``), with ZeRO ``zero`` over each stage's data group where
+    it has one (Megatron's distributed optimizer is ZeRO-1: ``--use-distributed-optimizer``). A stage wider
+    than a node spans whole nodes along its data dimension.
+
+    Raises:
+        PlanError: for degrees that do not fill the cluster, a tensor group across nodes, or the
+            :meth:`Plan.validate` rules (e.g. a micro-batch the data degree does not split).
+
+    Example:
+        >>> plan = uniform_3d_plan(num_layers=6, cluster=Cluster.uniform(2, 2), pipeline=2, tensor=2,
+        ...                        schedule="1f1b", global_batch_size=8, num_microbatches=2)
+        >>> [(s.start, s.stop, s.kind, s.devices, s.zero) for s in plan.stages]
+        [(0, 3, 'tensor', (0, 1), 0), (3, 6, 'tensor', (2, 3), 0)]
+    """
+    n = cluster.num_devices
+    for value, what in ((pipeline, "pipeline"), (tensor, "tensor")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or n % value:
+            raise PlanError(f"the {what} degree must be a positive divisor of the {n} devices, got {value!r}",
+                            fix=f"use one of {[d for d in range(1, n + 1) if n % d == 0]}")
+    width = n // pipeline
+    if width % tensor:
+        raise PlanError(f"a stage of {width} devices does not split into tensor groups of {tensor}",
+                        fix="use a tensor degree dividing the devices per stage")
+    data = width // tensor
+    kind: Parallelism = ("data+tensor" if data > 1 and tensor > 1 else "data" if data > 1
+                         else "tensor" if tensor > 1 else "none")
+    bounds = equal_layers(num_layers, pipeline)
+    plan = Plan(
+        schedule=as_schedule(schedule),
+        global_batch_size=global_batch_size,
+        num_microbatches=num_microbatches,
+        stages=tuple(
+            StagePlan(bounds[j], bounds[j + 1], kind, width, tuple(range(j * width, (j + 1) * width)),
+                      tensor_degree=tensor if kind == "data+tensor" else 0, zero=zero if data > 1 else 0)
+            for j in range(pipeline)
+        ),
+        extra={"baseline": f"megatron-3d pp{pipeline} tp{tensor} dp{data}" + (f" zero{zero}" if data > 1 and zero else "")},
     )
     plan.validate(num_layers=num_layers, cluster=cluster)
     return plan

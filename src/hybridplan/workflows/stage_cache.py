@@ -11,6 +11,12 @@ per stage], which argues the same for the devices of one stage). So one simulate
 ``(start, stop, kind, degree, warm-up)`` measures every plan made of such stages; over 500 random plans of
 an 18-layer model that is a few hundred stage simulations instead of thousands.
 
+A ZeRO-sharded stage's devices differ (ZeRO-1's shares of whole parameters are uneven, FSDP's last chunks
+smaller: predict/zero.py), but what each holds is fixed by its place in the stage's data group, which is its
+place in the stage's device list (plans list devices ascending; ``dist.new_group`` orders a group by global
+rank), not by which devices they are. So a ZeRO stage is cached too, as the list of its devices' peaks in
+device-list order, every device simulated once (``simulate`` simulates every device of a ZeRO stage as well).
+
 This is an argument about the runtime, so :class:`StageCache` is checked against whole-plan simulations
 (``simulate``) by the benchmark that uses it (benchmarks/prediction_error: byte-identical peaks on every
 device of the plans it checks) and by tests/workflows/test_stage_cache.py.
@@ -34,12 +40,15 @@ __all__ = ["StageCache", "stage_key"]
 def stage_key(plan: Plan, index: int) -> str:
     """What the memory of stage ``index`` of ``plan`` depends on ([Note: what a simulated stage's memory
     depends on]): ``"start,stop,kind,degree,warmup"``, then ``",t<tensor degree>"`` for a data x tensor stage
-    (degree 8 is 2 x 4 or 4 x 2) and ``",recompute"`` for a recomputed one (the keys of other stages are
-    unchanged, so cache files written before stay valid). A ZeRO-sharded stage has no key: its replicas
-    hold uneven shares (runtime/sim.py), so it is simulated whole, not cached."""
+    (degree 8 is 2 x 4 or 4 x 2), ``",recompute"`` for a recomputed one and ``",zero<level>"`` for a ZeRO-sharded
+    one, whose entry lists every device's peak, and ``",<schedule>"`` unless the schedule is 1F1B: GPipe's stages
+    have no warm-up forwards either, like 1F1B's last stage, and hold more (all micro-batches in flight). (1F1B
+    keys are unchanged, so 1F1B cache files written before stay valid; GPipe entries of a file written before,
+    which had no suffix, are simulated again.)"""
     s = plan.stages[index]
-    if s.zero:
-        raise ValueError(f"stage {index} ({s.describe()}) is ZeRO-sharded: its devices differ; simulate the plan whole")
+    if s.zero and list(s.devices) != sorted(s.devices):
+        raise ValueError(f"stage {index} ({s.describe()}) is ZeRO-sharded over devices not in ascending order: a"
+                         " device's share follows its group rank, not its place in the list; simulate the plan whole")
     after = plan.num_stages - index - 1
     warmup = 0 if plan.schedule == "gpipe" else min(after, plan.num_microbatches)
     key = f"{s.start},{s.stop},{s.kind},{s.degree},{warmup}"
@@ -47,6 +56,10 @@ def stage_key(plan: Plan, index: int) -> str:
         key += f",t{s.tensor_degree}"
     if s.recompute == "full":
         key += ",recompute"
+    if s.zero:
+        key += f",zero{s.zero}"
+    if plan.schedule != "1f1b":
+        key += f",{plan.schedule}"
     return key
 
 
@@ -54,7 +67,8 @@ class StageCache:
     """Peak memory of simulated stages, each simulated once, kept in a JSON file between runs.
 
     On simulated CUDA devices it also keeps each stage's reserved peak (the allocator's replay), under the file's
-    ``"reserved"`` key (a file written before has none: its CUDA stages are simulated again once).
+    ``"reserved"`` key (a file written before has none: its CUDA stages are simulated again once). One cache may
+    serve plans of several schedules: a key names the schedule unless it is 1F1B (:func:`stage_key`).
 
     Args:
         path: the JSON file (created; reloaded when it exists).
@@ -72,9 +86,10 @@ class StageCache:
         self.run_options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
         self.progress = progress
         data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self.reserved: dict[str, int] = dict(data.pop("reserved", {}))
-        """CUDA: the reserved peak of every simulated stage (``max_memory_reserved`` of the replay)."""
-        self.peaks: dict[str, int] = data
+        self.reserved: dict[str, int | list[int]] = dict(data.pop("reserved", {}))
+        """CUDA: the reserved peak of every simulated stage (``max_memory_reserved`` of the replay; per device, in
+        device-list order, for a ZeRO stage)."""
+        self.peaks: dict[str, int | list[int]] = data
         self._cuda = self.run_options.get("device_type") == "cuda"
         self.simulated = 0
         self._specs: Any = None
@@ -94,21 +109,33 @@ class StageCache:
                 validate_config(cfg)
                 if self._specs is None:
                     self._specs = boundary_specs(resolve_model(self.model))
-                report = simulate_stage(cfg, i, iterations=2, specs=self._specs)
-                self.peaks[key] = max(report.iteration_peaks[1:])  # the measured iteration, as launch reports it
-                if report.reserved_peaks:
-                    self.reserved[key] = max(report.reserved_peaks[1:])
+                # One device per stage, every device of a ZeRO stage ([Note: what a simulated stage's memory
+                # depends on]); the measured iteration's peak, as launch reports it.
+                reports = [simulate_stage(cfg, i, iterations=2, specs=self._specs, rank=d)
+                           for d in (stage.devices if stage.zero else stage.devices[:1])]
+                peaks = [max(r.iteration_peaks[1:]) for r in reports]
+                self.peaks[key] = peaks if stage.zero else peaks[0]
+                if all(r.reserved_peaks for r in reports):
+                    reserved = [max(r.reserved_peaks[1:]) for r in reports]
+                    self.reserved[key] = reserved if stage.zero else reserved[0]
                 self.simulated += 1
                 self._save()
                 if self.progress is not None:
                     self.progress(f"simulated stage {key}: {self.peaks[key]} bytes")
-            out += [DeviceMemory(d, i, None, self.peaks[key]) for d in stage.devices]
+            value = self.peaks[key]
+            each = value if isinstance(value, list) else [value] * len(stage.devices)
+            out += [DeviceMemory(d, i, None, peak) for d, peak in zip(stage.devices, each)]
         return sorted(out, key=lambda d: d.device)
 
     def reserved_peaks(self, plan: Plan) -> dict[int, int]:
         """CUDA: every device's reserved peak, for the stages :meth:`measure` simulated (empty on a CPU)."""
-        return {d: self.reserved[key] for i, stage in enumerate(plan.stages)
-                if (key := stage_key(plan, i)) in self.reserved for d in stage.devices}
+        out: dict[int, int] = {}
+        for i, stage in enumerate(plan.stages):
+            value = self.reserved.get(stage_key(plan, i))
+            if value is not None:
+                each = value if isinstance(value, list) else [value] * len(stage.devices)
+                out.update(zip(stage.devices, each))
+        return out
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")

@@ -41,6 +41,7 @@ from hybridplan.plan import SCHEDULES, Cluster, Plan, StagePlan, as_schedule, sp
 from hybridplan.predict.time_model import (
     TimeBreakdown,
     allreduce_seconds,
+    link_bandwidth,
     p2p_seconds,
     predict_iteration_time,
     slowest_link,
@@ -204,8 +205,10 @@ def assign_layers(
     sync = None
     if flush and cuts == "bottleneck" and dp > 1:
         # time_model.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
-        factors = tuple(allreduce_seconds(1.0, dp, min(slowest_link(cluster, g.data_group(r)) for r in range(tp))) / tp
-                        for g in groups)
+        # capped by the measured bandwidth; its per-message latency (the stage's parameter tensors x 2(dp-1) x alpha)
+        # is not in the cut's objective yet: the candidates' times (predict_iteration_time) hold it
+        factors = tuple(allreduce_seconds(1.0, dp, link_bandwidth(
+            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp for g in groups)
         if range_bytes is None:
             range_bytes = parameter_range_bytes(profile)
         sync = SyncCosts(range_bytes, factors)
