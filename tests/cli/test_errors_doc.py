@@ -106,7 +106,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("run --model gpt-tiny --cluster 1x4 --plan split.json", "does not split into 3 equal micro-batches"),
         Case("run --model gpt-tiny --cluster 2x2 --plan spans.json", "spans nodes [0, 1]"),
         Case("run --model gpt-tiny --cluster 1x4 --plan zero_tensor.json", "ZeRO-1 shards over the data-parallel group"),
-        Case("run --model gpt-tiny --cluster 1x4 --plan zero.json", "does not run yet", before_torch=False),
+        Case("run --model gpt-tiny --cluster 1x4 --plan zero.json", "with PipeDream-2BW", before_torch=False),
     )),
     ("Profile databases and time profiles", (
         Case("plan --db missing.sqlite --cluster 1x4", "profile database 'missing.sqlite' does not exist"),
@@ -212,8 +212,8 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     variant("split.json", num_microbatches=3)
     variant("spans.json", stage0_devices=[1, 2], stage1_devices=[0])
     variant("zero_tensor.json", stage0_zero=1)
-    data = {**gpt, "stages": [{"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2,
-                               "devices": [0, 1, 2, 3], "zero": 2}]}
+    data = {**gpt, "schedule": "2bw", "stages": [{"layers": [0, 10], "parallelism": "data+tensor", "degree": 4,
+                                                  "tensor_degree": 2, "devices": [0, 1, 2, 3], "zero": 2}]}
     (folder / "zero.json").write_text(json.dumps(data))
     zero2 = {**MIXED, "stages": [{"layers": [0, 3], "parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 2},
                                   {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [2]}]}

@@ -43,3 +43,41 @@ def test_a_data_tensor_stage_is_its_tensor_stage_at_the_replica_batch(mlp_files)
     assert predictor.predict(composite).devices[0].peak_memory_bytes == predictor.predict(tensor).devices[0].peak_memory_bytes
     # the pipeline-only stage after it still sees the whole batch
     assert predictor.predict(composite).devices[4].peak_memory_bytes != predictor.predict(tensor).devices[2].peak_memory_bytes
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, schedule):
+    """[Note: ZeRO-1 of a data x tensor stage] (predict/zero.py): layers 0-1 as 2 replicas of a tensor x2 group
+    whose shards' AdamW state ZeRO-1 splits over each tensor rank's data group. By hand (a column-parallel
+    Linear(16, 32): shards of 16 x 16 and 16 elements) one replica keeps the weight shard's moments, the other
+    the bias shard's, each with one step count: the replicas differ, every device predicted to the byte."""
+    plan = _plan(schedule, [{"layers": [0, 2], **DT, "zero": 1, "devices": [0, 1, 2, 3]},
+                            {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}])
+    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse("1x5"), model=MLP,
+                           run_options={"backend": "sim"})
+    assert report.run.ok, report.run.reason
+    rows = [(r.predicted, r.measured) for r in report.rows]
+    assert rows == [(m, m) for _, m in rows]
+    measured = [d.static_memory_bytes for d in report.run.devices[:4]]
+    predicted = [d.quantities["static"] for d in report.prediction.devices[:4]]
+    for static in (measured, predicted):  # replica 0 is devices 0 and 1, replica 1 devices 2 and 3
+        assert static[0] == static[1] and static[2] == static[3]
+        assert static[0] - static[2] == 8 * (16 * 16 - 16)
+
+
+def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files):
+    from hybridplan.errors import ProfileError
+    from hybridplan.predict.zero import ZeroLayout
+
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    def plan(zero: int) -> Plan:
+        return _plan("1f1b", [{"layers": [0, 2], **DT, "zero": zero, "devices": [0, 1, 2, 3]},
+                              {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}])
+
+    with pytest.raises(ProfileError, match="ZeRO-3 of a data x tensor stage is not predicted from a profile: FSDP"
+                                           " gathers each layer's tensor shards"):
+        predictor.predict(plan(3))
+    assert predictor.zero_layout is not None
+    predictor.zero_layout = ZeroLayout([[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes])  # none recorded
+    with pytest.raises(ProfileError, match="does not record the tensor x2 parameter shards"):
+        predictor.predict(plan(1))

@@ -72,17 +72,18 @@ def test_json_form_round_trips():
         config_to_json(config(model=get_model("gpt-tiny")))
 
 
-def test_zero_on_a_data_stage_is_accepted_and_on_a_tensor_split_refused():
+def test_zero_on_data_and_data_x_tensor_stages_is_accepted_and_with_2bw_refused():
     plan = make_plan("1f1b", 16, 4, [(0, 5, "data", [0, 1]), (5, 10, "none", [2])])
     zero = Plan.from_dict({**plan.to_dict(), "stages": [{**plan.to_dict()["stages"][0], "zero": 1},
                                                         plan.to_dict()["stages"][1]]})
     validate_config(RunConfig(model="gpt-tiny", plan=zero, cluster=Cluster.parse("1x3")))  # runs: test_sharding.py
-    both = Plan.from_dict({**plan.to_dict(), "stages": [
+    both = {**plan.to_dict(), "stages": [
         {"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3],
-         "zero": 2}]})
-    with pytest.raises(UsageError, match="stage 0 .* asks for ZeRO-2 sharding of a tensor-parallel stage, which this"
-                                         " runtime does not run yet"):
-        validate_config(RunConfig(model="gpt-tiny", plan=both, cluster=Cluster.parse("1x4")))
+         "zero": 2}]}
+    validate_config(RunConfig(model="gpt-tiny", plan=Plan.from_dict(both), cluster=Cluster.parse("1x4")))
+    with pytest.raises(UsageError, match="stage 0 .* asks for ZeRO-2 sharding with PipeDream-2BW"):
+        validate_config(RunConfig(model="gpt-tiny", plan=Plan.from_dict({**both, "schedule": "2bw"}),
+                                  cluster=Cluster.parse("1x4")))
 
 
 def test_a_cuda_capacity_must_hold_at_least_the_cuda_context():

@@ -1,9 +1,10 @@
-"""ZeRO-sharded data-parallel stages (runtime/sharding.py) train the same math as one device (real processes,
+"""ZeRO-sharded data and data x tensor stages (runtime/sharding.py) train the same math as one device (real processes,
 gloo), hold what ZeRO says they hold (1/d of the optimizer state, then of the gradients and parameters,
 counted by the exact CPU tracker), and the simulated devices count them byte for byte as the real runtime."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -14,7 +15,7 @@ from hybridplan.models.base import build_layers
 from hybridplan.plan import Cluster, Plan
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
-from tests.runtime.util import assert_same_training
+from tests.runtime.util import assert_same_training, single_device
 
 pytestmark = pytest.mark.distributed
 
@@ -60,6 +61,42 @@ def test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same():
     assert_same_training("gpt-tiny", plan, "1x5")
 
 
+def _sim_counts_as(real: Any, plan: Plan, cluster: str) -> Any:
+    """The simulated run of ``plan`` (as many iterations as ``real``): asserted to count every device's bytes
+    as the real run ``real`` did; returned."""
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim"))
+    assert sim.ok, sim.reason
+    for r, f in zip(real.devices, sim.devices, strict=True):
+        assert (f.static_memory_bytes, f.iteration_peaks, f.peak_breakdown) == \
+            (r.static_memory_bytes, r.iteration_peaks, r.peak_breakdown)
+    return sim
+
+
+def test_gpt_zero3_data_x_tensor_stage_then_tensor_stage_1f1b_trains_the_same():
+    """FSDP2 over the data dimension of the stage's 2-D (data, tensor) mesh, on top of the tensor-parallel
+    DTensor shards; then a plain tensor stage. The simulated devices count it as the runtime does."""
+    plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 3}),
+                                   (5, 10, "tensor", [4, 5], {})])
+    _sim_counts_as(assert_same_training("gpt-tiny", plan, "1x6"), plan, "1x6")
+
+
+def test_zero2_data_x_tensor_stage_gpipe_trains_the_same_and_keeps_half_of_each_tensor_shard():
+    """A device, then 2 replicas of a tensor x2 group under ZeRO-2. Each rank holds half of its tensor
+    shard's parameters and AdamW moments (a tensor rank's static bytes unsharded are 3 P_t + 4 n: shard,
+    two moments, a 4-byte step count per tensor; sharded over 2 replicas P_t / 2 + P_t + 4 n)."""
+    def zero2(zero: int) -> Plan:
+        more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
+        return plan_of("gpipe", 16, 4, [(0, 3, "none", [0], {}), (3, 10, "data+tensor", [1, 2, 3, 4], more)])
+
+    sim = _sim_counts_as(assert_same_training("gpt-tiny", zero2(2), "1x5"), zero2(2), "1x5")
+    plain = launch(RunConfig(model="gpt-tiny", plan=zero2(0), cluster=Cluster.parse("1x5"), iterations=2, backend="sim"))
+    assert plain.ok, plain.reason
+    n = sum(1 for layer in build_layers(get_model("gpt-tiny"), 3, 10, 0) for _ in layer.parameters())
+    for unsharded, sharded in zip(plain.devices[1:], sim.devices[1:], strict=True):
+        assert sharded.static_memory_bytes == (unsharded.static_memory_bytes - 4 * n) // 2 + 4 * n
+    assert sim.devices[0].static_memory_bytes == plain.devices[0].static_memory_bytes
+
+
 def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard():
     """The 4 ranks of 2 x tensor x2 hold the same parameter shards as a tensor x2 stage; ZeRO-1 splits their
     AdamW moments between the 2 replicas of each tensor rank: per tensor rank, the two replicas' static bytes
@@ -77,6 +114,57 @@ def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard
         params_and_state = plain[k]
         assert sharded[k] + sharded[2 + k] < 2 * params_and_state
         assert max(sharded[k], sharded[2 + k]) < params_and_state
+
+
+@functools.cache
+def _bf16_reference() -> tuple[float, ...]:
+    """The losses of gpt-tiny's batch of 16 in 4 micro-batches on one bf16 device (GPipe and 1F1B alike)."""
+    from tests.runtime.test_precision import _run
+
+    return tuple(_run(single_device(zero_plan(0)), "1x1", precision="bf16").losses)
+
+
+def _trains_like_one_bf16_device(plan: Plan, cluster: str) -> Any:
+    """Run ``plan`` in bf16: losses as tests/runtime/test_precision.py bounds a bf16 plan against one bf16 device
+    (sums split and rounded differently: within a quarter of bf16's unit roundoff), and the simulated devices
+    count every device as the runtime. Returns the run."""
+    from tests.runtime.test_precision import BF16_UNIT_ROUNDOFF, _run
+
+    got = _run(plan, cluster, precision="bf16")
+    for a, b in zip(got.losses, _bf16_reference(), strict=True):
+        assert abs(a - b) <= BF16_UNIT_ROUNDOFF / 4 * abs(b), (got.losses, _bf16_reference())
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim",
+                           precision="bf16"))
+    assert sim.ok, sim.reason
+    assert [(d.static_memory_bytes, d.iteration_peaks, d.peak_breakdown) for d in sim.devices] == \
+        [(d.static_memory_bytes, d.iteration_peaks, d.peak_breakdown) for d in got.devices]
+    return got
+
+
+def test_zero1_in_bf16_trains_like_one_bf16_device_and_shards_the_master_copies():
+    """ZeRO-1 in mixed precision: each replica keeps the bf16 parameters (2 bytes per element) and, for its share
+    only, the fp32 master copy and two fp32 moments (12 bytes per element) and step counts. So the two replicas'
+    static bytes add up to 2 x 2 + 12 = 16 bytes per element (4P for P fp32 parameter bytes) and 4 n."""
+    got = _trains_like_one_bf16_device(zero_plan(1), "1x3")
+    P, n = _stage0_sizes()
+    static = [d.static_memory_bytes for d in got.devices[:2]]
+    assert sum(static) == 4 * P + 4 * n and static[0] != static[1]
+
+
+@pytest.mark.parametrize("schedule, stages, cluster", [
+    ("1f1b", [(0, 5, "data", [0, 1], {"zero": 3}), (5, 10, "none", [2], {})], "1x3"),
+    ("gpipe", [(0, 3, "none", [0], {}), (3, 10, "data+tensor", [1, 2, 3, 4], {"tensor_degree": 2, "zero": 2})], "1x5"),
+])
+def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(schedule, stages, cluster):
+    """FSDP2's MixedPrecisionPolicy: the sharded stage stays fp32 (its shards are the master copies) and computes
+    in bf16, so each of its devices holds between iterations exactly what the same plan holds in fp32."""
+    plan = plan_of(schedule, 16, 4, stages)
+    got = _trains_like_one_bf16_device(plan, cluster)
+    fp32 = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=2, backend="sim"))
+    assert fp32.ok, fp32.reason
+    sharded = plan.stages[0] if plan.stages[0].zero else plan.stages[1]
+    for d in sharded.devices:
+        assert got.devices[d].static_memory_bytes == fp32.devices[d].static_memory_bytes
 
 
 def _stage0_sizes() -> tuple[int, int]:
@@ -124,9 +212,6 @@ def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
 
 
 @pytest.mark.parametrize("stage, settings, message", [
-    ({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3], "zero": 2}, {},
-     "ZeRO-2 sharding of a tensor-parallel stage, which this runtime does not run yet"),
-    ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"precision": "bf16"}, "in bf16"),
     ({"parallelism": "data", "degree": 2, "devices": [0, 1]}, {"schedule": "2bw"}, "with PipeDream-2BW"),
 ])
 def test_what_is_not_sharded_yet_is_refused_before_any_process(stage, settings, message):

@@ -25,7 +25,7 @@ under another schedule (or the reverse) gets its weight stash added to (removed 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybridplan.errors import PlanError, ProfileError
-from hybridplan.plan import Plan
+from hybridplan.plan import Plan, StagePlan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
@@ -311,7 +311,8 @@ class MemoryPredictor:
             stash=db.weight_stash,
             recompute=bool(db.run_options.get("activation_checkpointing", False)),
             device_type=db.run_options.get("device_type", "cpu"),
-            zero_layout=None if shapes is None else ZeroLayout(shapes),
+            zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes"),
+                                                               precision=db.run_options.get("precision", "fp32")),
             reserved=reserved_excess(db),
         )
 
@@ -343,8 +344,9 @@ class MemoryPredictor:
 
     def _zero_source(self, kind: str, zero: int) -> str | None:
         """The profiled kind a ZeRO stage is predicted from ([Note: predicting ZeRO from a profile]), or None
-        where the profile cannot say (ZeRO-2, ZeRO of a data x tensor stage, no parameter shapes recorded)."""
-        if self.zero_layout is None or kind != "data":
+        where the profile cannot say (ZeRO of a data x tensor stage, ZeRO-2 in mixed precision, no parameter shapes
+        recorded)."""
+        if self.zero_layout is None or kind != "data" or (zero == 2 and self.zero_layout.precision != "fp32"):
             return None
         return {1: "data", 2: "data-zero3", 3: "data-zero3"}.get(zero)
 
@@ -403,7 +405,8 @@ class MemoryPredictor:
             return self.recomputed.stage_memory(start, stop, kind, degree, stages_after, tensor_degree=tensor_degree,
                                                 zero=zero)
         if zero:
-            peaks = self.zero_peaks(start, stop, kind, zero, degree, stages_after)
+            peaks = (self.zero_tensor_peaks(start, stop, zero, degree, tensor_degree, stages_after) if kind == "data+tensor"
+                     else self.zero_peaks(start, stop, kind, zero, degree, stages_after))
             return math.inf if peaks is None else max(peaks)
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
@@ -436,28 +439,71 @@ class MemoryPredictor:
             return None
         if zero == 2:
             return self._zero2_peaks(start, stop, degree, stages_after)
-        measured = (source, degree) in self.stats or self._wider_data(source, degree) is not None
-        q = self.span_quantities(start, stop, source, degree) if measured else None
+        shifts = [layout.shift(start, stop, zero, degree, r) for r in range(degree)]
+        refine = self._zero3_quantities if zero == 3 and layout.precision == "fp32" else None
+        return self._shifted_peaks(start, stop, source, degree, stages_after, shifts, refine)
+
+    def zero_tensor_peaks(self, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
+                          stages_after: int) -> list[float] | None:
+        """Each data-group rank's predicted peak of a ZeRO-1 data x tensor stage of ``degree`` devices (every tensor
+        rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero.py), or None where the profile cannot
+        say: ZeRO-2/3, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+        layout, replica = self._tensor_shards(tensor_degree), self._replica(degree, tensor_degree)
+        if zero != 1 or layout is None or replica is None:
+            return None
+        data = degree // tensor_degree
+        shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
+        return replica._shifted_peaks(start, stop, "tensor", tensor_degree, stages_after, shifts)
+
+    def _tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
+        return None if self.zero_layout is None else self.zero_layout.of_tensor_shards(tensor_degree)
+
+    def _shifted_peaks(self, start: int, stop: int, kind: str, degree: int, stages_after: int,
+                       shifts: list[tuple[int, int]],
+                       refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None) -> list[float] | None:
+        """The peaks of the profiled stage ``kind`` x ``degree`` with its ``static`` and step transient moved by each
+        ``(static, step)`` shift (one per device): its quantities replayed with them; a fitted degree (or CAPTURE's
+        peak statistic) moves the peak by the static shift alone. ``refine`` (ZeRO-3's rules) rewrites the quantities
+        before the replay. None if the stage is not predicted."""
+        measured = (kind, degree) in self.stats or self._wider_data(kind, degree) is not None
+        q = self.span_quantities(start, stop, kind, degree) if measured else None
         if q is None or self.method == "capture":
-            base = self.stage_memory(start, stop, source, degree, stages_after)
+            base = self.stage_memory(start, stop, kind, degree, stages_after)
             if not math.isfinite(base):
                 return None
-            return [base + layout.static_delta(start, stop, zero, degree, r) for r in range(degree)]
+            return [base + static for static, _ in shifts]
         terms = peak_terms(self.schedule, stages_after, self.num_microbatches)
-        forward = self._sharded_forward(start, stop, degree, keep=False) if zero == 3 else None
-        if zero == 3:
-            q = self._floored_backwards(start, stop, degree, q)
-        unfetched = self._unfetched(start, stop, degree) if zero == 3 and self.schedule == "gpipe" else 0
+        if refine is not None:
+            q = refine(start, stop, degree, q)
         out = []
-        for r in range(degree):
+        for static, step in shifts:
             v = q[:_PEAK].copy()
-            v[INDEX["backward_transient"]] -= unfetched
-            if forward is not None:
-                v[INDEX["forward_transient"]] = forward
-            v[INDEX["static"]] += layout.static_delta(start, stop, zero, degree, r)
-            v[INDEX["step_transient"]] += layout.step_delta(start, stop, zero, degree, r)
+            v[INDEX["static"]] += static
+            v[INDEX["step_transient"]] += step
             out.append(float(np.max(terms @ v)))
         return out
+
+    def _zero_ranks(self, stage: StagePlan) -> tuple[ZeroLayout | None, int, Callable[[int], int]]:
+        """What shards a ZeRO stage's state, over how many ranks, and each device's rank there: the stage's
+        parameters over all its devices for a data stage, a tensor rank's shards over its data group for a data x
+        tensor stage (a group's ranks follow the global ranks: dist.new_group sorts them)."""
+        if stage.kind != "data+tensor":
+            return self.zero_layout, stage.degree, sorted(stage.devices).index
+        t = stage.tensor_degree
+        return (self._tensor_shards(t), stage.data_degree,
+                lambda device: sorted(stage.data_group(stage.devices.index(device) % t)).index(device))
+
+    def _zero3_quantities(self, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+        """A ZeRO-3 span's scenario quantities ``q`` with the fp32 rules applied: its forward transient from the
+        data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
+        prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero.py)."""
+        q = self._floored_backwards(start, stop, degree, q.copy())
+        if self.schedule == "gpipe":
+            q[INDEX["backward_transient"]] -= self._unfetched(start, stop, degree)
+        forward = self._sharded_forward(start, stop, degree, keep=False)
+        if forward is not None:
+            q[INDEX["forward_transient"]] = forward
+        return q
 
     def _sharded_forward(self, start: int, stop: int, degree: int, *, keep: bool) -> float | None:
         """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
@@ -604,13 +650,13 @@ class MemoryPredictor:
             return self.recomputed.stage_memory_matrix(kind, degree, stages_after, L, tensor_degree=tensor_degree,
                                                        zero=zero)
         if zero:
-            source = self._zero_source(kind, zero)
+            source = kind if kind == "data+tensor" else self._zero_source(kind, zero)
             if source is None or self.zero_layout is None:
                 return out
-            base = self.stage_memory_matrix(source, degree, stages_after, L)
+            base = self.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
             for start, stop in zip(*np.nonzero(np.isfinite(base))):
-                peaks = self.zero_peaks(int(start), int(stop), kind, zero, degree, stages_after)
-                out[start, stop] = math.inf if peaks is None else max(peaks)
+                out[start, stop] = self.stage_memory(int(start), int(stop), kind, degree, stages_after,
+                                                     tensor_degree=tensor_degree, zero=zero)
             return out
         if kind == "data+tensor":
             replica = self._replica(degree, tensor_degree)
@@ -727,23 +773,25 @@ class MemoryPredictor:
             q = source.span_quantities(stage.start, stage.stop, kind, degree)
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:_PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
-            ranks = sorted(stage.devices)  # a data group's ranks follow the global ranks (dist.new_group sorts them)
-            peaks = base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after) if stage.zero else None
-            if stage.zero and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
+            peaks = None
+            if stage.zero:
+                peaks = (base.zero_tensor_peaks(stage.start, stage.stop, stage.zero, stage.degree, stage.tensor_degree,
+                                                after) if stage.kind == "data+tensor"
+                         else base.zero_peaks(stage.start, stage.stop, stage.kind, stage.zero, degree, after))
+            layout, world, rank_of = base._zero_ranks(stage)
+            if stage.zero and stage.kind == "data" and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
                 raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
                                    f" data{degree} and data{degree}-zero3 scenarios' quantities",
                                    fix="predict with the default method (quantities), or profile with --zero")
             for d in stage.devices:
                 mine, peak = breakdown, value
-                if peaks is not None and base.zero_layout is not None:
-                    r = ranks.index(d)
+                if peaks is not None and layout is not None:
+                    r = rank_of(d)
                     peak = peaks[r]
                     if breakdown:
-                        mine = {**breakdown,
-                                "static": breakdown["static"] + base.zero_layout.static_delta(stage.start, stage.stop,
-                                                                                             stage.zero, degree, r),
-                                "step_transient": breakdown["step_transient"] + base.zero_layout.step_delta(
-                                    stage.start, stage.stop, stage.zero, degree, r)}
+                        static, step = layout.shift(stage.start, stage.stop, stage.zero, world, r)
+                        mine = {**breakdown, "static": breakdown["static"] + static,
+                                "step_transient": breakdown["step_transient"] + step}
                 rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)
                 excess = None if outside is None or source.reserved is None else source.reserved.excess(
@@ -787,6 +835,9 @@ class MemoryPredictor:
         """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile])."""
         where = f"stage {i} ({stage.describe()})"
         instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
+        if stage.kind == "data+tensor":
+            MemoryPredictor._check_zero_tensor(where, stage, base, instead)
+            return
         if stage.kind != "data":
             raise ProfileError(f"{where}: ZeRO-{stage.zero} of a {stage.kind} stage is not yet predicted from a profile",
                                fix=instead)
@@ -794,6 +845,10 @@ class MemoryPredictor:
             raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
                                fix="run the same 'hybridplan profile' command on the database again: it resumes and"
                                " records them")
+        if stage.zero == 2 and base.zero_layout.precision != "fp32":
+            raise ProfileError(f"{where}: ZeRO-2 is not predicted from a {base.zero_layout.precision} profile: its rules"
+                               " count the gathered parameters at the recorded fp32 sizes, and FSDP's mixed precision"
+                               " gathers low-precision copies, which no profile measured", fix=instead)
         if stage.zero in (2, 3) and not base.profiled_degrees("data-zero3"):
             raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
                                fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
@@ -808,6 +863,19 @@ class MemoryPredictor:
             raise ProfileError(f"{where}: ZeRO-2 is predicted from the data{stage.degree} and data{stage.degree}-zero3"
                                " scenarios, and the profile lacks one (no fit across degrees for ZeRO-2)",
                                fix=f"profile with --zero on a mesh with {stage.degree} devices per node, or " + instead)
+
+    @staticmethod
+    def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, instead: str) -> None:
+        """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage])."""
+        t = stage.tensor_degree
+        if stage.zero >= 2:
+            raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage is not predicted from a profile: FSDP"
+                               f" gathers each layer's tensor shards there, which neither the tensor{t} scenario (no FSDP)"
+                               " nor a data<d>-zero3 scenario (whole layers gathered) measures", fix=instead)
+        if base.zero_layout is None or (base._tensor_shards(t) is None and t in base.profiled_degrees("tensor")):
+            raise ProfileError(f"{where}: the profile does not record the tensor x{t} parameter shards ZeRO-1 shards",
+                               fix="run the same 'hybridplan profile' command on the database again: it resumes and"
+                               " records them")
 
     def _why_missing(self, start: int, stop: int, kind: str, degree: int) -> str:
         key = self._scenario(kind, degree)

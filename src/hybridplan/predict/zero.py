@@ -33,7 +33,26 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
   Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward]; and its
   backwards are at least [Note: the sharded backward's floor].
+  In mixed precision ZeRO-3 is the scenario's own quantities (predicted to the byte on the MLP in bf16):
+  those three rules were measured in fp32, and FSDP2's ``MixedPrecisionPolicy`` gathers bf16/fp16 copies
+  (plus their casts) that :meth:`ZeroLayout.gathered_bytes`, counting the recorded fp32 elements, does not
+  (applied in bf16 anyway, they predict 21,200 bytes where the MLP's layers 0-2 on 2 ranks measure 20,208).
+- [Note: ZeRO-1 of a data x tensor stage] Each of the ``d`` replicas of a ``data+tensor`` stage is a ``t``-way
+  tensor stage at ``1/d`` of the batch ([Note: a data x tensor stage is a tensor stage at a smaller batch] in
+  predict/memory.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
+  *shards* to a ``ZeroRedundancyOptimizer`` over that rank's data group. So the stage is the tensor stage's
+  prediction at the replica's batch with ``static`` and the step transient moved exactly as for a data stage,
+  by the ZeRO-1 partition of the shards' sizes over ``d`` ranks. The shards' shapes are the split layers'
+  (every tensor rank's are equal: a split needs the degree to divide the dimension), which a profile records
+  per tensor degree it profiles (profiling/campaign.py, built on fake tensors as the runtime splits them:
+  a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
+  ZeRO-2/3 of a data x tensor stage are not predicted: FSDP's transients there are the gathered *tensor
+  shards* of a layer, which neither the ``tensor<t>`` scenario (no FSDP) nor ``data<d>-zero3`` (whole layers
+  gathered) measures; the predictor says so, and the simulated devices count them exactly.
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
+  Predicted in fp32 only: its rules rest on the gathered bytes, which in mixed precision are FSDP2's
+  low-precision copies, not measured here; the predictor refuses ZeRO-2 from a mixed-precision profile,
+  naming why, and the simulated devices count it exactly.
 
 [Note: the sharded backward's floor] Like the forward, a ZeRO-3 backward that follows a forward runs the data
 stage's backward with the layer all-gathered and (FSDP2's backward prefetch) the layer before it too, and the
@@ -101,7 +120,7 @@ backward]).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -152,31 +171,51 @@ class ZeroLayout:
 
     Args:
         shapes: per layer, per parameter (``parameters()`` order), ``[element bytes, *shape]``.
+        tensor_shards: per tensor degree (a JSON key: its decimal string), the same for the parameter shards a
+            tensor rank holds (profiling/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
+            split at that degree); empty for a profile that did not record them.
+        precision: the profiled runs' precision. In mixed precision ZeRO-1 shards the fp32 master copies with
+            the moments (runtime/sharding.py) and its step holds an fp32 copy of one gradient besides AdamW's two
+            temporaries; ZeRO-2/3 keep fp32 shards as the masters in either precision (``shard_stage``).
     """
 
-    def __init__(self, shapes: Sequence[Sequence[Sequence[int]]]) -> None:
+    def __init__(self, shapes: Sequence[Sequence[Sequence[int]]],
+                 tensor_shards: Mapping[str, Sequence[Sequence[Sequence[int]] | None]] | None = None, *,
+                 precision: str = "fp32") -> None:
         self.shapes = [[(int(p[0]), tuple(int(x) for x in p[1:])) for p in layer] for layer in shapes]
+        self.tensor_shards = dict(tensor_shards or {})
+        self.precision = precision
+
+    def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
+        """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
+        or None where the profile did not record that degree. A layer that does not split holds nothing here
+        (no tensor stage can hold it)."""
+        shards = self.tensor_shards.get(str(tensor_degree))
+        return None if shards is None else ZeroLayout([layer or [] for layer in shards], precision=self.precision)
 
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
         return [p for layer in self.shapes[start:stop] for p in layer]
 
-    @staticmethod
-    def _state(element: int, numel: int) -> int:
-        return _MOMENTS * element * numel + STEP_COUNTER_BYTES
+    def _state(self, element: int, numel: int, zero: int) -> int:
+        """AdamW state of one parameter (or share of one): its moments and step count, and in mixed precision
+        under ZeRO-0/1 its fp32 master copy (runtime/precision.py; the recorded element size is the fp32
+        model's). Under ZeRO-2/3 the masters are the FSDP shards, parameters equal on every rank."""
+        master = 1 if self.precision != "fp32" and zero <= 1 else 0
+        return (_MOMENTS + master) * element * numel + STEP_COUNTER_BYTES
 
     def optimizer_bytes(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """AdamW state bytes that ``rank`` of a ``degree``-way stage ``[start, stop)`` holds at ZeRO ``zero``."""
         params = self._params(start, stop)
         numels = [math.prod(shape) for _, shape in params]
         if zero == 0:
-            return sum(self._state(e, n) for (e, _), n in zip(params, numels))
+            return sum(self._state(e, n, zero) for (e, _), n in zip(params, numels))
         if zero == 1:
             share = zero1_shares(numels, degree)[rank]
-            return sum(self._state(params[i][0], numels[i]) for i in share)
+            return sum(self._state(params[i][0], numels[i], zero) for i in share)
         out = 0
         for element, shape in params:
             dims = shape or (1,)
-            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]))
+            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]), zero)
         return out
 
     def static_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
@@ -184,6 +223,11 @@ class ZeroLayout:
         unsharded data stage (every rank's optimizer state), for ZeRO-2/3 the first rank of the same sharding."""
         base = self.optimizer_bytes(start, stop, 0 if zero == 1 else zero, degree, 0)
         return self.optimizer_bytes(start, stop, zero, degree, rank) - base
+
+    def shift(self, start: int, stop: int, zero: int, degree: int, rank: int) -> tuple[int, int]:
+        """How ``rank``'s ``static`` and step transient differ from the profiled device's: (:meth:`static_delta`,
+        :meth:`step_delta`)."""
+        return self.static_delta(start, stop, zero, degree, rank), self.step_delta(start, stop, zero, degree, rank)
 
     def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
         """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over
@@ -207,7 +251,9 @@ class ZeroLayout:
         params = self._params(start, stop)
         sizes = [e * math.prod(shape) for e, shape in params]
         share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
-        return 2 * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
+        # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
+        temporaries = 2 if self.precision == "fp32" else 3
+        return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
 
 
 @dataclass(frozen=True)

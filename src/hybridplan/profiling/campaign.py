@@ -261,6 +261,7 @@ class Campaign:
         summary = CampaignSummary()
         started = time.perf_counter()
         self._record_weight_stash()
+        self._record_shard_shapes()
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
         plan = [(b, s) for s in order for b in self.batch_sizes]
@@ -298,6 +299,23 @@ class Campaign:
                          " of 2bw plans from this profile will be refused unless it is taken with --schedule 2bw")
                 continue
             self.store.replace_weight_stash(kind, degree, sizes)
+
+    def _record_shard_shapes(self) -> None:
+        """Per tensor degree profiled, the parameter shards of a tensor rank, layer by layer (on fake tensors, once):
+        what ZeRO-1 partitions over the data group of a data x tensor stage ([Note: predicting ZeRO from a
+        profile] in predict/zero.py)."""
+        from hybridplan.profiling.split_layers import layer_shard_shapes
+
+        have = dict(self.store.get_meta("tensor_shard_shapes") or {})
+        degrees = sorted({s.degree for s in self.scenarios if s.kind == "tensor" and s.degree > 1} - {int(d) for d in have})
+        for degree in degrees:
+            try:
+                have[str(degree)] = layer_shard_shapes(self.model, degree)
+            except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
+                self.say(f"parameter shards of tensor x{degree} not recorded ({type(e).__name__}: {e}): ZeRO-1 of"
+                         " data x tensor stages will not be predicted from this profile")
+        if degrees:
+            self.store.set_meta("tensor_shard_shapes", have)
 
     def dry_run(self) -> list[tuple[int, Scenario, ProfilingRun]]:
         """The runs the campaign would make if every run succeeded, without running anything.

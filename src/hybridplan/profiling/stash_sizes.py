@@ -4,19 +4,15 @@ A 2BW stage keeps an older copy of its trainable parameters (runtime/weight_stas
 versions]): one plain tensor per parameter storage, in the compute dtype. The memory predictor adds those
 bytes to profiles taken under another schedule ([Note: predicting PipeDream-2BW] in predict/stash.py),
 so the profiling campaign records them per layer, per stage kind and degree (profiling/campaign.py). They
-are counted by building every layer exactly as the runtime does (runtime/stage.py, tensor-parallel shards
-on a fake process group, the mixed-precision cast) on fake tensors: no device memory, no compute.
+are counted by building every layer exactly as the runtime does (profiling/split_layers.py: tensor-parallel
+shards on a fake process group; then the mixed-precision cast) on fake tensors: no device memory, no compute.
 """
 
 from __future__ import annotations
 
-from typing import cast
-
 import torch
-import torch.distributed as dist
 
 from hybridplan.models.base import LayeredModel
-from hybridplan.plan import Parallelism, StagePlan
 
 __all__ = ["layer_stash_bytes"]
 
@@ -49,42 +45,24 @@ def layer_stash_bytes(
         >>> len(sizes), sizes[1] < layer_stash_bytes(get_model("gpt-tiny"), "none", 1)[1]
         (10, True)
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
-    from torch.distributed.device_mesh import DeviceMesh
-
-    from hybridplan.models.tensor_parallel import TensorParallelGroup
+    from hybridplan.profiling.split_layers import split_layers
     from hybridplan.runtime.gpu_memory import cuda_block_bytes
     from hybridplan.runtime.memory import storage_tensors
     from hybridplan.runtime.precision import cast_module, compute_dtype
-    from hybridplan.runtime.sim import fake_process_group
-    from hybridplan.runtime.stage import build_stage_module
 
-    tensor = kind == "tensor" and degree > 1
-    label: Parallelism = cast(Parallelism, kind) if degree > 1 else "none"  # StagePlan rejects an unknown kind
     dtype = compute_dtype(precision)
     out: list[int | None] = []
-    with fake_process_group(0, degree), FakeTensorMode():
-        tp = None
-        if tensor:
-            world = dist.group.WORLD
-            if world is None:  # fake_process_group makes the default group; torch did not
-                raise RuntimeError("the fake process group has no default group")
-            with unset_fake_temporarily():
-                mesh = DeviceMesh.from_group(world, "cpu")
-            tp = TensorParallelGroup(world, mesh, 0, degree)
-        for layer in range(model.num_layers):
-            if tensor and model.tensor_parallel_problem(layer, degree) is not None:
-                out.append(None)
-                continue
-            stage = StagePlan(layer, layer + 1, label, degree, tuple(range(degree)))
-            module = build_stage_module(model, stage, seed=0, device=torch.device("cpu"), tp=tp)
-            if dtype != torch.float32:
-                cast_module(module, dtype)
-            total = 0
-            for p in module.parameters():
-                if p.requires_grad:
-                    for t in storage_tensors(p):
-                        n = t.numel() * t.element_size()
-                        total += cuda_block_bytes(n) if device_type == "cuda" else n
-            out.append(total)
+    for module in split_layers(model, kind, degree):
+        if module is None:
+            out.append(None)
+            continue
+        if dtype != torch.float32:
+            cast_module(module, dtype)
+        total = 0
+        for p in module.parameters():
+            if p.requires_grad:
+                for t in storage_tensors(p):
+                    n = t.numel() * t.element_size()
+                    total += cuda_block_bytes(n) if device_type == "cuda" else n
+        out.append(total)
     return out

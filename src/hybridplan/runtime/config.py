@@ -165,12 +165,6 @@ def validate_config(cfg: RunConfig) -> None:
             continue
         what = f"stage {i} ({s.describe()}) asks for ZeRO-{s.zero} sharding"
         drop = 'or drop "zero" from the stage (every replica then keeps the whole optimizer state, gradients and parameters)'
-        if s.tensor_degree > 1 and s.zero >= 2:
-            raise UsageError(f"{what} of a tensor-parallel stage, which this runtime does not run yet (ZeRO-1 it does)",
-                             fix=f'use "zero": 1, or "parallelism": "data" for a ZeRO-{s.zero} stage, {drop}')
-        if cfg.precision != "fp32":
-            raise UsageError(f"{what} in {cfg.precision}, which this runtime does not run yet (sharding runs in fp32)",
-                             fix=f"run with --precision fp32, {drop}")
         if cfg.plan.schedule == "2bw":
             raise UsageError(f"{what} with PipeDream-2BW, whose stale weight version is a second whole copy of the"
                              " parameters", fix=f"use the gpipe or 1f1b schedule, {drop}")

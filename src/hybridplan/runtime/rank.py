@@ -13,7 +13,7 @@ import gc
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -22,7 +22,7 @@ from hybridplan import collectives
 from hybridplan.models.boundaries import BoundarySpec, boundary_specs
 from hybridplan.models.tensor_parallel import TensorParallelGroup
 from hybridplan.models.zoo import resolve_model
-from hybridplan.plan import Plan
+from hybridplan.plan import Plan, StagePlan
 from hybridplan.runtime.config import DeviceType, RunConfig
 from hybridplan.runtime.executor import IterationRecord, StageExecutor, barrier
 from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, CudaDeviceModel, communicators_of, estimate_overhead_bytes
@@ -33,7 +33,7 @@ from hybridplan.runtime.sharding import shard_stage, zero1_optimizer
 from hybridplan.runtime.result import RankFailure, RankReport
 from hybridplan.runtime.stage import build_stage_module, unsplit_state
 
-__all__ = ["run_rank", "make_meter", "rank_failure", "process_group_backend", "process_group_device"]
+__all__ = ["run_rank", "make_meter", "stage_meshes", "StageMeshes", "rank_failure", "process_group_backend", "process_group_device"]
 
 Meter = CudaMemoryMeter | StorageTracker | NullMeter
 """A rank's memory meter (runtime/memory.py)."""
@@ -92,17 +92,14 @@ def run_rank(
     stage = plan.stages[stage_index]
     index_in_stage = stage.devices.index(rank)
     tp_group, dp_group = _stage_groups(plan, stage_index, index_in_stage)
-    tp, dp_mesh = None, None
+    tp, meshes = None, StageMeshes(None, None, None)
     if tp_group is not None or stage.zero >= 2:
         from torch._subclasses.fake_tensor import unset_fake_temporarily
-        from torch.distributed.device_mesh import DeviceMesh
 
         with unset_fake_temporarily():  # the mesh reads its rank table; a no-op outside a simulation
-            if tp_group is not None:
-                mesh = DeviceMesh.from_group(tp_group, device.type)
-                tp = TensorParallelGroup(tp_group, mesh, index_in_stage % stage.tensor_degree, stage.tensor_degree)
-            if stage.zero >= 2:
-                dp_mesh = DeviceMesh.from_group(dp_group, device.type)
+            meshes = stage_meshes(stage, tp_group, dp_group, device.type)
+        if tp_group is not None:
+            tp = TensorParallelGroup(tp_group, meshes.tensor, index_in_stage % stage.tensor_degree, stage.tensor_degree)
     checkpointing = cfg.activation_checkpointing or stage.recompute == "full"
     collectives.stage_through_host(cfg.share_gpu)  # gloo on a shared GPU: runtime/shared_gpu.py
 
@@ -114,14 +111,18 @@ def run_rank(
                 model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing
             )
             if stage.zero >= 2:
-                shard_stage(module, stage.zero, dp_mesh, settle_for=meter if device.type == "cpu" else None)
+                shard_stage(module, stage.zero, meshes.data, settle_for=meter if device.type == "cpu" else None,
+                            precision=cfg.precision, loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale))
+                if meshes.rank_table is not None:
+                    meter.forget(meshes.rank_table)
             if stage.zero == 1:
                 optimizer = zero1_optimizer(module, dp_group, learning_rate=cfg.learning_rate,
-                                            weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda")
+                                            weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda",
+                                            precision=cfg.precision, loss_scale=cfg.loss_scale)
             else:
                 optimizer = build_optimizer(
                     module,
-                    precision=cfg.precision,
+                    precision="fp32" if stage.zero >= 2 else cfg.precision,  # FSDP's shards are the fp32 masters
                     learning_rate=cfg.learning_rate,
                     weight_decay=cfg.weight_decay,
                     loss_scale=cfg.loss_scale,
@@ -190,6 +191,39 @@ def run_rank(
         layer_seconds=layer_seconds,
         workspaces=records[-1].workspaces if tracked and records else None,
     )
+
+
+class StageMeshes(NamedTuple):
+    """The device meshes of one rank of a stage (:func:`stage_meshes`)."""
+
+    tensor: Any
+    """The tensor group's 1-D mesh (the DTensor shards' placements), or None."""
+    data: Any
+    """The data group's 1-D mesh for FSDP (ZeRO-2/3), or None."""
+    rank_table: torch.Tensor | None
+    """The 2-D mesh's table of ranks when the two are dimensions of one mesh, else None: FSDP2 reads it
+    while it shards (host bookkeeping, which the rank's memory meter must not count)."""
+
+
+def stage_meshes(stage: StagePlan, tp_group: Any, dp_group: Any, device_type: str) -> StageMeshes:
+    """The ``DeviceMesh`` es of this rank's tensor group and, for ZeRO-2/3, data group.
+
+    Made from the groups :func:`_stage_groups` created (``DeviceMesh.from_group``: no new collective). A
+    data x tensor stage sharded by FSDP gets one 2-D ``("data", "tensor")`` mesh over the stage's devices
+    (tensor-fastest, as the plan lists them) and the two are its dimensions: FSDP2 shards a tensor-parallel
+    DTensor parameter over the data dimension only when both meshes come from the same root mesh (it
+    concatenates them into the parameter's 2-D placement; PyTorch's FSDP + TP composition, as torchtitan
+    builds its ``dp_shard`` x ``tp`` mesh).
+    """
+    from torch.distributed.device_mesh import DeviceMesh
+
+    fsdp = stage.zero >= 2  # Plan.validate: a ZeRO stage has a data group
+    if tp_group is not None and fsdp:
+        table = torch.tensor(stage.devices, dtype=torch.int).view(stage.data_degree, stage.tensor_degree)
+        mesh = DeviceMesh.from_group([dp_group, tp_group], device_type, table, mesh_dim_names=("data", "tensor"))
+        return StageMeshes(mesh["tensor"], mesh["data"], table)
+    tp_mesh = DeviceMesh.from_group(tp_group, device_type) if tp_group is not None else None
+    return StageMeshes(tp_mesh, DeviceMesh.from_group(dp_group, device_type) if fsdp else None, None)
 
 
 def _stage_groups(plan: Plan, stage_index: int, index_in_stage: int) -> tuple[Any, Any]:

@@ -7,7 +7,8 @@ over the stage's data-parallel group of ``d`` devices:
   keeps the AdamW state of its share of the parameters (whole parameters, balanced by size, so a stage
   of few large parameters shards unevenly), steps them and broadcasts them to the others. Gradients
   are still all-reduced whole (runtime/executor.py), as in ZeRO-1. On a data x tensor stage it shards the
-  state of each tensor rank's shards over that rank's data group (:class:`ZeroOneOptimizer`).
+  state of each tensor rank's shards over that rank's data group (:class:`ZeroOneOptimizer`). In mixed
+  precision the fp32 master copies are sharded with the moments (below).
 - **ZeRO-2**, + gradients: FSDP2 :func:`~torch.distributed.fsdp.fully_shard` per layer with
   ``reshard_after_forward=False`` (FSDP's SHARD_GRAD_OP, which PyTorch's FSDP documentation likens to
   ZeRO-2). Gradients are reduce-scattered after each micro-batch's backward and accumulated sharded;
@@ -19,15 +20,34 @@ over the stage's data-parallel group of ``d`` devices:
   a layer's parameters are all-gathered before its forward and again before its backward, and freed
   after each.
 
+On a data x tensor stage, ZeRO-2/3 compose FSDP2 with the tensor split as PyTorch composes them (FSDP + TP,
+"2-D"): the stage's ranks form one 2-D ``("data", "tensor")`` ``DeviceMesh`` (runtime/rank.py
+``stage_meshes``), the tensor-parallel rules (models/tensor_parallel.py) place their DTensor shards on its
+tensor dimension, and ``fully_shard`` over its data dimension shards each tensor rank's local shard along
+dim 0 over that rank's data group (a parameter sharded on dim 0 by both gets FSDP's ``_StridedShard``
+placement); parameters the tensor split replicates (norms, a row-parallel bias) are sharded over the data
+group alone. Each device then keeps ``1/d`` of its tensor rank's training state.
+
 Each layer with parameters is its own FSDP unit (as torchtitan wraps each transformer block), so at
 most a layer's parameters are gathered at once per micro-batch in flight, and the stage module is the
 root unit. Gradients are summed, not averaged (divide factor 1): the executor already weights each
 replica's loss by its share of the rows, as for the all-reduce of an unsharded data-parallel stage.
 
-What this runtime does not shard yet (refused by runtime/config.py with the reason): ZeRO-2/3 of a stage
-that is also tensor-parallel (FSDP over a 2-D mesh needs the tensor split as DTensor placements on the same
-mesh), mixed precision (FSDP2's ``MixedPrecisionPolicy`` would replace runtime/precision.py's master
-copies) and PipeDream-2BW (its stale weight version is a second full copy of the parameters).
+In mixed precision (runtime/precision.py: low-precision parameters and gradients, fp32 master copies and
+moments), ZeRO-1 shards the master copies with the moments, as ZeRO counts them (optimizer state, section
+3.1 of the paper) and DeepSpeed's ZeRO-1 shards them: ``ZeroRedundancyOptimizer``'s local optimizer is
+precision.py's ``MixedPrecisionAdamW`` over the rank's share, whose masters are kept from the fp32 values the
+stage was built with (:func:`zero1_optimizer`); it steps them, copies them into the low-precision parameters,
+and ``ZeroRedundancyOptimizer`` broadcasts those.
+
+ZeRO-2/3 in mixed precision use FSDP2's ``MixedPrecisionPolicy`` instead of precision.py's master copies
+(:func:`shard_stage`): the stage stays fp32 and sharded (its shards are the masters, 4 bytes per element per
+device over ``d``), each layer is all-gathered in the low dtype, and the gradients are reduce-scattered in it
+and accumulated as fp32 shards, so a device keeps ``(4 + 4 + 8) / d`` bytes per element between iterations
+against precision.py's unsharded ``2 + 2 + 12``.
+
+What this runtime does not shard yet (refused by runtime/config.py with the reason): PipeDream-2BW (its stale
+weight version is a second full copy of the parameters).
 """
 
 from __future__ import annotations
@@ -103,7 +123,8 @@ class SettledReduceScatter(_SettledComm):
         _settle(tensors, before)
 
 
-def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any = None) -> None:
+def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any = None, precision: str = "fp32",
+                loss_scale: float = 1.0) -> None:
     """Make ``module`` (a stage's ``nn.Sequential``) FSDP2 units for ZeRO-2 (``zero=2``) or ZeRO-3 (``zero=3``).
 
     In place: each layer with parameters, then the stage, become ``FSDPModule`` s over ``dp_mesh`` (the
@@ -114,21 +135,31 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
     ``settle_for``: a memory meter; FSDP's collectives then run through :class:`SettledAllGather` and
     :class:`SettledReduceScatter`, so the exact tracker's count does not depend on thread timing (the gloo
     runs the tracker measures; a CUDA run measured by the allocator keeps FSDP's own overlapped collectives).
+
+    ``precision``: mixed precision ("bf16", "fp16") through FSDP2's ``MixedPrecisionPolicy``: the sharded fp32
+    parameters are the master copies (the stage is built and stepped in fp32), all-gathered into the low dtype
+    for compute, and the gradients are reduce-scattered in the low dtype (as runtime/precision.py reduces them)
+    and kept as fp32 shards. ``loss_scale``: fp16's static loss scale, divided out of every reduce-scattered
+    gradient (FSDP's gradient divide factor; a power of two, so the division is exact).
     """
     if zero not in (2, 3):
         raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+
+    from hybridplan.runtime.precision import compute_dtype
 
     mesh = dp_mesh
     reshard = zero == 3
+    low = compute_dtype(precision)
+    policy = MixedPrecisionPolicy() if precision == "fp32" else MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
     layers = list(module.children())
     for layer in layers:
         if any(p.requires_grad for p in layer.parameters()):
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
-            unit.set_gradient_divide_factor(1.0)
+            unit.set_gradient_divide_factor(loss_scale)
             unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM; a factor of 1 needs no scaling
             if settle_for is not None:
                 unit.set_custom_all_gather(SettledAllGather(settle_for))  # type: ignore[arg-type]  # duck-typed Comm
@@ -154,14 +185,21 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params: list[torch.Tensor], dp_group: Any, *, learning_rate: float, weight_decay: float,
-                 foreach: bool) -> None:
+                 foreach: bool, masters: list[torch.Tensor] | None = None, loss_scale: float = 1.0) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         self._params = params
         self._views = [_local(p).detach() for p in params]
         super().__init__(self._views, {"lr": learning_rate})
-        self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=torch.optim.AdamW, process_group=dp_group,
-                                             lr=learning_rate, weight_decay=weight_decay, foreach=foreach)
+        if masters is None:
+            self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=torch.optim.AdamW, process_group=dp_group,
+                                                 lr=learning_rate, weight_decay=weight_decay, foreach=foreach)
+            return
+        by_view = {id(v): _local(m) for v, m in zip(self._views, masters, strict=True)}
+        self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=_adamw_over_masters(by_view),
+                                             process_group=dp_group, lr=learning_rate, weight_decay=weight_decay,
+                                             loss_scale=loss_scale)
+        by_view.clear()  # the local optimizer holds its share's masters; the others' are freed
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for p in self._params:
@@ -175,11 +213,35 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
             v.grad = None
 
 
+def _adamw_over_masters(masters: dict[int, torch.Tensor]) -> Any:
+    """A local-optimizer constructor for ``ZeroRedundancyOptimizer``: runtime/precision.py's ``MixedPrecisionAdamW``
+    over the low-precision parameters of this rank's share (the parameter groups it is given), each with its
+    fp32 master from ``masters`` (keyed by the parameter's ``id``)."""
+    from hybridplan.runtime.precision import MixedPrecisionAdamW
+
+    def build(params: list[Any], **options: Any) -> MixedPrecisionAdamW:
+        flat = [p for group in params for p in (group["params"] if isinstance(group, dict) else [group])]
+        return MixedPrecisionAdamW([(p, masters[id(p)]) for p in flat], **options)
+
+    return build
+
+
 def zero1_optimizer(module: nn.Module, dp_group: Any, *, learning_rate: float, weight_decay: float,
-                    foreach: bool) -> torch.optim.Optimizer:
-    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`)."""
-    return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
-                            learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach)
+                    foreach: bool, precision: str = "fp32", loss_scale: float | None = None) -> torch.optim.Optimizer:
+    """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`).
+
+    In mixed precision it casts ``module`` (built in fp32) to the low dtype as runtime/precision.py does, and the
+    fp32 master copies, which ZeRO counts as optimizer state (Rajbhandari et al., section 3.1), are sharded with
+    the moments: each replica keeps the masters of its share only, steps them and broadcasts the low-precision
+    parameters (DeepSpeed's ZeRO-1 does the same)."""
+    from hybridplan.runtime.precision import cast_module, compute_dtype, loss_scale_of
+
+    if precision == "fp32":
+        return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
+                                learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach)
+    pairs = [(p, m) for p, m in cast_module(module, compute_dtype(precision)) if p.requires_grad]
+    return ZeroOneOptimizer([p for p, _ in pairs], dp_group, learning_rate=learning_rate, weight_decay=weight_decay,
+                            foreach=False, masters=[m for _, m in pairs], loss_scale=loss_scale_of(precision, loss_scale))
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:

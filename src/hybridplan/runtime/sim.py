@@ -43,6 +43,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -80,6 +81,31 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def _simulated_tensor_mode() -> Any:
+    """A ``FakeTensorMode`` in which host bookkeeping held in real tensors stays real.
+
+    In a simulation every tensor of the model is fake; the only real tensors are the rank tables of device
+    meshes, made outside the fake mode (runtime/rank.py). A plain ``FakeTensorMode`` refuses any operation
+    on them, and FSDP2 computes on them inside ``fully_shard`` when it composes a tensor-parallel
+    parameter's 2-D mesh (``DeviceMesh._concatenate`` reads the mesh's rank layout). An operation whose
+    tensors are all real therefore runs for real, as it does on a real rank (where the memory tracker
+    sees the same small host tensors); everything else is faked as before. Lifting a constant
+    (``torch.tensor``) still makes a fake tensor.
+    """
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
+    from torch.utils._pytree import tree_leaves
+
+    class SimulatedTensorMode(FakeTensorMode):
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            tensors = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
+            if tensors and func not in self.lift_fns and not any(isinstance(t, FakeTensor) for t in tensors):
+                with unset_fake_temporarily():
+                    return func(*args, **(kwargs or {}))
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    return SimulatedTensorMode()
+
+
 def simulate_stage(
     cfg: RunConfig,
     stage_index: int,
@@ -109,8 +135,6 @@ def simulate_stage(
         UsageError: for a stage index out of range, a rank not in the stage, or fewer than 1 iteration.
         DeviceOutOfMemory: if the device's capacity is exceeded (as a real rank would run out).
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     plan = cfg.plan
     if not 0 <= stage_index < plan.num_stages:
         raise UsageError(
@@ -125,7 +149,7 @@ def simulate_stage(
     elif rank not in devices:
         raise UsageError(f"device {rank} is not in stage {stage_index} (devices {list(devices)})")
     run_cfg = replace(cfg, iterations=iterations, save_weights_dir=None)
-    with fake_process_group(rank, plan.num_devices), FakeTensorMode():
+    with fake_process_group(rank, plan.num_devices), _simulated_tensor_mode():
         return run_rank(rank, run_cfg, device=torch.device("cpu"), specs=specs, simulated=True)
 
 
