@@ -109,7 +109,8 @@ def tiny(work: Path) -> list[str]:
         for a, b in spans:
             measured, after = measure(model, a, b, kind, degree)
             composed = predictor.span_quantities(a, b, kind, degree)
-            assert composed is not None, f"the profile cannot compose [{a},{b}) {kind}{degree}"
+            if composed is None:
+                raise SystemExit(f"the profile cannot compose [{a},{b}) {kind}{degree}")
             ruled = layer_max([alone[l] for l in range(a, b)])
             profiled = [predictor.span_quantities(l, l + 1, kind, degree) for l in range(a, b)]
             from_profile = layer_max([q for q in profiled if q is not None])
@@ -159,7 +160,9 @@ def _extension_plan(db: Path, key: str, entry: dict) -> list[str]:
         kind, degree = stage.parallelism, stage.degree
         composed = predictor.span_quantities(stage.start, stage.stop, kind, degree)
         alone = [predictor.span_quantities(l, l + 1, kind, degree) for l in range(stage.start, stage.stop)]
-        assert composed is not None and all(q is not None for q in alone)
+        if composed is None or any(q is None for q in alone):
+            raise SystemExit(f"the profile cannot compose stage {index} ([{stage.start},{stage.stop}) {kind}{degree})"
+                             " or one of its layers alone")
         ruled = layer_max([q for q in alone if q is not None])
         ruled[:4] = composed[:4]  # the additive part as composed (the profile's per-device workspaces included)
         after = plan.num_stages - 1 - index

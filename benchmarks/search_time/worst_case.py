@@ -113,7 +113,8 @@ def old_module() -> ModuleType:
         path = Path(tmp) / "old_bottleneck_cuts.py"
         path.write_text(source)
         spec = importlib.util.spec_from_file_location("old_bottleneck_cuts", path)
-        assert spec is not None and spec.loader is not None
+        if spec is None or spec.loader is None:
+            raise SystemExit(f"cannot load the old stage cut from {path}")
         module = importlib.util.module_from_spec(spec)
         sys.modules["old_bottleneck_cuts"] = module  # dataclasses look their module up
         spec.loader.exec_module(module)

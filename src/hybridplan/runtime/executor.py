@@ -238,10 +238,12 @@ class StageExecutor:
     ) -> float | None:
         n = self.rows[1] - self.rows[0]
         if self.first:
-            assert local_in is not None  # _local_batch gives the first stage its inputs
+            if local_in is None:  # _local_batch gives the first stage its inputs
+                raise RuntimeError(f"stage {self.stage_index}: the first stage was given no input rows")
             x = local_in[j * n : (j + 1) * n]
         else:
-            assert self.input_spec is not None  # every stage but the first is given what it receives
+            if self.input_spec is None:  # every stage but the first is given what it receives
+                raise RuntimeError(f"stage {self.stage_index}: no input spec for a stage that receives")
             x = self._receive(self.fwd_recv, self.input_spec, j, backward=False)
             if x.is_floating_point():
                 x.requires_grad_()
