@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridplan.errors import PlanError
-from hybridplan.plan.plan import StagePlan
+from hybridplan.plan import StagePlan
 from hybridplan.predict.time_model import sync_seconds
 from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
 from hybridplan.search.time import bottleneck_cuts

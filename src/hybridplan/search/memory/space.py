@@ -30,7 +30,7 @@ few ``t`` that do not divide ``k``.
 
 [Note: stages across nodes]
 ``PlanSpace(cross_node=True)`` also lets a data (or data x tensor) stage's replicas span nodes, as plans allow
-(plan/plan.py: only a tensor group must share a node). Such a stage takes ``m`` *whole* nodes, ``m`` = 2, 4, ...:
+(plan/rules.py: only a tensor group must share a node). Such a stage takes ``m`` *whole* nodes, ``m`` = 2, 4, ...:
 its degree is ``m*k``. Whole nodes because the value of a stage depends on its degree only, so a stage over parts
 of nodes (say 2 + 2 devices of two nodes of 4) would add no value and only make packing harder; and a stage over
 whole nodes keeps each tensor group of ``t | k`` consecutive devices inside one node and its replicas on the
