@@ -29,7 +29,7 @@ profile is therefore read as before: layer time proportional to the samples of a
 time model adds no step and no overhead term (``optimizer_s_per_byte`` and ``overhead_s`` are null). Neither
 holds a link measurement nor parameter tensor counts: ``links`` and ``parameter_tensors`` are null, so the time
 model charges no per-message latency (alpha = 0, AMP's own bandwidth-only model) unless the cluster file gives
-one ([Note: per-message latency] in predict/time_model.py).
+one ([Note: per-message latency] in predict/communication.py).
 
 Several device types in one profile (:func:`merge_device_types`)
     A mixed cluster (T4 nodes beside V100 nodes) is timed from ONE profile that holds a timing table per device

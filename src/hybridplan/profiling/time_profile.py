@@ -32,7 +32,7 @@ The JSON form (one object; keys marked * may be omitted)::
 
 ``tensor_comm_in_times`` says whether the times at tensor degree > 1 were measured inside a real
 tensor-parallel group and so already contain its all-reduces (AMP's profiles do); when false the time model
-adds them from ``tensor_parallel_allreduces`` (see :mod:`hybridplan.predict.time_model`).
+adds them from ``tensor_parallel_allreduces`` (see :mod:`hybridplan.predict.stage_compute`).
 
 ``optimizer_s_per_byte`` is the optimizer step's seconds per byte of parameters a device holds
 (``parameter_bytes`` summed over the timed layers, divided by the tensor degree), and ``overhead_s`` the
@@ -45,7 +45,7 @@ runtime): how many cores the profile's devices shared (null: every device has it
 measured (profiling/links.py, [Note: Hockney's alpha-beta model]); ``parameter_tensors`` the layer's
 trainable parameter tensors, one gradient all-reduce each in the runtime's data-parallel sync. A profile
 written before they existed, or imported (PipeDream, AMP), has neither: the time model then charges no
-per-message latency unless the cluster file gives one (predict/time_model.py, [Note: per-message latency]).
+per-message latency unless the cluster file gives one (predict/communication.py, [Note: per-message latency]).
 
 The first device type in ``timings`` is the *reference*: a cluster device whose type the profile lacks
 runs the reference times divided by its ``speed`` (:class:`hybridplan.plan.cluster.DeviceSpec`).

@@ -33,7 +33,7 @@ plan puts them in a tensor stage (``Plan.validate``), so the value never counts.
 [Note: measuring the links] Before the first timing run, two processes of the runtime measure its backend's
 per-message latency and bandwidth (runtime/link_probe.py; gloo on CPU, NCCL on CUDA), stored once per
 database as ``time_links`` (profiling/links.py): the time model charges that latency per message the runtime
-sends (predict/time_model.py, [Note: per-message latency]). A probe that fails is said and leaves the
+sends (predict/communication.py, [Note: per-message latency]). A probe that fails is said and leaves the
 profile without links (latency 0), as a profile of an older version has.
 
 Every run's times go to the profile database (table ``layer_times``, profiling/store.py) when it finishes,

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hybridplan.errors import PlanError
 from hybridplan.plan import StagePlan
-from hybridplan.predict.time_model import sync_seconds
+from hybridplan.predict.communication import sync_seconds
 from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
 from hybridplan.search.time import bottleneck_cuts
 from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, range_sums

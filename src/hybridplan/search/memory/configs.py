@@ -80,8 +80,9 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
     so the indices of the others, and the plans drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
     (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
     degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms
-    ([Note: stages across nodes] in packing.py). ``recompute`` then repeats every config so far with activation recompute, last:
-    each stage of a plan may recompute or not, and the indices of the configs without it stay as they were.
+    ([Note: stages across nodes] in packing.py). ``recompute`` then repeats every config so far with activation
+    recompute, last: each stage of a plan may recompute or not, and the indices of the configs without it stay
+    as they were.
 
     >>> [f"{c.kind}{c.degree}" for c in stage_configs(4)]
     ['none1', 'data2', 'data4', 'tensor2', 'tensor4']
