@@ -19,7 +19,9 @@ from hybridplan.plan import Plan, StagePlan
 from hybridplan.predict.communication import allreduce_seconds, p2p_messages, sync_messages
 from hybridplan.predict.time_model import pipeline_seconds, predict_iteration_time
 from hybridplan.profiling.links import LinkCosts
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from tests.paths import SHARED
 
 AMP = SHARED / "data" / "amp"

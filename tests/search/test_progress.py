@@ -11,7 +11,9 @@ from tests.search.search_reference import stages_of
 
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan.cluster import Cluster
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search import (
     fewest_devices,
     solve_bayesian,

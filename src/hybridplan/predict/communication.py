@@ -67,7 +67,8 @@ import math
 import numpy as np
 
 from hybridplan.plan import Cluster, StagePlan
-from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes, parameter_tensors
+from hybridplan.profiling.layer_info import parameter_bytes, parameter_tensors
+from hybridplan.profiling.time_profile import TimeProfile
 
 __all__ = [
     "ZERO_ITERATION_ALLREDUCES",

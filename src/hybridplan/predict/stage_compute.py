@@ -22,7 +22,8 @@ import numpy as np
 from hybridplan.errors import PlanError
 from hybridplan.plan import Cluster, Plan, StagePlan
 from hybridplan.predict.communication import allreduce_seconds, link_bandwidth, link_latency, slowest_link
-from hybridplan.profiling.time_profile import TimeProfile, parameter_bytes
+from hybridplan.profiling.layer_info import parameter_bytes
+from hybridplan.profiling.time_profile import TimeProfile
 
 __all__ = [
     "LayerCosts",
@@ -90,7 +91,8 @@ def core_sharing(profile: TimeProfile, cluster: Cluster, plan: Plan, stage: Stag
     1 when the profile's devices do not share cores.
 
     Example:
-        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.layer_info import LayerInfo
+        >>> from hybridplan.profiling.timing_table import TimingTable
         >>> p = TimeProfile(model="m", layers=(LayerInfo(name="l", activation_bytes_per_sample=0, parameter_bytes=0),),
         ...     timings=(TimingTable(device_type="cpu", tensor_degree=1, micro_batch_size=1, forward_s=(1.0,),
         ...     backward_s=(1.0,)),), host_cores=2)

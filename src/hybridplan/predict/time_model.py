@@ -148,7 +148,8 @@ def predict_iteration_time(
         ProfileError: if the profile lacks a tensor degree the plan uses.
 
     Example:
-        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.layer_info import LayerInfo
+        >>> from hybridplan.profiling.timing_table import TimingTable
         >>> p = TimeProfile(model="toy", layers=(LayerInfo(name="l", activation_bytes_per_sample=0.0,
         ...     parameter_bytes=0.0),), timings=(TimingTable(device_type="cpu", tensor_degree=1,
         ...     micro_batch_size=1, forward_s=(1.0,), backward_s=(2.0,)),))

@@ -11,7 +11,9 @@ from hypothesis import strategies as st
 from hybridplan.errors import PlanError
 from hybridplan.plan import StagePlan
 from hybridplan.predict.communication import sync_seconds
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search.time import bottleneck_cuts
 from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, range_sums
 from hybridplan.search.time.stage_cuts import amp_layer_assignment, assignment_objective

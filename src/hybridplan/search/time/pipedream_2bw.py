@@ -121,7 +121,8 @@ def plan_pipedream_2bw(
         UsageError: for a non-positive global batch size.
 
     Example:
-        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.layer_info import LayerInfo
+        >>> from hybridplan.profiling.timing_table import TimingTable
         >>> p = TimeProfile(model="toy", layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1e3,
         ...     parameter_bytes=1e6) for i in range(4)), timings=(TimingTable(device_type="cpu", tensor_degree=1,
         ...     micro_batch_size=1, forward_s=(1e-3,) * 4, backward_s=(2e-3,) * 4),))
