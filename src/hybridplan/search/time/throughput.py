@@ -44,7 +44,8 @@ from hybridplan.predict.time_breakdown import TimeBreakdown
 from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, bottleneck_min_max, range_sums
+from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
+from hybridplan.search.time.sync_costs import SyncCosts, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.time.stage_options import StagePeaks, choose_options, option_table, options_label, with_options
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
