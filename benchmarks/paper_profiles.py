@@ -92,7 +92,7 @@ def measured_layer_times(case: Case) -> list[float] | None:
         return None
     from hybridplan.cli import main
     from hybridplan.profiling.store import ProfileStore
-    from hybridplan.profiling.time_profile import time_profile_from_store
+    from hybridplan.profiling.stored_time_profile import time_profile_from_store
 
     db = WORK / f"{case.model}-{case.mesh}-times.sqlite"
     argv = ["profile", "--model", case.model, "--cluster", case.mesh, "--global-batch-size", str(case.global_batch_size),

@@ -45,7 +45,9 @@ def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
     from hybridplan.profiling.partitions import Scenario
     from hybridplan.profiling.store import ProfileStore
-    from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+    from hybridplan.profiling.layer_info import LayerInfo
+    from hybridplan.profiling.time_profile import TimeProfile
+    from hybridplan.profiling.timing_table import TimingTable
     from tests.cli.conftest import MIXED, MLP
 
     d = tmp_path_factory.mktemp("mlp")

@@ -24,7 +24,9 @@ from scipy.stats import kendalltau, spearmanr
 
 from hybridplan.plan import Cluster, Plan
 from hybridplan.profiling.importers import load_amp_gpt2
-from hybridplan.predict.time_model import p2p_seconds, predict_iteration_time, stage_layer_costs
+from hybridplan.predict.communication import p2p_seconds
+from hybridplan.predict.stage_compute import stage_layer_costs
+from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.time.stage_cuts import assignment_objective
 from hybridplan.search.time.throughput import assign_layers, divisors, enumerate_degrees, search_throughput

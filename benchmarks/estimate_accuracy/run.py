@@ -31,7 +31,8 @@ from hybridplan.plan import Plan, StagePlan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.store import ProfileStore
-from hybridplan.profiling.time_profile import TimeProfile, time_profile_from_store
+from hybridplan.profiling.stored_time_profile import time_profile_from_store
+from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.profiling.timing import LayerTiming, TimingConfig
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch

@@ -48,7 +48,7 @@ from hybridplan.errors import HybridPlanError
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.search import PlanSpace
-from hybridplan.search.memory.space import StageChoice, StageConfig
+from hybridplan.search.memory.configs import StageChoice, StageConfig
 from hybridplan.workflows.runs import ResultStore, measure_plan, plan_from_choices
 from hybridplan.workflows.sampling import count_kept_plans, sample_plans
 from hybridplan.workflows.stage_cache import StageCache

@@ -37,7 +37,9 @@ from pathlib import Path
 import numpy as np
 
 from hybridplan.plan import Cluster
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search import PlanSpace, SearchResult, StageTable, solve_bayesian, solve_exact, solve_exhaustive
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
 from hybridplan.workflows.sources import Sources

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from hybridplan.search.time import bottleneck_cuts
+from hybridplan.search.time import bottleneck_cuts, cut_problem, sync_costs
 
 OLD_COMMIT = "81d292f"
 """The commit whose ``bottleneck_cuts.py`` is the old search (the base of the branch that bounded it)."""
@@ -56,7 +56,7 @@ SIZES: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {  # family: (layers
 }
 DEFAULT_SIZES = ((48, 96, 192, 384, 768), (2, 8, 32, 64))
 
-Case = tuple[list[np.ndarray], list[np.ndarray], int, list[np.ndarray] | None, bottleneck_cuts.SyncCosts | None]
+Case = tuple[list[np.ndarray], list[np.ndarray], int, list[np.ndarray] | None, sync_costs.SyncCosts | None]
 
 
 def family(name: str, num_layers: int, k: int, seed: int = 0) -> Case:
@@ -65,7 +65,7 @@ def family(name: str, num_layers: int, k: int, seed: int = 0) -> Case:
     n = num_layers
     jitter = 1 + rng.uniform(0, 1e-3, n)
     cuts = [rng.uniform(0, 2, n) for _ in range(k - 1)]
-    sync = bottleneck_cuts.SyncCosts
+    sync = sync_costs.SyncCosts
     if name == "equal":
         return [np.ones(n)] * k, [np.zeros(n)] * (k - 1), 8, None, None
     if name == "distinct":
@@ -78,10 +78,10 @@ def family(name: str, num_layers: int, k: int, seed: int = 0) -> Case:
     if name == "large g":
         return [jitter] * k, cuts, 1000, None, None
     if name == "tiny g + sync":
-        return [jitter] * k, cuts, 1, None, sync(bottleneck_cuts.range_sums(rng.uniform(0.5, 1.5, n)), (1.0,) * k)
+        return [jitter] * k, cuts, 1, None, sync(sync_costs.range_sums(rng.uniform(0.5, 1.5, n)), (1.0,) * k)
     if name == "heavy sync":
         factors = tuple(float(f) for f in rng.choice([2.0, 4.0, 8.0], k))
-        return [jitter] * k, cuts, 4, None, sync(bottleneck_cuts.range_sums(rng.uniform(0.5, 1.5, n)), factors)
+        return [jitter] * k, cuts, 4, None, sync(sync_costs.range_sums(rng.uniform(0.5, 1.5, n)), factors)
     noise = 1e-6
     gas, g = 3, 2.0
     if name == "tied":
@@ -93,14 +93,14 @@ def family(name: str, num_layers: int, k: int, seed: int = 0) -> Case:
     tie_q = [cum[1:] + rng.uniform(0, noise, n), (cum[-1] - cum[1:]) + rng.uniform(0, noise, n)]
     if name == "tied sync":
         t = 1e-3 + rng.uniform(0, 1e-6, n)
-        return [t] * k, tie_q + [np.zeros(n)] * (k - 3), gas, None, sync(bottleneck_cuts.range_sums(w), (1.0,) * k)
+        return [t] * k, tie_q + [np.zeros(n)] * (k - 3), gas, None, sync(sync_costs.range_sums(w), (1.0,) * k)
     if name == "tied both":
         t = 1 + rng.uniform(0, 1e-3, n)
         p = np.concatenate(([0.0], np.cumsum(t)))
         tie_p = [g * p[1:] + rng.uniform(0, noise, n), g * (p[-1] - p[1:]) + rng.uniform(0, noise, n)]
         factors = tuple(1.0 if j == 3 else 1e-3 for j in range(k))
         return ([t] * k, tie_p + tie_q + [np.zeros(n)] * (k - 5), gas, None,
-                sync(bottleneck_cuts.range_sums(w), factors))
+                sync(sync_costs.range_sums(w), factors))
     raise ValueError(f"unknown family {name!r}: one of {', '.join(FAMILIES)}")
 
 
@@ -125,7 +125,7 @@ def run_case(which: str, name: str, num_layers: int, k: int) -> dict[str, Any]:
     """One search (``which``: old or new) on one case: seconds, evaluations, swept caps, objective."""
     module = old_module() if which == "old" else bottleneck_cuts
     counts = {"evaluations": 0, "swept": 0}
-    problem = module._Problem
+    problem = module._Problem if which == "old" else cut_problem._Problem  # the old file held it too
     evaluate = problem.evaluate
 
     def counted(self: Any, cap_p: float, cap_q: float) -> Any:

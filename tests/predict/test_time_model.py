@@ -16,9 +16,12 @@ from hypothesis import strategies as st
 from hybridplan.plan.cluster import Cluster, DeviceSpec
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan, StagePlan
-from hybridplan.predict.time_model import allreduce_seconds, p2p_messages, pipeline_seconds, predict_iteration_time, sync_messages
+from hybridplan.predict.communication import allreduce_seconds, p2p_messages, sync_messages
+from hybridplan.predict.time_model import pipeline_seconds, predict_iteration_time
 from hybridplan.profiling.links import LinkCosts
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from tests.paths import SHARED
 
 AMP = SHARED / "data" / "amp"

@@ -209,7 +209,9 @@ def test_amp_files_of_two_gpu_types_make_one_profile_and_time_a_mixed_cluster(tm
 
 
 def test_layer_time_files_of_two_device_types_merge(tmp_path: Path) -> None:
-    from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+    from hybridplan.profiling.layer_info import LayerInfo
+    from hybridplan.profiling.time_profile import TimeProfile
+    from hybridplan.profiling.timing_table import TimingTable
 
     layers = (LayerInfo(name="a", activation_bytes_per_sample=4.0, parameter_bytes=8.0),
               LayerInfo(name="b", activation_bytes_per_sample=2.0, parameter_bytes=8.0))

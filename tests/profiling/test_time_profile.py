@@ -15,7 +15,10 @@ from hypothesis import strategies as st
 
 from hybridplan.errors import ProfileError
 from hybridplan.profiling.links import LinkCosts
-from hybridplan.profiling.time_profile import FORMAT, LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.time_profile_json import FORMAT
+from hybridplan.profiling.timing_table import TimingTable
 
 
 def _profile() -> TimeProfile:

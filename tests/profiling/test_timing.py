@@ -14,7 +14,8 @@ from hybridplan.errors import ProfileError
 from hybridplan.models.slice import ModelSlice
 from hybridplan.models.zoo import get_model
 from hybridplan.profiling.links import LinkCosts
-from hybridplan.profiling.time_profile import TimeProfile, time_profile_from_store
+from hybridplan.profiling.stored_time_profile import time_profile_from_store
+from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.profiling.timing import (
     LayerTiming,

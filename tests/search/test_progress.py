@@ -11,7 +11,9 @@ from tests.search.search_reference import stages_of
 
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan.cluster import Cluster
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search import (
     fewest_devices,
     solve_bayesian,
@@ -21,7 +23,9 @@ from hybridplan.search import (
 from hybridplan.search.memory.objective import SearchResult, StageTable
 from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
 from hybridplan.search.progress import Progress
-from hybridplan.search.memory.space import MeshPacking, PlanSpace, stage_configs
+from hybridplan.search.memory.configs import stage_configs
+from hybridplan.search.memory.packing import MeshPacking
+from hybridplan.search.memory.space import PlanSpace
 from hybridplan.search.time.stage_cuts import amp_layer_assignment
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
 from hybridplan.search.time.throughput import ThroughputSearchResult, search_throughput

@@ -69,7 +69,9 @@ def test_the_memory_predictor_is_the_databases_at_the_targets(mlp_files):
 
 
 def test_several_layer_time_files_one_per_device_type_make_one_profile(tmp_path):
-    from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+    from hybridplan.profiling.layer_info import LayerInfo
+    from hybridplan.profiling.time_profile import TimeProfile
+    from hybridplan.profiling.timing_table import TimingTable
 
     layers = (LayerInfo(name="a", activation_bytes_per_sample=4.0, parameter_bytes=8.0),)
     for device, seconds in (("H100", 1.0), ("L4", 4.0)):

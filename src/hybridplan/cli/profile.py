@@ -202,7 +202,7 @@ def _time(args: argparse.Namespace) -> int:
     degrees = _ints(args.time_degrees, "--time-degrees") if args.time_degrees else None
     cluster = cluster_from(args)
 
-    from hybridplan.profiling.time_profile import time_profile_from_store
+    from hybridplan.profiling.stored_time_profile import time_profile_from_store
     from hybridplan.profiling.timing import LayerTiming, TimingConfig
 
     options = {k: v for k, v in training_options(args).items() if k != "backend"}

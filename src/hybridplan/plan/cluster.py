@@ -31,7 +31,7 @@ A ``matrix`` gives every pair instead, so it cannot be combined with a per-node 
 
 The latencies are Hockney's ``alpha``, the fixed seconds of one message on a link whatever its size (the
 bandwidths are its ``beta``); the time model charges them per message the runtime sends
-(predict/time_model.py, [Note: per-message latency]). Omitted, a link's latency is the one ``profile --time``
+(predict/communication.py, [Note: per-message latency]). Omitted, a link's latency is the one ``profile --time``
 measured with the runtime's backend (the time profile's ``links``), or 0 for a profile without one.
 """
 

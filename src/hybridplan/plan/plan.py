@@ -1,4 +1,4 @@
-"""The plan: pipeline stages, each on ``data_degree x tensor_degree`` devices; its JSON form and its rules.
+"""The plan: pipeline stages, each on ``data_degree x tensor_degree`` devices; its JSON form.
 
 ONE plan type serves every stage of the data flow: the searches write it, the predictors and the cost
 model read it, the runtime runs it. The JSON form (other tools rely on exactly these keys; extra keys are
@@ -10,41 +10,14 @@ kept)::
        {"layers": [3, 7],  "parallelism": "none",   "degree": 1, "devices": [2]},
        {"layers": [7, 10], "parallelism": "data",   "degree": 1, "devices": [3]}]}
 
-``layers`` is half-open ``[start, stop)`` over the model's layers; ``devices`` are global device
-indices (node = index // devices per node). ``parallelism`` is "none", "data", "tensor" or
-"data+tensor"; a "data+tensor" stage also gives ``tensor_degree``, which divides ``degree``: its data
-degree is ``degree / tensor_degree`` and its devices are listed tensor-fastest (``devices[0:t]`` is the
-first tensor group, the rank order of Megatron-LM and AMP). So every stage has a data degree (replicas
-that split each micro-batch) and a tensor degree (devices that split each layer):
-
-=============  ===========  =============
-parallelism    data degree  tensor degree
-=============  ===========  =============
-none           1            1
-data           degree       1
-tensor         1            degree
-data+tensor    degree / t   t
-=============  ===========  =============
+A stage's fields, its data and tensor degrees and its JSON keys are described in :mod:`hybridplan.plan.stage`.
 
 Micro-batches: ``global_batch_size / num_microbatches`` samples enter the pipeline per micro-batch, and a
 stage's replicas split them ``data_degree`` ways. AMP's strategy ``(pp, dp, tp, mbs)`` is the plan of
 :meth:`Plan.uniform` with micro-batches of ``dp * mbs`` samples: each device sees ``mbs``.
 
-The rules (:meth:`Plan.validate`):
-
-- stages cover every layer once, in order: the first starts at 0, each starts where the previous
-  stopped, the last stops at the model's layer count;
-- "none" has degree 1; ``len(devices) == degree``; the data degree divides the micro-batch size;
-  ``zero`` (ZeRO sharding: 0, 1 optimizer state, 2 + gradients, 3 + parameters) needs a data degree above 1;
-  ``recompute`` is "none" or "full" (activation checkpointing of every layer of the stage);
-- every device of the cluster belongs to exactly one stage, and a tensor-parallel group never spans
-  nodes; a stage's data-parallel replicas may (CAPTURE's plan space, seed 000 III-C, keeps whole stages on
-  one node: that is a rule of its search, search/memory/space.py, not of plans);
-- the global batch splits into ``num_microbatches`` equal micro-batches;
-- every layer of a tensor-parallel stage supports tensor parallelism at that degree.
-
-:meth:`Plan.check_fits` checks only what the cost model needs (coverage, existing devices): AMP's plans
-may place a stage's replicas on several nodes. This module imports no torch.
+The rules a plan must follow are in :mod:`hybridplan.plan.rules` (:meth:`Plan.validate`,
+:meth:`Plan.check_fits`). This module imports no torch.
 """
 
 from __future__ import annotations
@@ -53,191 +26,20 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast, get_args
+from typing import TYPE_CHECKING, Any
 
 from hybridplan.errors import PlanError
-from hybridplan.plan.schedule import SCHEDULES, Schedule, as_schedule
+from hybridplan.plan import rules
+from hybridplan.plan.schedule import Schedule, as_schedule
+from hybridplan.plan.stage import StagePlan, _is_int
 
 if TYPE_CHECKING:
     from hybridplan.models.base import LayeredModel
     from hybridplan.plan.cluster import Cluster
 
-__all__ = ["SCHEDULES", "PARALLELISMS", "Parallelism", "RECOMPUTES", "Recompute", "ZERO_STAGES", "StagePlan", "Plan"]
+__all__ = ["Plan"]
 
-Parallelism = Literal["none", "data", "tensor", "data+tensor"]
-"""How a stage's devices share its work."""
-
-PARALLELISMS: tuple[Parallelism, ...] = get_args(Parallelism)
-"""Per-stage parallelism kinds."""
-
-Recompute = Literal["none", "full"]
-"""Activation recompute of a stage: none, or every layer checkpointed (its inputs kept, the rest recomputed)."""
-
-RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
-
-ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
-"""ZeRO sharding over a stage's data-parallel group: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters
-(Rajbhandari et al., SC 2020; FSDP's FULL_SHARD is 3)."""
-
-_STAGE_KEYS = ("layers", "parallelism", "degree", "devices")
-_OPTIONAL_STAGE_KEYS = ("tensor_degree", "zero", "recompute")
 _PLAN_KEYS = ("schedule", "global_batch_size", "num_microbatches", "stages")
-
-
-@dataclass(frozen=True)
-class StagePlan:
-    """One pipeline stage: layers ``[start, stop)`` run with ``parallelism`` on ``devices``.
-
-    ``tensor_degree`` is the devices that split each layer; it is derived from ``parallelism`` and
-    ``degree`` (``degree`` for "tensor", 1 for "none" and "data") and must be given only for "data+tensor".
-
-    Raises:
-        PlanError: for an unknown parallelism, or a tensor degree that does not go with it.
-    """
-
-    start: int
-    stop: int
-    parallelism: Parallelism
-    degree: int
-    devices: tuple[int, ...]
-    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
-    tensor_degree: int = 0
-    """Devices splitting each layer (0 when constructing: derived from ``parallelism``)."""
-    zero: int = 0
-    """ZeRO sharding over the data-parallel group (:data:`ZERO_STAGES`); only for a data degree above 1."""
-    recompute: Recompute = "none"
-    """Activation recompute of every layer of the stage ("full"), or none."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
-            raise PlanError(f"zero must be one of {list(ZERO_STAGES)}, got {self.zero!r}",
-                            fix="0: no sharding; 1: optimizer state; 2: + gradients; 3: + parameters (FSDP)")
-        if self.recompute not in RECOMPUTES:
-            raise PlanError(f"unknown recompute {self.recompute!r}", fix=f"use one of {list(RECOMPUTES)}")
-        if self.parallelism not in PARALLELISMS:
-            raise PlanError(f"unknown parallelism {self.parallelism!r}", fix=f"use one of {list(PARALLELISMS)}")
-        derived = {"none": 1, "data": 1, "tensor": self.degree}.get(self.parallelism)
-        if derived is not None:
-            if self.tensor_degree not in (0, derived):
-                raise PlanError(f"tensor_degree {self.tensor_degree} does not go with parallelism {self.parallelism!r}",
-                                fix="give tensor_degree only for 'data+tensor' stages")
-            object.__setattr__(self, "tensor_degree", derived)
-            return
-        t = self.tensor_degree
-        if t < 1 or self.degree < 1 or self.degree % t:
-            raise PlanError(
-                f"a 'data+tensor' stage needs a tensor_degree dividing its degree {self.degree}, got {t or 'none'}",
-                fix='e.g. "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2 (2 replicas of 2 devices)',
-            )
-
-    @classmethod
-    def of(cls, start: int, stop: int, devices: Sequence[int], *, data_degree: int = 1, tensor_degree: int = 1,
-           zero: int = 0, recompute: Recompute = "none", extra: Mapping[str, Any] | None = None) -> StagePlan:
-        """The stage of ``data_degree`` replicas of ``tensor_degree`` devices each (``devices`` tensor-fastest),
-        labelled with the simplest parallelism that says so."""
-        kind: Parallelism = ("data+tensor" if data_degree > 1 and tensor_degree > 1 else "tensor" if tensor_degree > 1
-                             else "data" if data_degree > 1 else "none")
-        return cls(start, stop, kind, data_degree * tensor_degree, tuple(devices), dict(extra or {}),
-                   tensor_degree if kind == "data+tensor" else 0, zero, recompute)
-
-    @property
-    def layers(self) -> range:
-        """The stage's layer indices."""
-        return range(self.start, self.stop)
-
-    @property
-    def num_layers(self) -> int:
-        """How many layers the stage holds."""
-        return self.stop - self.start
-
-    @property
-    def data_degree(self) -> int:
-        """Replicas splitting each micro-batch."""
-        return self.degree // self.tensor_degree if self.tensor_degree else self.degree
-
-    @property
-    def kind(self) -> Parallelism:
-        """What the stage computes, whatever its label: "none" for one device, "data" x1 x "tensor" x2 is "tensor"."""
-        d, t = self.data_degree, self.tensor_degree
-        return "data+tensor" if d > 1 and t > 1 else "tensor" if t > 1 else "data" if d > 1 else "none"
-
-    def tensor_group(self, replica: int) -> tuple[int, ...]:
-        """The devices of replica ``replica``: one tensor-parallel group."""
-        t = self.tensor_degree
-        return self.devices[replica * t : (replica + 1) * t]
-
-    def data_group(self, tensor_rank: int) -> tuple[int, ...]:
-        """The devices of tensor rank ``tensor_rank`` in every replica: one data-parallel all-reduce group."""
-        return self.devices[tensor_rank :: self.tensor_degree]
-
-    def describe(self) -> str:
-        """E.g. ``layers [3, 7) tensor x2 on devices [2, 3]``."""
-        how = (f"data x{self.data_degree} + tensor x{self.tensor_degree}" if self.parallelism == "data+tensor"
-               else f"{self.parallelism} x{self.degree}")
-        if self.zero:
-            how += f" ZeRO-{self.zero}"
-        if self.recompute != "none":
-            how += f" recompute {self.recompute}"
-        return f"layers [{self.start}, {self.stop}) {how} on devices {list(self.devices)}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON form of the stage."""
-        out: dict[str, Any] = {
-            "layers": [self.start, self.stop],
-            "parallelism": self.parallelism,
-            "degree": self.degree,
-        }
-        if self.parallelism == "data+tensor":
-            out["tensor_degree"] = self.tensor_degree
-        if self.zero:
-            out["zero"] = self.zero
-        if self.recompute != "none":
-            out["recompute"] = self.recompute
-        out["devices"] = list(self.devices)
-        out.update(self.extra)
-        return out
-
-    @classmethod
-    def from_dict(cls, data: Any, index: int) -> StagePlan:
-        """Parse one stage, checking keys and types."""
-        where = f"stage {index}"
-        if not isinstance(data, Mapping):
-            raise PlanError(f"{where} must be an object with keys {list(_STAGE_KEYS)}, got {data!r}")
-        missing = [k for k in _STAGE_KEYS if k not in data]
-        if missing:
-            raise PlanError(f"{where} lacks key(s) {missing}", fix=f"every stage needs {list(_STAGE_KEYS)}")
-        layers = data["layers"]
-        if (
-            not isinstance(layers, Sequence)
-            or isinstance(layers, str)
-            or len(layers) != 2
-            or not all(_is_int(v) for v in layers)
-        ):
-            raise PlanError(
-                f"{where}: 'layers' must be [start, stop) as two integers, got {layers!r}",
-                fix='write e.g. "layers": [0, 3] for layers 0, 1 and 2',
-            )
-        if not isinstance(data["parallelism"], str):
-            raise PlanError(f"{where}: 'parallelism' must be one of {list(PARALLELISMS)}, got {data['parallelism']!r}")
-        if not _is_int(data["degree"]):
-            raise PlanError(f"{where}: 'degree' must be an integer, got {data['degree']!r}")
-        tensor = data.get("tensor_degree", 0)
-        if not _is_int(tensor):
-            raise PlanError(f"{where}: 'tensor_degree' must be an integer, got {tensor!r}")
-        zero, recompute = data.get("zero", 0), data.get("recompute", "none")
-        if not _is_int(zero):
-            raise PlanError(f"{where}: 'zero' must be an integer (0 to 3), got {zero!r}")
-        if not isinstance(recompute, str):
-            raise PlanError(f"{where}: 'recompute' must be one of {list(RECOMPUTES)}, got {recompute!r}")
-        devices = data["devices"]
-        if not isinstance(devices, Sequence) or isinstance(devices, str) or not all(_is_int(d) for d in devices):
-            raise PlanError(f"{where}: 'devices' must be a list of device indices, got {devices!r}")
-        extra = {k: v for k, v in data.items() if k not in _STAGE_KEYS + _OPTIONAL_STAGE_KEYS}
-        try:
-            return cls(int(layers[0]), int(layers[1]), cast(Parallelism, data["parallelism"]), int(data["degree"]),
-                       tuple(int(d) for d in devices), extra, int(tensor), int(zero), cast(Recompute, recompute))
-        except PlanError as e:
-            raise PlanError(f"{where}: {e.message}", fix=e.fix) from None
 
 
 @dataclass(frozen=True)
@@ -428,7 +230,7 @@ class Plan:
         cluster: Cluster | None = None,
         model: LayeredModel | None = None,
     ) -> None:
-        """Check every rule of the plan space (module docstring) that the given context allows.
+        """Check every rule of the plan space (:mod:`hybridplan.plan.rules`) that the given context allows.
 
         Args:
             num_layers: the model's layer count (taken from ``model`` when given).
@@ -438,31 +240,7 @@ class Plan:
         Raises:
             PlanError: naming the first broken rule, the bad value and the fix.
         """
-        self._validate_batch()
-        if model is not None:
-            num_layers = model.num_layers
-        self._validate_layers(num_layers)
-        self._validate_stage_kinds()
-        self._validate_devices(cluster)
-        if model is not None:
-            g = model.sample_granularity
-            for i, s in enumerate(self.stages):
-                rows = self.microbatch_size // s.data_degree
-                if rows % g:
-                    raise PlanError(
-                        f"stage {i} ({s.describe()}) would process {rows} samples per micro-batch on each device,"
-                        f" but {model.name} needs a multiple of {g}",
-                        fix=f"choose a global batch and micro-batch count giving micro-batches (and data-parallel shards) of a multiple of {g} samples",
-                    )
-                if s.tensor_degree > 1:
-                    for layer in s.layers:
-                        problem = model.tensor_parallel_problem(layer, s.tensor_degree)
-                        if problem is not None:
-                            raise PlanError(
-                                f"stage {i} ({s.describe()}): layer {layer} ({model.layer_name(layer)}) cannot be"
-                                f" tensor-parallel at degree {s.tensor_degree}: {problem}",
-                                fix="make this stage 'data' or 'none', or move the layer to another stage",
-                            )
+        rules.validate(self, num_layers=num_layers, cluster=cluster, model=model)
 
     def check_fits(self, num_layers: int, cluster: Cluster) -> None:
         """What the cost model needs, short of :meth:`validate`'s plan-space rules: the stages cover
@@ -471,107 +249,4 @@ class Plan:
         Raises:
             PlanError: naming the problem.
         """
-        self._validate_layers(num_layers)
-        bad = [d for s in self.stages for d in s.devices if not 0 <= d < cluster.num_devices]
-        if bad:
-            raise PlanError(
-                f"device(s) {bad} do not exist on cluster {cluster.shape} (devices 0..{cluster.num_devices - 1})",
-                fix="use device indices of the cluster, or a larger cluster",
-            )
-
-    def _validate_batch(self) -> None:
-        if self.global_batch_size < 1:
-            raise PlanError(f"global_batch_size must be at least 1, got {self.global_batch_size}")
-        if self.num_microbatches < 1:
-            raise PlanError(f"num_microbatches must be at least 1, got {self.num_microbatches}")
-        if self.global_batch_size % self.num_microbatches:
-            raise PlanError(
-                f"global_batch_size {self.global_batch_size} does not split into {self.num_microbatches} equal micro-batches",
-                fix="choose num_microbatches dividing the global batch size",
-            )
-
-    def _validate_layers(self, num_layers: int | None) -> None:
-        expected = 0
-        for i, s in enumerate(self.stages):
-            if s.start != expected:
-                what = "start at layer 0" if i == 0 else f"start where stage {i - 1} stops (layer {expected})"
-                raise PlanError(
-                    f"stage {i} covers layers [{s.start}, {s.stop}) but must {what}",
-                    fix="stages must cover every layer once, in order, with half-open [start, stop) ranges",
-                )
-            if s.stop <= s.start:
-                raise PlanError(f"stage {i} covers layers [{s.start}, {s.stop}), which is empty", fix="every stage needs stop > start")
-            expected = s.stop
-        if num_layers is not None and expected != num_layers:
-            raise PlanError(
-                f"the stages cover layers [0, {expected}) but the model has {num_layers} layers",
-                fix=f"the last stage must stop at layer {num_layers}",
-            )
-
-    def _validate_stage_kinds(self) -> None:
-        for i, s in enumerate(self.stages):
-            if s.degree < 1:
-                raise PlanError(f"stage {i}: degree must be at least 1, got {s.degree}")
-            if s.parallelism == "none" and s.degree != 1:
-                raise PlanError(
-                    f"stage {i}: parallelism 'none' needs degree 1, got {s.degree}",
-                    fix="use 'data' or 'tensor' for a stage on several devices",
-                )
-            if len(s.devices) != s.degree:
-                raise PlanError(
-                    f"stage {i}: degree {s.degree} but {len(s.devices)} device(s) {list(s.devices)}",
-                    fix="list exactly 'degree' devices",
-                )
-            if s.zero and s.data_degree < 2:
-                raise PlanError(
-                    f"stage {i} ({s.describe()}): ZeRO-{s.zero} shards over the data-parallel group, and the stage has"
-                    " no data parallelism",
-                    fix='drop "zero", or make the stage data-parallel ("data" or "data+tensor" with a data degree above 1)',
-                )
-            if s.data_degree > 1 and self.microbatch_size % s.data_degree:
-                raise PlanError(
-                    f"stage {i}: data-parallel degree {s.data_degree} does not divide the micro-batch size {self.microbatch_size}"
-                    f" (global batch {self.global_batch_size} / {self.num_microbatches} micro-batches)",
-                    fix="choose a batch size or micro-batch count giving a micro-batch divisible by every data-parallel degree",
-                )
-
-    def _validate_devices(self, cluster: Cluster | None) -> None:
-        seen: dict[int, int] = {}
-        for i, s in enumerate(self.stages):
-            for d in s.devices:
-                if d < 0:
-                    raise PlanError(f"stage {i}: device index {d} is negative")
-                if d in seen:
-                    raise PlanError(
-                        f"device {d} is used by stage {seen[d]} and stage {i}", fix="each device runs exactly one stage"
-                    )
-                seen[d] = i
-        if cluster is None:
-            return
-        for i, s in enumerate(self.stages):
-            for d in s.devices:
-                if d >= cluster.num_devices:
-                    raise PlanError(
-                        f"stage {i}: device {d} does not exist on cluster {cluster.shape} (devices 0..{cluster.num_devices - 1})",
-                        fix="use device indices below the cluster's device count, or a larger --cluster",
-                    )
-            for r in range(s.data_degree):
-                nodes = {cluster.node_of(d) for d in s.tensor_group(r)}
-                if len(nodes) > 1:
-                    group = "" if s.data_degree == 1 else f": tensor group {r} {list(s.tensor_group(r))}"
-                    raise PlanError(
-                        f"stage {i} ({s.describe()}){group} spans nodes {sorted(nodes)} of cluster {cluster.shape}",
-                        fix=f"a tensor-parallel group must share a node (node = device // {cluster.devices_per_node});"
-                        " only the data-parallel replicas of a stage may be on different nodes",
-                    )
-        unused = [d for d in range(cluster.num_devices) if d not in seen]
-        if unused:
-            raise PlanError(
-                f"device(s) {unused} of cluster {cluster.shape} are not used by any stage",
-                fix="every device must belong to exactly one stage (on each node the stages' degrees sum to the devices"
-                " per node); to use fewer devices, give a smaller --cluster",
-            )
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
+        rules.check_fits(self, num_layers, cluster)

@@ -4,7 +4,9 @@
   schedule at each stage's position; batch scaling; degree fits);
 - :mod:`~hybridplan.predict.stash`: the PipeDream-2BW weight stash, added to or removed from a profile taken
   under the other schedule family;
-- :mod:`~hybridplan.predict.time_model`: AMP's cost model of the iteration time.
+- :mod:`~hybridplan.predict.time_model`: AMP's cost model of the iteration time;
+  its per-stage terms in :mod:`~hybridplan.predict.stage_compute` (what a stage computes) and
+  :mod:`~hybridplan.predict.communication` (what it sends), its result in :mod:`~hybridplan.predict.time_breakdown`.
 
 predict/ only reads profiles (profiling/) and plans (plan/): it runs nothing.
 """

@@ -13,7 +13,9 @@ The memory profile, in the order a campaign makes it:
   CAPTURE's layer merger; :mod:`~hybridplan.profiling.stash_sizes`: per-layer PipeDream-2BW stash bytes.
 
 The time profile: :mod:`~hybridplan.profiling.timing` measures layer times on the runtime,
-:mod:`~hybridplan.profiling.time_profile` is their file format (and the reader of a database's times),
+:mod:`~hybridplan.profiling.time_profile` holds them (per layer :mod:`~hybridplan.profiling.layer_info`, per
+measured size :mod:`~hybridplan.profiling.timing_table`), :mod:`~hybridplan.profiling.time_profile_json` is their
+file format, :mod:`~hybridplan.profiling.stored_time_profile` reads a database's times,
 :mod:`~hybridplan.profiling.importers` reads PipeDream's and AMP's profiles, and
 :mod:`~hybridplan.profiling.layer_costs` counts per-layer parameters, FLOPs and bytes on fake tensors.
 """

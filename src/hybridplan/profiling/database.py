@@ -21,7 +21,8 @@ from typing import Any
 from hybridplan.errors import ProfileError
 from hybridplan.profiling.statistics import SpanStatistics, load_statistics
 from hybridplan.profiling.store import ProfileStore
-from hybridplan.profiling.time_profile import TimeProfile, time_profile_from_store
+from hybridplan.profiling.stored_time_profile import time_profile_from_store
+from hybridplan.profiling.time_profile import TimeProfile
 
 __all__ = ["ProfileDB"]
 

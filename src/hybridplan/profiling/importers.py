@@ -25,11 +25,11 @@ AMP ``known_cost/<model>_<instance>_<tp>.npy`` (Li et al. NeurIPS'22, seed 002; 
 
 Both formats hold ONE micro-batch size per layer, and no optimizer step or per-iteration overhead. An imported
 profile is therefore read as before: layer time proportional to the samples of a micro-batch (AMP section 3.4;
-[Note: time vs micro-batch size] in time_profile.py: with one size, the roofline's fixed cost is 0), and the
+[Note: time vs micro-batch size] in timing_table.py: with one size, the roofline's fixed cost is 0), and the
 time model adds no step and no overhead term (``optimizer_s_per_byte`` and ``overhead_s`` are null). Neither
 holds a link measurement nor parameter tensor counts: ``links`` and ``parameter_tensors`` are null, so the time
 model charges no per-message latency (alpha = 0, AMP's own bandwidth-only model) unless the cluster file gives
-one ([Note: per-message latency] in predict/time_model.py).
+one ([Note: per-message latency] in predict/communication.py).
 
 Several device types in one profile (:func:`merge_device_types`)
     A mixed cluster (T4 nodes beside V100 nodes) is timed from ONE profile that holds a timing table per device
@@ -49,7 +49,9 @@ from pathlib import Path
 import numpy as np
 
 from hybridplan.errors import ProfileError
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 
 __all__ = [
     "PipeDreamNode",
@@ -375,7 +377,8 @@ def merge_device_types(profiles: Sequence[TimeProfile], *, model: str | None = N
             ``tensor_comm_in_times``, or a (device type, tensor degree, micro-batch size) timed twice.
 
     Example:
-        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.layer_info import LayerInfo
+        >>> from hybridplan.profiling.timing_table import TimingTable
         >>> layer = LayerInfo(name="l0", activation_bytes_per_sample=8.0, parameter_bytes=16.0)
         >>> def on(device: str, s: float) -> TimeProfile:
         ...     return TimeProfile(model="m", layers=(layer,), timings=(TimingTable(device_type=device,

@@ -42,7 +42,9 @@ from hybridplan.models.tensor_parallel import (
     RowParallel,
     VocabParallelEmbedding,
 )
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 
 __all__ = [
     "LayerCost",

@@ -8,31 +8,12 @@ A :class:`TimeProfile` holds, for a model cut into an ordered chain of layers,
 - per device type, tensor-parallel degree and micro-batch size (:class:`TimingTable`): the forward and
   backward seconds of every layer on ONE device of that type, for one micro-batch of that many samples.
 
-The JSON form (one object; keys marked * may be omitted)::
-
-    {"format": "hybridplan.time_profile", "version": 1,
-     "model": "gpt2-345m",
-     "source": "where the numbers come from",                          *  (default "")
-     "tensor_comm_in_times": false,                                    *  (default false)
-     "host_cores": 2,                                                  *  (default null)
-     "links": {"backend": "gloo", "allreduce_latency_s": 2.9e-4,      *  (default null: latency 0)
-               "allreduce_bandwidth": 1.0e9, "p2p_latency_s": 1.9e-3, "p2p_bandwidth": 2.6e9, "source": "..."},
-     "layers": [
-       {"name": "block0", "activation_bytes_per_sample": 2097152, "parameter_bytes": 50384896,
-        "tensor_parallel_allreduces": [2, 2],                          *  (default [0, 0])
-        "parameter_tensors": 12,                                       *  (default null)
-        "shared_parameters": null},                                    *  (default null)
-       ...],
-     "timings": [
-       {"device_type": "T4", "tensor_degree": 1, "micro_batch_size": 1,
-        "forward_s": [0.0049, ...], "backward_s": [0.0098, ...],       (one number per layer)
-        "optimizer_s_per_byte": 1.2e-11,                               *  (default null)
-        "overhead_s": 0.004},                                          *  (default null)
-       ...]}
+Its JSON form is in :mod:`hybridplan.profiling.time_profile_json`; a database's profile is read by
+:mod:`hybridplan.profiling.stored_time_profile`.
 
 ``tensor_comm_in_times`` says whether the times at tensor degree > 1 were measured inside a real
 tensor-parallel group and so already contain its all-reduces (AMP's profiles do); when false the time model
-adds them from ``tensor_parallel_allreduces`` (see :mod:`hybridplan.predict.time_model`).
+adds them from ``tensor_parallel_allreduces`` (see :mod:`hybridplan.predict.stage_compute`).
 
 ``optimizer_s_per_byte`` is the optimizer step's seconds per byte of parameters a device holds
 (``parameter_bytes`` summed over the timed layers, divided by the tensor degree), and ``overhead_s`` the
@@ -45,104 +26,45 @@ runtime): how many cores the profile's devices shared (null: every device has it
 measured (profiling/links.py, [Note: Hockney's alpha-beta model]); ``parameter_tensors`` the layer's
 trainable parameter tensors, one gradient all-reduce each in the runtime's data-parallel sync. A profile
 written before they existed, or imported (PipeDream, AMP), has neither: the time model then charges no
-per-message latency unless the cluster file gives one (predict/time_model.py, [Note: per-message latency]).
+per-message latency unless the cluster file gives one (predict/communication.py, [Note: per-message latency]).
 
 The first device type in ``timings`` is the *reference*: a cluster device whose type the profile lacks
 runs the reference times divided by its ``speed`` (:class:`hybridplan.plan.cluster.DeviceSpec`).
 
-[Note: time vs micro-batch size] A micro-batch size between two profiled sizes is interpolated linearly
-between them (piecewise-linear in samples through the measured points). Outside the profiled range a layer
-takes ``max(F, c * b)`` seconds for ``b`` samples: the roofline form (Williams, Waterman and Patterson,
-"Roofline: an insightful visual performance model", CACM 52(4), 2009: attainable time is the larger of a
-memory-bound and a compute-bound time), with a fixed cost ``F`` that does not shrink with the batch (reading
-the layer's weights, launching its kernels: the memory-bound roof of a small batch) and a per-sample cost
-``c`` (the compute-bound roof). ``c`` is the per-sample time of the nearest profiled size (so the curve is
-continuous there); ``F`` is where the line through the two smallest profiled sizes meets zero samples, kept
-within [0, the smallest time profiled], and 0 with a single profiled size. So a profile with ONE size scales
-proportionally to the samples, as AMP's cost model assumes (seed 002 section 3.4 and its ``cost_homo.py``),
-which is how imported PipeDream and AMP profiles are read; above the largest profiled size every profile
-scales proportionally from it (``c * b`` exceeds ``F`` there).
+Layer times at a micro-batch size between or beyond the profiled ones: [Note: time vs micro-batch size] in
+profiling/timing_table.py.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
-from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from hybridplan.errors import ProfileError
+from hybridplan.profiling.layer_info import LayerInfo
 from hybridplan.profiling.links import LinkCosts
+from hybridplan.profiling.time_profile_json import (
+    _TIMING_OPTIONAL,
+    FORMAT,
+    VERSION,
+    _is_int,
+    layer_to_dict,
+    parse_time_profile,
+    timing_to_dict,
+)
+from hybridplan.profiling.timing_table import TimingTable, scale_to_samples
 
-if TYPE_CHECKING:
-    from hybridplan.profiling.store import ProfileStore
-
-__all__ = ["FORMAT", "VERSION", "LayerInfo", "TimingTable", "TimeProfile", "time_profile_from_store", "scale_to_samples",
-           "parameter_bytes", "parameter_tensors"]
-
-FORMAT = "hybridplan.time_profile"
-"""The value of the ``format`` key of every time-profile file."""
-
-VERSION = 1
-"""The JSON schema version this module reads and writes."""
-
-_TOP_KEYS = {"format", "version", "model", "source", "tensor_comm_in_times", "host_cores", "links", "layers", "timings"}
-_LAYER_KEYS = {"name", "activation_bytes_per_sample", "parameter_bytes", "tensor_parallel_allreduces", "shared_parameters",
-               "parameter_tensors"}
-_TIMING_KEYS = {"device_type", "tensor_degree", "micro_batch_size", "forward_s", "backward_s"}
-_TIMING_OPTIONAL = {"optimizer_s_per_byte", "overhead_s"}
-
-
-@dataclass(frozen=True, kw_only=True)
-class LayerInfo:
-    """Static facts about one layer of the chain (independent of device and batch)."""
-
-    name: str
-    """Human-readable name, e.g. ``"block3"``."""
-    activation_bytes_per_sample: float
-    """Bytes per sample that cross a stage boundary placed right after this layer (for a plain chain, the
-    layer's output; for a linearised DAG, every earlier output still needed later). Also the volume of the
-    layer's tensor-parallel all-reduces."""
-    parameter_bytes: float
-    """Bytes of this layer's gradients as a data-parallel all-reduce sends them (parameters x bytes per
-    gradient element: 4 for fp32 gradients or DeepSpeed's ``fp32_allreduce``, 2 for fp16)."""
-    tensor_parallel_allreduces: tuple[int, int] = (0, 0)
-    """(forward, backward) all-reduces of the activation this layer needs when tensor-parallel. Megatron
-    transformer block: (2, 2) (Shoeybi et al. 2019, section 3, figure 4)."""
-    shared_parameters: str | None = None
-    """Layers with the same tag hold one parameter tensor (tied embeddings): a stage counts it once."""
-    parameter_tensors: int | None = None
-    """Trainable parameter tensors of the layer (the runtime all-reduces each on its own); None: not recorded."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class TimingTable:
-    """Per-layer seconds on one device of ``device_type`` for a micro-batch of ``micro_batch_size`` samples."""
-
-    device_type: str
-    tensor_degree: int
-    micro_batch_size: int
-    forward_s: tuple[float, ...]
-    backward_s: tuple[float, ...]
-    optimizer_s_per_byte: float | None = None
-    """Seconds of the optimizer step per byte of parameters on the device (None: not measured)."""
-    overhead_s: float | None = None
-    """Seconds per iteration of a stage beyond its layers and its optimizer step (None: not measured)."""
-
-    @property
-    def key(self) -> tuple[str, int, int]:
-        """``(device_type, tensor_degree, micro_batch_size)``, unique within a profile."""
-        return (self.device_type, self.tensor_degree, self.micro_batch_size)
+__all__ = ["TimeProfile"]
 
 
 @dataclass(frozen=True, kw_only=True)
 class TimeProfile:
-    """Layer times and sizes of one model (format in the module docstring).
+    """Layer times and sizes of one model (format in :mod:`hybridplan.profiling.time_profile_json`).
 
     Example:
         >>> p = TimeProfile(model="toy", layers=(LayerInfo(name="l0", activation_bytes_per_sample=8.0,
@@ -317,7 +239,7 @@ class TimeProfile:
 
     # ------------------------------------------------------------------ JSON
     def to_dict(self) -> dict[str, Any]:
-        """The JSON form (module docstring)."""
+        """The JSON form (:mod:`hybridplan.profiling.time_profile_json`)."""
         return {
             "format": FORMAT,
             "version": VERSION,
@@ -326,29 +248,8 @@ class TimeProfile:
             "tensor_comm_in_times": self.tensor_comm_in_times,
             "host_cores": self.host_cores,
             **({"links": self.links.to_dict()} if self.links is not None else {}),
-            "layers": [
-                {
-                    "name": layer.name,
-                    "activation_bytes_per_sample": layer.activation_bytes_per_sample,
-                    "parameter_bytes": layer.parameter_bytes,
-                    "tensor_parallel_allreduces": list(layer.tensor_parallel_allreduces),
-                    "shared_parameters": layer.shared_parameters,
-                    **({"parameter_tensors": layer.parameter_tensors} if layer.parameter_tensors is not None else {}),
-                }
-                for layer in self.layers
-            ],
-            "timings": [
-                {
-                    "device_type": t.device_type,
-                    "tensor_degree": t.tensor_degree,
-                    "micro_batch_size": t.micro_batch_size,
-                    "forward_s": list(t.forward_s),
-                    "backward_s": list(t.backward_s),
-                    "optimizer_s_per_byte": t.optimizer_s_per_byte,
-                    "overhead_s": t.overhead_s,
-                }
-                for t in self.timings
-            ],
+            "layers": [layer_to_dict(layer) for layer in self.layers],
+            "timings": [timing_to_dict(t) for t in self.timings],
         }
 
     def to_json(self) -> str:
@@ -391,236 +292,9 @@ class TimeProfile:
         Raises:
             ProfileError: naming the bad key or value and the fix.
         """
-        where = source_name
-        if not isinstance(data, Mapping):
-            raise ProfileError(f"{where}: a time profile must be a JSON object, got {type(data).__name__}")
-        _check_keys(data, _TOP_KEYS, {"format", "version", "model", "layers", "timings"}, where)
-        if data["format"] != FORMAT:
-            raise ProfileError(f"{where}: 'format' is {data['format']!r}, expected {FORMAT!r}", fix="is this a time profile?")
-        if data["version"] != VERSION:
-            raise ProfileError(f"{where}: version {data['version']!r} is not supported (this reader knows version {VERSION})")
-        if not isinstance(data["model"], str):
-            raise ProfileError(f"{where}: 'model' must be a string, got {data['model']!r}")
-        comm = data.get("tensor_comm_in_times", False)
-        if not isinstance(comm, bool):
-            raise ProfileError(f"{where}: 'tensor_comm_in_times' must be true or false, got {comm!r}")
-        source = data.get("source", "")
-        if not isinstance(source, str):
-            raise ProfileError(f"{where}: 'source' must be a string, got {source!r}")
-        cores = data.get("host_cores")
-        if cores is not None and (not _is_int(cores) or cores < 1):
-            raise ProfileError(f"{where}: 'host_cores' must be a positive integer or null, got {cores!r}")
-        layers = _list(data["layers"], f"{where}: 'layers'")
-        timings = _list(data["timings"], f"{where}: 'timings'")
-        links = None if data.get("links") is None else LinkCosts.from_dict(data["links"], f"{where}: 'links'")
-        return cls(
-            links=links,
-            model=data["model"],
-            source=source,
-            tensor_comm_in_times=comm,
-            host_cores=cores,
-            layers=tuple(_layer_from_dict(x, f"{where}: layers[{i}]") for i, x in enumerate(layers)),
-            timings=tuple(_timing_from_dict(x, f"{where}: timings[{i}]") for i, x in enumerate(timings)),
-        )
-
-
-def _layer_from_dict(data: Any, where: str) -> LayerInfo:
-    if not isinstance(data, Mapping):
-        raise ProfileError(f"{where} must be an object with keys {sorted(_LAYER_KEYS)}, got {data!r}")
-    _check_keys(data, _LAYER_KEYS, {"name", "activation_bytes_per_sample", "parameter_bytes"}, where)
-    if not isinstance(data["name"], str):
-        raise ProfileError(f"{where}: 'name' must be a string, got {data['name']!r}")
-    numbers = {k: _number(data[k], f"{where}: '{k}'") for k in ("activation_bytes_per_sample", "parameter_bytes")}
-    ar = data.get("tensor_parallel_allreduces", [0, 0])
-    if not isinstance(ar, Sequence) or isinstance(ar, str) or len(ar) != 2 or not all(_is_int(v) for v in ar):
-        raise ProfileError(f"{where}: 'tensor_parallel_allreduces' must be [forward, backward] integers, got {ar!r}")
-    shared = data.get("shared_parameters")
-    if shared is not None and not isinstance(shared, str):
-        raise ProfileError(f"{where}: 'shared_parameters' must be a string tag or null, got {shared!r}")
-    tensors = data.get("parameter_tensors")
-    if tensors is not None and not _is_int(tensors):
-        raise ProfileError(f"{where}: 'parameter_tensors' must be an integer or null, got {tensors!r}")
-    return LayerInfo(name=data["name"], tensor_parallel_allreduces=(int(ar[0]), int(ar[1])), shared_parameters=shared,
-                     parameter_tensors=tensors, **numbers)
-
-
-def _timing_from_dict(data: Any, where: str) -> TimingTable:
-    if not isinstance(data, Mapping):
-        raise ProfileError(f"{where} must be an object with keys {sorted(_TIMING_KEYS)}, got {data!r}")
-    _check_keys(data, _TIMING_KEYS | _TIMING_OPTIONAL, _TIMING_KEYS, where)
-    for k in ("tensor_degree", "micro_batch_size"):
-        if not _is_int(data[k]):
-            raise ProfileError(f"{where}: '{k}' must be an integer, got {data[k]!r}")
-    times = {
-        k: tuple(_number(v, f"{where}: '{k}'[{i}]") for i, v in enumerate(_list(data[k], f"{where}: '{k}'")))
-        for k in ("forward_s", "backward_s")
-    }
-    optional = {k: None if data.get(k) is None else _number(data[k], f"{where}: '{k}'") for k in sorted(_TIMING_OPTIONAL)}
-    return TimingTable(
-        device_type=data["device_type"], tensor_degree=data["tensor_degree"], micro_batch_size=data["micro_batch_size"],
-        forward_s=times["forward_s"], backward_s=times["backward_s"], optimizer_s_per_byte=optional["optimizer_s_per_byte"],
-        overhead_s=optional["overhead_s"],
-    )
-
-
-def parameter_tensors(layers: Sequence[LayerInfo]) -> int:
-    """The trainable parameter tensors one copy of ``layers`` holds, shared layers once (as :func:`parameter_bytes`);
-    a layer that did not record its count (an older or imported profile) counts 1 if it has parameters: a lower
-    bound, every layer with parameters has at least one tensor.
-
-    Example:
-        >>> parameter_tensors([LayerInfo(name="a", activation_bytes_per_sample=0, parameter_bytes=8, parameter_tensors=3),
-        ...                    LayerInfo(name="b", activation_bytes_per_sample=0, parameter_bytes=8)])
-        4
-    """
-    return sum(layer.parameter_tensors if layer.parameter_tensors is not None else int(layer.parameter_bytes > 0)
-               for layer in _each_copy_once(layers))
-
-
-def parameter_bytes(layers: Sequence[LayerInfo]) -> float:
-    """The parameter bytes one copy of ``layers`` holds: layers that share parameters (tied embeddings) count once.
-
-    Example:
-        >>> parameter_bytes([LayerInfo(name="a", activation_bytes_per_sample=0, parameter_bytes=8, shared_parameters="e"),
-        ...                  LayerInfo(name="b", activation_bytes_per_sample=0, parameter_bytes=8, shared_parameters="e")])
-        8.0
-    """
-    return float(sum(layer.parameter_bytes for layer in _each_copy_once(layers)))
-
-
-def _each_copy_once(layers: Sequence[LayerInfo]) -> Iterator[LayerInfo]:
-    """``layers`` without the repeats of a shared parameter tag (tied embeddings: a stage holds one copy)."""
-    seen: set[str] = set()
-    for layer in layers:
-        if layer.shared_parameters is not None:
-            if layer.shared_parameters in seen:
-                continue
-            seen.add(layer.shared_parameters)
-        yield layer
-
-
-def scale_to_samples(sizes: Sequence[float], values: Sequence[np.ndarray], samples: float) -> np.ndarray:
-    """Seconds at ``samples`` per micro-batch from seconds measured at ``sizes`` ([Note: time vs micro-batch
-    size]): piecewise-linear between measured sizes, ``max(F, c * samples)`` outside them.
-
-    Args:
-        sizes: measured micro-batch sizes, ascending and distinct.
-        values: per size, an array of seconds (one per layer, or a single number).
-        samples: the micro-batch size wanted (> 0, may be fractional).
-
-    Example:
-        >>> [float(x) for x in scale_to_samples([2.0, 4.0], [np.array([3.0]), np.array([5.0])], 1.0)]  # F = 1
-        [1.5]
-        >>> [float(x) for x in scale_to_samples([2.0, 4.0], [np.array([3.0]), np.array([5.0])], 8.0)]
-        [10.0]
-    """
-    arrays = [np.asarray(v, dtype=float) for v in values]
-    for size, v in zip(sizes, arrays):
-        if size == samples:
-            return v
-    if sizes[0] < samples < sizes[-1]:
-        hi = next(i for i, s in enumerate(sizes) if s > samples)
-        s0, s1 = sizes[hi - 1], sizes[hi]
-        w = (samples - s0) / (s1 - s0)
-        return arrays[hi - 1] + w * (arrays[hi] - arrays[hi - 1])
-    if len(sizes) > 1:
-        slope = (arrays[1] - arrays[0]) / (sizes[1] - sizes[0])
-        fixed = np.clip(arrays[0] - sizes[0] * slope, 0.0, np.min(arrays, axis=0))
-    else:
-        fixed = np.zeros_like(arrays[0])
-    nearest = 0 if samples < sizes[0] else len(sizes) - 1
-    return np.maximum(fixed, arrays[nearest] * (samples / sizes[nearest]))
-
-
-def _check_keys(data: Mapping[str, Any], known: set[str], required: set[str], where: str) -> None:
-    unknown = sorted(set(data) - known)
-    if unknown:
-        raise ProfileError(f"{where}: unknown key(s) {unknown}", fix=f"the known keys are {sorted(known)}")
-    missing = sorted(required - set(data))
-    if missing:
-        raise ProfileError(f"{where}: missing key(s) {missing}", fix=f"give {sorted(required)}")
-
-
-def _list(value: Any, where: str) -> Sequence[Any]:
-    if not isinstance(value, Sequence) or isinstance(value, str) or not value:
-        raise ProfileError(f"{where} must be a non-empty list, got {value!r}")
-    return value
-
-
-def _number(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ProfileError(f"{where} must be a number, got {value!r}")
-    return float(value)
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+        return cls(**parse_time_profile(data, source_name))
 
 
 def _finite_nonneg(value: Any) -> bool:
     return bool(isinstance(value, (int, float, np.floating, np.integer)) and not isinstance(value, bool)
                 and math.isfinite(value) and value >= 0)
-
-
-def time_profile_from_store(store: ProfileStore, *, warn: Callable[[str], None] | None = None) -> TimeProfile:
-    """The database's layer times as a :class:`TimeProfile` (written by profiling/timing.py: see its docstring and [Note: layers that cannot be split] there).
-
-    A (device type, degree, micro-batch size) with a layer missing (a failed or unfinished run) is left out,
-    and ``warn`` is told.
-
-    Raises:
-        ProfileError: if the database holds no complete timing table.
-    """
-    meta = store.meta()
-    say = warn or (lambda msg: print(msg, file=sys.stderr))
-    if "time_layers" not in meta:
-        raise ProfileError(f"{str(store.path)!r} holds no layer times", fix="measure them with 'hybridplan profile --time'")
-    layers = tuple(LayerInfo(name=d["name"], activation_bytes_per_sample=d["activation_bytes_per_sample"],
-                             parameter_bytes=d["parameter_bytes"],
-                             tensor_parallel_allreduces=tuple(d["tensor_parallel_allreduces"]),
-                             shared_parameters=d.get("shared_parameters"), parameter_tensors=d.get("parameter_tensors"))
-                   for d in meta["time_layers"])
-    unsplittable = {int(t): set(ls) for t, ls in (meta.get("time_unsplittable") or {}).items()}
-    times = store.layer_times()
-    costs = store.run_costs()
-    tables = []
-    for (dtype, t, b), rows in sorted(times.items()):
-        fwd, bwd = [], []
-        for l in range(len(layers)):
-            row = rows.get(l)
-            if row is None and l in unsplittable.get(t, ()):
-                row = times.get((dtype, 1, b), {}).get(l)
-            if row is None:
-                break
-            fwd.append(row[0])
-            bwd.append(row[1])
-        if len(fwd) < len(layers):
-            say(f"layer times of {dtype!r} at tensor degree {t}, micro-batch {b} are incomplete (layer {len(fwd)}"
-                " missing): left out; run 'hybridplan profile --time' again to finish them")
-            continue
-        rate, overhead = _costs_of(costs.get((dtype, t, b), []))
-        tables.append(TimingTable(device_type=dtype, tensor_degree=t, micro_batch_size=b, forward_s=tuple(fwd),
-                                  backward_s=tuple(bwd), optimizer_s_per_byte=rate, overhead_s=overhead))
-    if not tables:
-        raise ProfileError(f"{str(store.path)!r} holds no complete layer-time table",
-                           fix="run 'hybridplan profile --time' until it finishes")
-    identity = meta.get("time_identity", {})
-    source = (f"hybridplan profile --time: runtime hooks, median of micro-batches per layer, slowest tensor rank;"
-              f" {identity.get('device', 'cpu')} devices, {identity.get('precision', 'fp32')}")
-    cores = meta.get("time_host_cores")
-    links = meta.get("time_links")
-    return TimeProfile(model=str(identity.get("model", meta.get("model", "model"))), layers=layers,
-                       timings=tuple(tables), tensor_comm_in_times=True, source=source,
-                       host_cores=int(cores) if cores is not None else None,
-                       links=LinkCosts.from_dict(links, f"{str(store.path)!r}: time_links") if links is not None else None)
-
-
-def _costs_of(runs: Sequence[tuple[int, int, float, float, float]]) -> tuple[float | None, float | None]:
-    """(optimizer seconds per parameter byte, overhead seconds) of one timing table from its runs' costs
-    (profiling/timing.py, [Note: optimizer step and overhead]): the steps of all chunk runs over all their bytes;
-    the largest overhead of a chunk run (each pays the per-iteration costs once, as one stage would)."""
-    if not runs:
-        return None, None
-    nbytes = sum(r[2] for r in runs)
-    rate = sum(r[3] for r in runs) / nbytes if nbytes > 0 else None
-    return rate, max(r[4] for r in runs)

@@ -33,11 +33,11 @@ plan puts them in a tensor stage (``Plan.validate``), so the value never counts.
 [Note: measuring the links] Before the first timing run, two processes of the runtime measure its backend's
 per-message latency and bandwidth (runtime/link_probe.py; gloo on CPU, NCCL on CUDA), stored once per
 database as ``time_links`` (profiling/links.py): the time model charges that latency per message the runtime
-sends (predict/time_model.py, [Note: per-message latency]). A probe that fails is said and leaves the
+sends (predict/communication.py, [Note: per-message latency]). A probe that fails is said and leaves the
 profile without links (latency 0), as a profile of an older version has.
 
 Every run's times go to the profile database (table ``layer_times``, profiling/store.py) when it finishes,
-and a run whose layers are all there is skipped: an interrupted profile resumes. :func:`time_profile_from_store`
+and a run whose layers are all there is skipped: an interrupted profile resumes. :func:`~hybridplan.profiling.stored_time_profile.time_profile_from_store`
 turns the table into a :class:`~hybridplan.profiling.time_profile.TimeProfile` (its JSON is the documented
 format), keyed by the cluster's device type.
 
@@ -62,7 +62,7 @@ from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Plan, StagePlan
 from hybridplan.profiling.links import LinkCosts, measure_links
-from hybridplan.profiling.time_profile import LayerInfo, parameter_bytes
+from hybridplan.profiling.layer_info import LayerInfo, parameter_bytes
 from hybridplan.profiling.store import ProfileStore
 
 __all__ = [

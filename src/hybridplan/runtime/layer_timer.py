@@ -11,7 +11,7 @@ measures them while it trains, with the stage's real schedule, communication and
   no gradient (an integer output) gets 0 and its time counts to the layer above it.
 
 - the optimizer step: ``torch.optim.Optimizer``'s own step pre- and post-hooks time every ``step()`` (the
-  time model composes it per parameter: predict/time_model.py). Only the update itself: the data-parallel
+  time model composes it per parameter: predict/stage_compute.py). Only the update itself: the data-parallel
   gradient all-reduce before it is not included.
 
 Under activation checkpointing the recomputed forward runs inside the backward pass: it is not counted

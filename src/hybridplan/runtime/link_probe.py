@@ -1,5 +1,5 @@
 """Measure the links the runtime uses: per-message latency and bandwidth of its own backend between two of
-its own processes (``hybridplan profile --time``; the time model's Hockney terms, predict/time_model.py).
+its own processes (``hybridplan profile --time``; the time model's Hockney terms, predict/communication.py).
 
 Two ranks are started exactly as a run starts them (runtime/processes.py: the same forkserver, rendezvous
 store, lifeline and process-group backend: gloo on CPU, NCCL on CUDA), and each times, after a warm-up:

@@ -1,7 +1,7 @@
 """Which rank sends which rows of a micro-batch to which rank, between stages of any kinds and degrees.
 
 A stage's ranks form ``replicas`` data-parallel replicas of ``len(ranks) / replicas`` ranks each (its tensor
-groups, listed tensor-fastest: plan/plan.py). The replicas split a micro-batch by rows, replica r holding rows
+groups, listed tensor-fastest: plan/stage.py). The replicas split a micro-batch by rows, replica r holding rows
 ``[r*n/d, (r+1)*n/d)``, and every rank of a replica holds all of its replica's rows:
 
 - a data-parallel stage is ``d`` replicas of one rank (rows *sharded*);

@@ -97,7 +97,7 @@ def plan_memory(
             every stage may then recompute its activations or not, each predicted from its own profile
             ([Note: recompute chosen per stage] in predict/memory.py).
         cross_node: data (and data x tensor) stages over 2, 4, ... whole nodes too ([Note: stages across nodes] in
-            search/memory/space.py); without it a stage never spans nodes (CAPTURE's space).
+            search/memory/packing.py); without it a stage never spans nodes (CAPTURE's space).
         fewest: the smallest sub-mesh of ``cluster`` on which the model fits (needs a capacity).
         seed: the Bayesian search's seed.
         progress: long searches report here (rate-limited, search/progress.py).

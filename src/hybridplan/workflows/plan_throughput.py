@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from hybridplan.errors import HybridPlanError, UsageError
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.predict.time_model import TimeBreakdown, predict_iteration_time
+from hybridplan.predict.time_breakdown import TimeBreakdown
+from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import ProgressCallback
 from hybridplan.search.time.stage_options import options_label

@@ -24,7 +24,8 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import HybridPlanError
 from hybridplan.plan import Plan
 from hybridplan.workflows.validate import DeviceMemory
-from hybridplan.search.memory.space import PlanSpace, StageChoice
+from hybridplan.search.memory.configs import StageChoice
+from hybridplan.search.memory.space import PlanSpace
 
 __all__ = ["ensure_profile", "MeasuredPlan", "measure_plan", "plan_from_choices", "ResultStore", "devices_json"]
 

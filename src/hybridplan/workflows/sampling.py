@@ -22,7 +22,8 @@ from collections.abc import Callable
 from functools import lru_cache
 
 from hybridplan.errors import PlanError, UsageError
-from hybridplan.search.memory.space import PlanSpace, StageChoice
+from hybridplan.search.memory.configs import StageChoice
+from hybridplan.search.memory.space import PlanSpace
 
 __all__ = ["count_kept_plans", "sample_plans"]
 

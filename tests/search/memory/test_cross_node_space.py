@@ -12,7 +12,9 @@ from hypothesis import strategies as st
 
 from hybridplan.plan import Cluster
 from hybridplan.search import PlanSpace, count_plans, solve_exact, solve_exhaustive
-from hybridplan.search.memory.space import StageConfig, enumerate_plans, place_stages, stage_configs
+from hybridplan.search.memory.configs import StageConfig, stage_configs
+from hybridplan.search.memory.packing import place_stages
+from hybridplan.search.memory.space import enumerate_plans
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
 
 

@@ -10,7 +10,8 @@ from hypothesis import strategies as st
 from hybridplan.errors import PlanError
 from hybridplan.search.memory.exact import solve_exact
 from hybridplan.search.memory.objective import StageTable, leximax_key
-from hybridplan.search.memory.space import PlanSpace, StageConfig
+from hybridplan.search.memory.configs import StageConfig
+from hybridplan.search.memory.space import PlanSpace
 from hybridplan.search.memory.synthetic import AdditiveStageModel, TableStageModel
 from tests.search.search_reference import paper_order_key
 

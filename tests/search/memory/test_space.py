@@ -14,15 +14,9 @@ from hypothesis import strategies as st
 
 from hybridplan.errors import PlanError
 from hybridplan.search.memory.exact import solve_exact
-from hybridplan.search.memory.space import (
-    MeshPacking,
-    PlanSpace,
-    StageChoice,
-    count_plans,
-    enumerate_plans,
-    place_stages,
-    stage_configs,
-)
+from hybridplan.search.memory.configs import StageChoice, stage_configs
+from hybridplan.search.memory.packing import MeshPacking, place_stages
+from hybridplan.search.memory.space import PlanSpace, count_plans, enumerate_plans
 from hybridplan.search.memory.synthetic import TableStageModel
 from tests.search.search_reference import stages_of
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridplan.search import PlanSpace, count_plans, solve_exact, solve_exhaustive
-from hybridplan.search.memory.space import StageConfig, stage_configs
+from hybridplan.search.memory.configs import StageConfig, stage_configs
 from hybridplan.search.memory.synthetic import TableStageModel
 
 

@@ -9,11 +9,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hybridplan.errors import PlanError
-from hybridplan.plan.plan import StagePlan
-from hybridplan.predict.time_model import sync_seconds
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
-from hybridplan.search.time import bottleneck_cuts
-from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, range_sums
+from hybridplan.plan import StagePlan
+from hybridplan.predict.communication import sync_seconds
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
+from hybridplan.search.time import bottleneck_cuts, cut_problem, window_minima
+from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment
+from hybridplan.search.time.sync_costs import SyncCosts, range_sums
 from hybridplan.search.time.stage_cuts import amp_layer_assignment, assignment_objective
 from tests.search.time.util import TOY_CLUSTER, all_cuts
 
@@ -182,7 +185,7 @@ def test_sums_of_a_batch_of_caps_are_the_least_sums_of_every_cut(data: st.DataOb
     cut_costs = [_costs(data, num_layers, True) / 4 for _ in range(k - 1)]
     cut_floors = [_costs(data, num_layers, True) for _ in range(k - 1)] if floors else None
     costs = SyncCosts(range_sums(_costs(data, num_layers, True)), tuple([1.0] * k)) if sync else None
-    problem = bottleneck_cuts._Problem(stage_costs, cut_costs, cut_floors, costs)
+    problem = cut_problem._Problem(stage_costs, cut_costs, cut_floors, costs)
     caps = np.sort(np.array(data.draw(st.lists(st.integers(0, 9 * num_layers).map(float), min_size=1, max_size=6))))
     cap_q = float(data.draw(st.integers(0, 9 * num_layers))) if sync else 0.0
 
@@ -214,9 +217,9 @@ def test_adversarial_families_least_total_of_every_cut(data: st.DataObject, num_
     cut_floors = [_costs(data, num_layers, True) * num_layers / k for _ in range(k - 1)] if floors else None
     sync = SyncCosts(range_sums(_costs(data, num_layers, True)), tuple(float(gas) * (1 + j % 2) for j in range(k)))
     calls = []
-    original = bottleneck_cuts._Problem.evaluate
+    original = cut_problem._Problem.evaluate
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bottleneck_cuts._Problem, "evaluate",
+        patch.setattr(cut_problem._Problem, "evaluate",
                       lambda self, p, q: calls.append((p, q)) or original(self, p, q))
         found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync)
 
@@ -254,8 +257,8 @@ def test_window_minima_both_ways_are_the_minimum_of_each_window(data: st.DataObj
     draws = data.draw(st.lists(st.integers(1, n + 1), min_size=rows * (n + 1), max_size=rows * (n + 1)))
     lo = np.minimum(np.maximum.accumulate(np.array(draws).reshape(rows, n + 1), axis=1), n)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bottleneck_cuts, "SPARSE_TABLE_FACTOR", factor)
-        minima = bottleneck_cuts._WindowMinima(lo)(h)
+        patch.setattr(window_minima, "SPARSE_TABLE_FACTOR", factor)
+        minima = window_minima._WindowMinima(lo)(h)
     for r in range(rows):
         for i in range(n + 1):
             if lo[r, i] < i:

@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 
 from hybridplan.plan.cluster import Cluster
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
 from tests.search.time.util import TOY_CLUSTER, toy_profile
 

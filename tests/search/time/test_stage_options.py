@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from hybridplan.errors import UsageError
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.time_model import predict_iteration_time
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search.time.stage_options import (
     choose_options,
     option_table,

@@ -7,7 +7,9 @@ import itertools
 import numpy as np
 
 from hybridplan.plan.cluster import Cluster
-from hybridplan.profiling.time_profile import LayerInfo, TimeProfile, TimingTable
+from hybridplan.profiling.layer_info import LayerInfo
+from hybridplan.profiling.time_profile import TimeProfile
+from hybridplan.profiling.timing_table import TimingTable
 
 
 def all_cuts(num_layers: int, k: int) -> list[tuple[int, ...]]:

@@ -35,7 +35,8 @@ from hybridplan.search.memory.objective import (
     plan_score,
 )
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.memory.space import PlanSpace, StageChoice
+from hybridplan.search.memory.configs import StageChoice
+from hybridplan.search.memory.space import PlanSpace
 
 __all__ = ["solve_bayesian", "PlanEncoding", "GaussianProcess"]
 

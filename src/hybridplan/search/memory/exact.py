@@ -4,7 +4,7 @@ A plan, read from its last stage to its first, is a path through states ``(s, j,
 covers layers ``[s, L)``, ``j`` counts its stages (capped at ``H-1``, the horizon beyond which a stage's
 value no longer depends on its position; exact up to ``max_stages`` when that bound is set), and ``r``
 is the packing state of its degrees (the devices used, when ``k`` is a power of two; see
-:class:`~hybridplan.search.memory.space.MeshPacking`). Prepending stage ``[s', s)`` with config ``c`` costs
+:class:`~hybridplan.search.memory.packing.MeshPacking`). Prepending stage ``[s', s)`` with config ``c`` costs
 ``values[c, j, s', s]`` on ``degree(c)`` devices. Because [Note: leximax order] survives adding the same
 devices to both sides, and the canonical order survives prepending the same stages, every state has one
 best suffix, and the best plan is made of best suffixes. Three passes over a numpy table:
@@ -29,7 +29,8 @@ import numpy as np
 
 from hybridplan.search.memory.objective import SearchResult, StageMemoryModel, StageTable, build_result, no_allowed_plan
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.memory.space import PlanSpace, StageChoice
+from hybridplan.search.memory.configs import StageChoice
+from hybridplan.search.memory.space import PlanSpace
 
 __all__ = ["solve_exact"]
 

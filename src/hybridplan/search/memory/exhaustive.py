@@ -16,7 +16,8 @@ import time
 
 from hybridplan.search.memory.objective import SearchResult, StageMemoryModel, StageTable, build_result, no_allowed_plan, plan_score
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.memory.space import PlanSpace, StageChoice, enumerate_plans
+from hybridplan.search.memory.configs import StageChoice
+from hybridplan.search.memory.space import PlanSpace, enumerate_plans
 
 __all__ = ["solve_exhaustive"]
 

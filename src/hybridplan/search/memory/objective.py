@@ -31,7 +31,8 @@ import numpy as np
 from hybridplan.errors import PlanError
 from hybridplan.plan import Cluster, Parallelism, Plan, StagePlan, as_schedule
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.memory.space import PlanSpace, StageChoice, StageConfig
+from hybridplan.search.memory.configs import StageChoice, StageConfig
+from hybridplan.search.memory.space import PlanSpace
 
 __all__ = [
     "StageMemoryModel",

@@ -1,45 +1,10 @@
-"""The plan space of CAPTURE (seed 000, section III-C): stage configs, packing onto the mesh, enumeration.
+"""The plan space of CAPTURE (seed 000, section III-C), and its extensions: every plan of a model on a mesh.
 
-A plan cuts the model's ``L`` layers into pipeline stages, in order, and gives each stage a *stage
-config*: pipeline-only (``"none"``, degree 1) or data-/tensor-parallel at a power-of-two degree up to
-the devices per node ``k`` (2, 4, ..., the powers of two ``<= k``). For ``k = 2^d`` that is ``2*d + 1``
-configs, e.g. none, data x2, data x4, tensor x2, tensor x4 for ``k = 4``. (The paper writes
-``2*log2(k) - 1``: ``2*d`` kind-and-degree pairs less the 1-way duplicate; but its degrees 1..k are
-``d + 1`` per kind, which gives ``2*(d+1) - 1``.) Every device is used, a stage never spans nodes, so on
-each node the stages' degrees sum to ``k``.
-
-Which stage configs a plan uses fixes only the *multiset* of degrees that must be packed onto the
-nodes; the order in which they are placed is free. [Note: packing powers of two] gives the exact
-condition for a multiset to pack, which both the solvers (as the small state machine
-:class:`MeshPacking`) and the placement (:func:`place_stages`) use.
-
-[Note: packing powers of two]
-Items of sizes that are powers of two go into bins with free capacities ``f_b``. For a size ``t``, the
-items of size ``>= t`` are multiples of ``t``, so in any packing they take at most ``t*floor(f_b/t)``
-of bin ``b``. Hence a packing exists only if, for every item size ``t``::
-
-    (total size of the items of size >= t)  <=  sum_b t * floor(f_b / t)
-
-and this is also sufficient: first-fit decreasing places the items of size ``t`` into the
-``sum_b floor(f_b/t) - (size of larger items)/t`` slots of size ``t`` that remain whatever bins the
-larger items went to. On an empty mesh of ``N`` nodes of ``k`` devices the bound is
-``N * t * floor(k/t)``, which equals ``N*k`` when ``t`` divides ``k``: so **if k is a power of two, every
-multiset of power-of-two degrees with total N*k packs exactly**, and the solvers need to track only
-the number of devices used. For other ``k`` they also track the size of the items ``>= t`` for the
-few ``t`` that do not divide ``k``.
-
-[Note: stages across nodes]
-``PlanSpace(cross_node=True)`` also lets a data (or data x tensor) stage's replicas span nodes, as plans allow
-(plan/plan.py: only a tensor group must share a node). Such a stage takes ``m`` *whole* nodes, ``m`` = 2, 4, ...:
-its degree is ``m*k``. Whole nodes because the value of a stage depends on its degree only, so a stage over parts
-of nodes (say 2 + 2 devices of two nodes of 4) would add no value and only make packing harder; and a stage over
-whole nodes keeps each tensor group of ``t | k`` consecutive devices inside one node and its replicas on the
-fewest nodes. Packing stays exact: the whole-node stages take ``W`` nodes, the others must pack onto the other
-``N - W`` nodes, i.e. for each ``t`` that does not divide ``k``,
-``(size of the smaller stages >= t) + W * t * floor(k/t) <= N * t * floor(k/t)``, which the state machine tracks
-by counting a whole-node stage as ``t * floor(k/t)`` per node for each such ``t`` (for a power-of-two ``k`` there
-is no such ``t``: the devices used are still the state). :func:`place_stages` gives a spanning stage the lowest
-``m`` nodes that are still empty, so the runtime sees an ordinary data stage whose devices cover whole nodes.
+A plan cuts the model's ``L`` layers into pipeline stages, in order, and gives each stage a stage config
+(:mod:`~hybridplan.search.memory.stage_configs`); every device is used, so the stages' degrees must pack onto
+the mesh exactly (:mod:`~hybridplan.search.memory.packing`). :class:`PlanSpace` holds the choices (the mesh,
+the optional dimensions of the extended space), checks by arithmetic that a plan exists at all, and builds the
+packing state machine on first use; :func:`enumerate_plans` lists the plans and :func:`count_plans` counts them.
 """
 
 from __future__ import annotations
@@ -47,226 +12,19 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import NamedTuple
 
-import numpy as np
-
-from hybridplan.plan import Cluster, Parallelism
+from hybridplan.plan import Cluster
 from hybridplan.errors import PlanError
-from hybridplan.search.progress import Progress, ProgressCallback
+from hybridplan.search.memory.packing import MeshPacking, place_stages
+from hybridplan.search.memory.configs import StageChoice, StageConfig, stage_configs
+from hybridplan.search.progress import ProgressCallback
 
 __all__ = [
-    "KINDS",
-    "StageConfig",
-    "StageChoice",
     "PlanSpace",
-    "MeshPacking",
-    "stage_configs",
-    "place_stages",
     "too_few_layers",
     "enumerate_plans",
     "count_plans",
 ]
-
-_REPORT_EVERY = 4096
-"""States between two progress checks while building :class:`MeshPacking` (a check reads the clock)."""
-
-KINDS: tuple[str, ...] = ("none", "data", "tensor", "data+tensor")
-"""Stage kinds in canonical order (the rank breaks exact ties between plans, see objective.py)."""
-
-
-class StageConfig(NamedTuple):
-    """How one stage runs: ``kind`` ("none", "data", "tensor", "data+tensor") at ``degree`` devices; a
-    "data+tensor" stage is ``degree / tensor_degree`` replicas of ``tensor_degree`` devices (0 otherwise)."""
-
-    kind: Parallelism
-    degree: int
-    tensor_degree: int = 0
-    zero: int = 0
-    """ZeRO level of a "data" stage (0: unsharded; predict/zero.py)."""
-    recompute: bool = False
-    """Every layer of the stage recomputes its activations (predicted from a recompute profile:
-    [Note: recompute chosen per stage] in predict/memory.py)."""
-
-    @property
-    def model_kwargs(self) -> dict[str, int]:
-        """What a stage-memory model is told beyond ``(kind, degree)``: the tensor degree of a data x tensor
-        stage, the ZeRO level of a sharded one, ``recompute`` of a recomputed one (the protocol in
-        search/memory/objective.py), nothing else."""
-        more = {"tensor_degree": self.tensor_degree} if self.kind == "data+tensor" else {}
-        if self.zero:
-            more["zero"] = self.zero
-        if self.recompute:
-            more["recompute"] = True
-        return more
-
-    @property
-    def label(self) -> str:
-        """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``, ``none x1 recompute``."""
-        if self.kind == "data+tensor":
-            out = f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
-        else:
-            out = f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
-        return out + (" recompute" if self.recompute else "")
-
-
-class StageChoice(NamedTuple):
-    """One stage of a plan before placement: layers ``[start, stop)`` with ``space.configs[config]``."""
-
-    start: int
-    stop: int
-    config: int
-
-
-def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composite: bool = False, zero: bool = False,
-                  recompute: bool = False, num_nodes: int = 1, cross_node: bool = False) -> tuple[StageConfig, ...]:
-    """The stage configs of a node of ``devices_per_node`` devices, in canonical order.
-
-    The order is by kind (none < data < tensor < data+tensor), then degree, then tensor degree, so that
-    comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
-    visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
-    powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
-    adds the data stages sharded by ZeRO-1 and ZeRO-3 after those, and ZeRO-2 last (predict/zero.py; added later,
-    so the indices of the others, and the plans drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
-    (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
-    degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms
-    ([Note: stages across nodes]). ``recompute`` then repeats every config so far with activation recompute, last:
-    each stage of a plan may recompute or not, and the indices of the configs without it stay as they were.
-
-    >>> [f"{c.kind}{c.degree}" for c in stage_configs(4)]
-    ['none1', 'data2', 'data4', 'tensor2', 'tensor4']
-    >>> [c.label for c in stage_configs(8, composite=True)][-3:]
-    ['data x2 + tensor x2', 'data x4 + tensor x2', 'data x2 + tensor x4']
-    >>> [c.label for c in stage_configs(2, recompute=True)]
-    ['none x1', 'data x2', 'tensor x2', 'none x1 recompute', 'data x2 recompute', 'tensor x2 recompute']
-    """
-    degrees = [2**a for a in range(1, devices_per_node.bit_length()) if 2**a <= devices_per_node]
-    both = tuple(StageConfig("data+tensor", d * t, t) for d in degrees for t in degrees if d * t <= devices_per_node)
-    k = devices_per_node
-    spans = [m * k for m in (2**a for a in range(1, num_nodes.bit_length())) if m <= num_nodes] if cross_node else []
-    plain = (StageConfig("none", 1),) if pipeline_only else (
-        (StageConfig("none", 1),)
-        + tuple(StageConfig("data", d) for d in degrees)
-        + tuple(StageConfig("tensor", d) for d in degrees)
-        + (tuple(sorted(both, key=lambda c: (c.degree, c.tensor_degree))) if composite else ())
-        + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in degrees) if zero else ())
-        + tuple(StageConfig("data", d) for d in spans)
-        + (tuple(StageConfig("data+tensor", d, t) for d in spans for t in degrees if k % t == 0) if composite else ())
-        + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in spans) if zero else ())
-        + (tuple(StageConfig("data", d, 0, 2) for d in degrees + spans) if zero else ())  # last: older draws stay
-    )
-    return plain + (tuple(c._replace(recompute=True) for c in plain) if recompute else ())
-
-
-class MeshPacking:
-    """Which multisets of stage degrees still pack onto the mesh, as a small state machine.
-
-    A state summarises the degrees chosen so far: the devices they use and, only when ``k`` is not a
-    power of two, the sizes of the degrees ``>= t`` for the ``t`` that do not divide ``k`` ([Note:
-    packing powers of two]). States are numbered ``0 .. num_states-1``; the empty multiset is
-    :attr:`start`. For a power-of-two ``k`` the state number *is* the number of devices used.
-
-    With ``max_stages`` the machine keeps only the states of plans of at most that many stages: those
-    reachable in ``s`` stages that can finish in ``max_stages - s`` more. The plans are the same, the
-    states can be far fewer: for ``k`` not a power of two the full machine is large (4.7 million states,
-    minutes, for a single node of 1000 devices), but a model of 10 layers needs only its first 10 levels.
-
-    Attributes:
-        degrees: the distinct degrees, indexing the columns of ``next``/``prev``.
-        next: ``next[r, i]`` is the state after adding a stage of ``degrees[i]`` to ``r``, or -1 when
-            the result cannot pack (or, with ``max_stages``, belongs to no plan that short).
-        prev: the inverse of ``next`` (adding a degree is injective), -1 where none.
-        accepting: states that fill every device.
-        used: devices used by each state.
-        to_finish: fewest further stages that reach an accepting state (a large number if none).
-    """
-
-    def __init__(self, num_nodes: int, devices_per_node: int, degrees: Sequence[int], *,
-                 max_stages: int | None = None, progress: ProgressCallback | None = None) -> None:
-        """Build the machine by a breadth-first walk from the empty multiset.
-
-        Args:
-            num_nodes: N.
-            devices_per_node: k.
-            degrees: the stage degrees (powers of two ``<= k``, and multiples of ``k`` above it: stages over
-                whole nodes, [Note: stages across nodes]).
-            max_stages: keep only the states of plans of at most this many stages (``None``: all).
-            progress: receives progress lines (:mod:`~hybridplan.search.progress`), for the large machines.
-        """
-        report = Progress.of(progress)
-        self.degrees = tuple(sorted(set(degrees)))
-        total = num_nodes * devices_per_node
-        binding = [t for t in self.degrees if devices_per_node % t and t < devices_per_node]
-        caps = [num_nodes * t * (devices_per_node // t) for t in binding]
-        start_key = (0,) + (0,) * len(binding)
-        index = {start_key: 0}
-        keys = [start_key]
-        depth = [0]  # stages on the shortest way from the start; breadth first, so never decreasing
-        edges: list[list[int]] = []
-        mesh = f"{num_nodes}x{devices_per_node}"
-        i = 0
-        while i < len(keys):
-            if i % _REPORT_EVERY == 0 and report.due():
-                report.update(f"mesh packing {mesh}: {i:,} of the {len(keys):,} states found so far expanded")
-            key = keys[i]
-            if max_stages is not None and depth[i] >= max_stages:  # no plan that short goes further
-                edges.append([-1] * len(self.degrees))
-                i += 1
-                continue
-            row = []
-            for d in self.degrees:
-                new = (key[0] + d,) + tuple(v + _claim(d, t, devices_per_node) for v, t in zip(key[1:], binding))
-                if new[0] > total or any(v > c for v, c in zip(new[1:], caps)):
-                    row.append(-1)
-                    continue
-                if new not in index:
-                    index[new] = len(keys)
-                    keys.append(new)
-                    depth.append(depth[i] + 1)
-                row.append(index[new])
-            edges.append(row)
-            i += 1
-        # Number the states in key order, so that on a power-of-two mesh state r uses r devices (numpy: the
-        # keys are distinct, so a lexicographic sort of their columns is their tuple order).
-        if report.due():
-            report.update(f"mesh packing {mesh}: numbering {len(keys):,} states")
-        table = np.array(keys, dtype=np.int64).reshape(len(keys), 1 + len(binding))
-        order = np.lexsort(table.T[::-1])
-        rank = np.empty_like(order)
-        rank[order] = np.arange(len(keys))
-        moves = np.array(edges, dtype=np.int64).reshape(len(keys), len(self.degrees))[order]
-        nxt = np.where(moves >= 0, rank[moves], -1)
-        used = table[order, 0]
-        to_finish = _fewest_to_finish(nxt, used, total)
-        if max_stages is not None:
-            # A state on a plan of at most max_stages stages is reached in `depth` and finished in `to_finish`
-            # stages; the others go, and so do the moves to them. (States on the fewest-stage way from a kept
-            # state to the end are kept, so `to_finish` of the kept states stays as computed.)
-            keep = np.asarray(depth, dtype=np.int64)[order] + to_finish <= max_stages
-            if not keep.all():
-                renumber = np.cumsum(keep) - 1
-                nxt = nxt[keep]
-                nxt = np.where((nxt >= 0) & keep[nxt], renumber[nxt], -1)
-                order, used, to_finish = order[keep], used[keep], to_finish[keep]
-        self.keys = tuple(keys[i] for i in order.tolist())
-        self.start = 0
-        self.next = nxt
-        self.prev = np.full_like(self.next, -1)
-        for col in range(len(self.degrees)):
-            ok = self.next[:, col] >= 0
-            self.prev[self.next[ok, col], col] = np.nonzero(ok)[0]
-        self.used = used
-        self.accepting = self.used == total
-        self.to_finish = to_finish
-
-    @property
-    def num_states(self) -> int:
-        """Number of states."""
-        return len(self.keys)
-
-    def column(self, degree: int) -> int:
-        """The column of ``next``/``prev`` for ``degree``."""
-        return self.degrees.index(degree)
 
 
 @dataclass(frozen=True)
@@ -296,8 +54,8 @@ class PlanSpace:
     """Every stage config also with activation recompute (:func:`stage_configs`; the model needs a recompute
     profile to predict them)."""
     cross_node: bool = False
-    """Also data (and data x tensor) stages over 2, 4, ... whole nodes ([Note: stages across nodes]); without it a
-    stage never spans nodes (CAPTURE's space)."""
+    """Also data (and data x tensor) stages over 2, 4, ... whole nodes ([Note: stages across nodes] in
+    search/memory/packing.py); without it a stage never spans nodes (CAPTURE's space)."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_nodes", "devices_per_node"):
@@ -448,102 +206,8 @@ def too_few_layers(num_layers: int, num_nodes: int, devices_per_node: int, *, pi
     )
 
 
-def _fewest_to_finish(nxt: np.ndarray, used: np.ndarray, total: int) -> np.ndarray:
-    """Fewest further stages from each state to a full mesh (``total + 1`` where none), states numbered in
-    key order.
-
-    A stage adds devices, so successors use more: the states are settled one level of ``used`` at a time,
-    fullest first, vectorised over the level (in key order a level is a run of states).
-    """
-    unreachable = total + 1
-    to_finish = np.where(used == total, 0, unreachable)
-    levels = np.concatenate([[0], np.flatnonzero(np.diff(used)) + 1, [len(used)]])
-    for a, b in zip(levels[-2::-1], levels[:0:-1]):
-        row = nxt[a:b]
-        via = np.where(row >= 0, to_finish[row] + 1, unreachable).min(axis=1, initial=unreachable)
-        to_finish[a:b] = np.minimum(to_finish[a:b], via)
-    return to_finish
-
-
-def _claim(d: int, t: int, k: int) -> int:
-    """What a stage of ``d`` devices takes of the mesh's room for stages of ``t`` devices ([Note: packing powers of
-    two], [Note: stages across nodes]): ``d`` if it is at least ``t`` (on a node, within a node's room for them),
-    nothing if smaller; a stage over ``d/k`` whole nodes takes those nodes' room, ``t*floor(k/t)`` each."""
-    if d > k:
-        return (d // k) * t * (k // t)
-    return d if d >= t else 0
-
-
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "s")
-
-
-def place_stages(degrees: Sequence[int], num_nodes: int, devices_per_node: int) -> tuple[tuple[int, ...], ...]:
-    """Global device indices for stages of the given degrees, in pipeline order; deterministic.
-
-    Each stage goes on the node of the previous stage if it fits there and the remaining stages still
-    pack ([Note: packing powers of two]), else on the lowest-numbered node where that holds; within a
-    node it takes the lowest free devices. So consecutive stages share a node where possible (their
-    activations cross the fast intra-node link) and the pipeline walks the nodes in order. A stage of
-    more than ``k`` devices (a multiple of ``k``: [Note: stages across nodes]) takes the lowest-numbered
-    nodes that are still empty and leave the rest packable.
-
-    Raises:
-        PlanError: if the degrees do not pack onto the mesh exactly.
-
-    >>> place_stages([1, 2, 1, 4], 2, 4)
-    ((0,), (1, 2), (3,), (4, 5, 6, 7))
-    >>> place_stages([2, 8, 2], 3, 4)
-    ((0, 1), (4, 5, 6, 7, 8, 9, 10, 11), (2, 3))
-    """
-    k = devices_per_node
-    if sum(degrees) != num_nodes * k or any(d < 1 or (d & (d - 1) if d <= k else d % k) for d in degrees):
-        raise PlanError(f"stage degrees {list(degrees)} cannot fill a {num_nodes}x{k} mesh exactly",
-                        fix=f"degrees must be powers of two up to {k}, or multiples of {k} (whole nodes), summing to"
-                        f" {num_nodes * k}")
-    sizes = sorted({d for d in degrees if d <= k})
-    free = [k] * num_nodes
-    empty = num_nodes
-    whole = sum(d // k for d in degrees if d > k)  # nodes the spanning stages still need (they must be empty)
-    remaining = {t: sum(d for d in degrees if t <= d <= k) for t in sizes}
-    capacity = {t: num_nodes * t * (k // t) for t in sizes}  # room for stages >= t over all nodes
-
-    def packs(empty: int, whole: int, capacity: dict[int, int], remaining: dict[int, int]) -> bool:
-        """The spanning stages onto empty nodes, the others onto the rest ([Note: stages across nodes])."""
-        return whole <= empty and all(remaining[t] <= capacity[t] - whole * t * (k // t) for t in sizes)
-
-    if not packs(empty, whole, capacity, remaining):
-        raise PlanError(f"stage degrees {sorted(degrees, reverse=True)} do not pack onto {num_nodes} nodes of {k} devices")
-    out: list[tuple[int, ...]] = []
-    current = 0
-    for d in degrees:
-        if d > k:  # any m empty nodes leave the same room: the lowest
-            nodes = [n for n in range(num_nodes) if free[n] == k][: d // k]
-            for n in nodes:
-                free[n] = 0
-                for t in sizes:
-                    capacity[t] -= t * (k // t)
-            empty -= len(nodes)
-            whole -= len(nodes)
-            out.append(tuple(n * k + i for n in nodes for i in range(k)))
-            continue
-        after = {t: remaining[t] - (d if d >= t else 0) for t in sizes}
-        for n in [current] + [n for n in range(num_nodes) if n != current]:
-            f = free[n]
-            if f >= d and packs(empty - (f == k), whole,
-                                {t: capacity[t] - t * (f // t) + t * ((f - d) // t) for t in sizes}, after):
-                break
-        else:  # pragma: no cover - excluded by the packing condition checked above
-            raise PlanError(f"internal: cannot place a stage of degree {d}")
-        first = n * k + (k - f)
-        out.append(tuple(range(first, first + d)))
-        for t in sizes:
-            capacity[t] += t * ((f - d) // t) - t * (f // t)
-        remaining = after
-        empty -= f == k
-        free[n] -= d
-        current = n
-    return tuple(out)
 
 
 def enumerate_plans(space: PlanSpace,

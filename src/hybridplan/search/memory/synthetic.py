@@ -11,7 +11,7 @@ from functools import cached_property
 
 import numpy as np
 
-from hybridplan.search.memory.space import stage_configs
+from hybridplan.search.memory.configs import stage_configs
 
 __all__ = ["AdditiveStageModel", "TableStageModel", "RECOMPUTE_KEPT"]
 

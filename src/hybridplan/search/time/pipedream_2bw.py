@@ -10,7 +10,7 @@ the global batch) costs ``m`` steady-state periods plus the gradient all-reduce:
 - a stage's time per micro-batch: ``c_j = (1 + r) F_j(b) + B_j(b)`` (recomputation replays the forward pass
   before the backward pass; Chen et al. 2016);
 - a boundary's time per micro-batch and direction: ``v / bw`` (the activation forward, its gradient back,
-  each on its own direction of a full-duplex link), ``v`` and ``bw`` as in :mod:`hybridplan.predict.time_model`;
+  each on its own direction of a full-duplex link), ``v`` and ``bw`` as in :mod:`hybridplan.predict.communication`;
 - period ``P = max(max_j c_j, max_j v_j / bw_j)``: the slowest stage or transfer paces a flush-free pipeline;
 - ``T = m P + max_j 2 (w-1)/w |W_j| / bw_j`` (ring all-reduce of stage ``j``'s gradients, eq. 3 of seed 002;
   not overlapped, a pessimistic choice). The one-time fill is amortised over training and left out.
@@ -36,7 +36,8 @@ from dataclasses import dataclass, replace
 
 from hybridplan.errors import UsageError
 from hybridplan.plan import Cluster, Plan, StagePlan
-from hybridplan.predict.time_model import p2p_seconds, stage_layer_costs, sync_seconds
+from hybridplan.predict.communication import p2p_seconds, sync_seconds
+from hybridplan.predict.stage_compute import stage_layer_costs
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
@@ -120,7 +121,8 @@ def plan_pipedream_2bw(
         UsageError: for a non-positive global batch size.
 
     Example:
-        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.layer_info import LayerInfo
+        >>> from hybridplan.profiling.timing_table import TimingTable
         >>> p = TimeProfile(model="toy", layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1e3,
         ...     parameter_bytes=1e6) for i in range(4)), timings=(TimingTable(device_type="cpu", tensor_degree=1,
         ...     micro_batch_size=1, forward_s=(1e-3,) * 4, backward_s=(2e-3,) * 4),))

@@ -4,7 +4,7 @@ AMP's search (search/time/throughput.py) fixes a strategy's stages: their layers
 stage may then also shard its training state over its data replicas (ZeRO-1, 2 or 3, where it has replicas)
 and recompute its activations (issue 11). These *options* trade time for memory stage by stage: ZeRO-1 syncs
 more and steps less, ZeRO-2/3 add collectives to every micro-batch, recompute adds a forward
-([Note: ZeRO and recompute in time] in predict/time_model.py); each lowers the stage's peak memory.
+([Note: ZeRO and recompute in time] in predict/communication.py); each lowers the stage's peak memory.
 
 [Note: choosing stage options by thresholds]
 A stage's option changes only that stage's terms: its per-micro-batch compute ``t_i``, its sync ``s_i``, its

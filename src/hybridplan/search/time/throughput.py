@@ -38,18 +38,14 @@ import numpy as np
 
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES, Cluster, Plan, StagePlan, as_schedule, spec
-from hybridplan.predict.time_model import (
-    TimeBreakdown,
-    allreduce_seconds,
-    link_bandwidth,
-    p2p_seconds,
-    predict_iteration_time,
-    slowest_link,
-    stage_layer_costs,
-)
+from hybridplan.predict.communication import allreduce_seconds, link_bandwidth, p2p_seconds, slowest_link
+from hybridplan.predict.stage_compute import stage_layer_costs
+from hybridplan.predict.time_breakdown import TimeBreakdown
+from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.time.bottleneck_cuts import SyncCosts, bottleneck_assignment, bottleneck_min_max, range_sums
+from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
+from hybridplan.search.time.sync_costs import SyncCosts, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.time.stage_options import StagePeaks, choose_options, option_table, options_label, with_options
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
@@ -204,7 +200,7 @@ def assign_layers(
     flush = spec(schedule).flushes
     sync = None
     if flush and cuts == "bottleneck" and dp > 1:
-        # time_model.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
+        # communication.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
         # capped by the measured bandwidth; its per-message latency (the stage's parameter tensors x 2(dp-1) x alpha)
         # is not in the cut's objective yet: the candidates' times (predict_iteration_time) hold it
         factors = tuple(allreduce_seconds(1.0, dp, link_bandwidth(
@@ -234,7 +230,7 @@ def assign_layers(
 
 def parameter_range_bytes(profile: TimeProfile) -> np.ndarray:
     """Gradient bytes of every layer range ``[a, b)`` of the profile, shared parameters once per range (as
-    time_model.sync_seconds counts them)."""
+    communication.sync_seconds counts them)."""
     return range_sums([layer.parameter_bytes for layer in profile.layers],
                       [layer.shared_parameters for layer in profile.layers])
 
@@ -311,7 +307,8 @@ def search_throughput(
         UsageError: for a bad objective, placement or batch size.
 
     Example:
-        >>> from hybridplan.profiling.time_profile import LayerInfo, TimingTable
+        >>> from hybridplan.profiling.layer_info import LayerInfo
+        >>> from hybridplan.profiling.timing_table import TimingTable
         >>> p = TimeProfile(model="toy", layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1e3,
         ...     parameter_bytes=1e6) for i in range(4)), timings=(TimingTable(device_type="cpu", tensor_degree=1,
         ...     micro_batch_size=1, forward_s=(1e-3,) * 4, backward_s=(2e-3,) * 4),))
