@@ -1,27 +1,18 @@
-"""Where the prediction of a recomputed stage goes wrong: composed span statistics against the simulated runtime.
+"""How a recomputed stage is predicted: the layer-max rule against the chain composition it replaced, and the runtime.
 
-A diagnosis, not a fix (docs/prediction.md section 6, "Known limit" of recompute chosen per stage). For
-recomputed spans of moe-tiny (data x2 and tensor x2, 2x4, global batch 64 in 4 micro-batches, fp32, simulated
-devices) it prints, per transient quantity: what the simulated runtime measures for the span, what the predictor
-composes from the recompute profile (``MemoryPredictor.span_quantities``: ``M_i(a) + sum M_a``), and what the
-*layer-max rule* below gives from the span's single layers (measured alone at the target batch, and as the profile
-predicts them alone). With ``--extension-db`` it also gives, without running anything, the stage peaks the
-predictor composes for benchmarks/extension_gain's "+ recompute (every stage kind)" plan of MoE 1.3B and those the
-rule gives, next to the simulated peaks stored in benchmarks/extension_gain/results.json.
+docs/prediction.md section 6 (recompute chosen per stage) and [Note: the transients of a recomputed stage] in
+src/hybridplan/profiling/recomputed_spans.py: under full recompute a stage's transients are maxima over its layers,
+which the predictor now composes from the layers measured alone, where it used to sum chain increments ``M_a``.
+For recomputed spans of moe-tiny (data x2, tensor x2), wresnet-tiny (tensor x2; boundaries of different sizes) and
+gpt-tiny (data x2 and pipeline-only, stages that hold the head and loss), 2x4, global batch 64 in 4 micro-batches,
+fp32, simulated devices, it prints per transient and for the stage peak: what the simulated runtime measures, what
+the predictor gives from the recompute profile (the rule), what the chain composition gave (the same statistics
+composed as ``M_i(a) + sum M_a``, as before the rule), and the rule applied to the layers measured alone at the
+target batch (so that the rule's own error and the batch scaling's are told apart). With ``--extension-db`` it
+also predicts benchmarks/extension_gain's two recomputed MoE 1.3B plans, without running anything, next to the
+simulated peaks stored in benchmarks/extension_gain/results.json and the predictions stored with them.
 
-The layer-max rule (what full recompute makes of a stage; derived from the runtime's checkpointing, checked here):
-inside a recomputed stage only each layer's input survives between its forward and its backward, so a transient
-of the stage is the largest transient of one of its layers on the level the other layers leave at that moment:
-
-- forward:  ``max_l FT_l + sum_{k<l} A_k``  (earlier layers keep their inputs);
-- first backward: ``max_l FBT_l + sum_{k>l} G_k - sum_{k>l+1} A_k``  (later layers' gradients allocated, their
-  kept inputs freed but the one that becomes l's output gradient);
-- later backward: ``max_l BT_l - sum_{k>l+1} A_k``;
-- step: ``max_l ST_l`` (AdamW's per-tensor temporaries);
-
-with ``A, G, FT, FBT, BT, ST`` the layer's activation, gradient and transients measured alone.
-
-Command (about 1.5 min on the shared 2-core machine, the profile included; resumes the profile):
+Command (a few minutes on the shared 2-core machine, the profiles included; resumes the profiles):
 
     .venv/bin/python -m benchmarks.recompute_composition.run
     .venv/bin/python -m benchmarks.recompute_composition.run --extension-db PATH/moe-1.3b-4x4-b512-m16-bf16-recompute-all.sqlite
@@ -30,6 +21,7 @@ Command (about 1.5 min on the shared 2-core machine, the profile included; resum
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 
@@ -41,6 +33,7 @@ from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.quantities import INDEX, quantities_from_timeline
+from hybridplan.profiling.recomputed_spans import layer_max_table
 from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.sim import simulate_stage
@@ -48,30 +41,21 @@ from hybridplan.workflows.runs import ensure_profile
 
 HERE = Path(__file__).parent
 BATCH, MICRO = 64, 4
-LAYERS = {"moe-tiny": 6, "wresnet-tiny": 7}
+LAYERS = {"moe-tiny": 6, "wresnet-tiny": 7, "gpt-tiny": 10}
 SPANS = {("moe-tiny", "data", 2): [(1, 4), (0, 3), (2, 5), (1, 5), (3, 6), (0, 6)],
          ("moe-tiny", "tensor", 2): [(1, 4), (2, 5), (1, 5)],
-         ("wresnet-tiny", "tensor", 2): [(0, 4), (1, 4)]}
+         ("wresnet-tiny", "tensor", 2): [(0, 4), (1, 4), (3, 7)],
+         ("wresnet-tiny", "none", 1): [(2, 6), (3, 7)],
+         ("gpt-tiny", "data", 2): [(7, 10), (4, 9), (9, 10)],
+         ("gpt-tiny", "none", 1): [(6, 10)]}
 """Multi-layer recomputed spans per model and stage kind: moe-tiny's layers 1 and 3 are MoE layers, 2 and 4 dense
-ones; wresnet-tiny's layers change width and resolution (its boundaries differ in size)."""
+ones; wresnet-tiny's layers change width and resolution (its boundaries differ in size); gpt-tiny's last layer is
+the head and loss, whose activation is more than its input."""
 SCENARIOS = {"moe-tiny": (Scenario("none", 1), Scenario("data", 2), Scenario("tensor", 2)),
-             "wresnet-tiny": (Scenario("none", 1), Scenario("tensor", 2))}
+             "wresnet-tiny": (Scenario("none", 1), Scenario("tensor", 2)),
+             "gpt-tiny": (Scenario("none", 1), Scenario("data", 2))}
 TRANSIENTS = ("forward_transient", "first_backward_transient", "backward_transient", "step_transient")
-A, G = INDEX["activation"], INDEX["gradient"]
-FT, FBT, BT, ST = (INDEX[n] for n in TRANSIENTS)
 
-
-def layer_max(alone: list[np.ndarray]) -> np.ndarray:
-    """A recomputed stage's quantities from its layers' alone (module docstring): sums, and transients as maxima."""
-    qs = [np.asarray(q[:8], dtype=float) for q in alone]
-    n = len(qs)
-    out = np.sum(qs, axis=0)
-    out[FT] = max(qs[l][FT] + sum(qs[k][A] for k in range(l)) for l in range(n))
-    out[FBT] = max(qs[l][FBT] + sum(qs[k][G] for k in range(l + 1, n)) - sum(qs[k][A] for k in range(l + 2, n))
-                   for l in range(n))
-    out[BT] = max(qs[l][BT] - sum(qs[k][A] for k in range(l + 2, n)) for l in range(n))
-    out[ST] = max(q[ST] for q in qs)
-    return out
 
 
 def measure(model: str, a: int, b: int, kind: str, degree: int) -> tuple[np.ndarray, int]:
@@ -92,6 +76,13 @@ def measure(model: str, a: int, b: int, kind: str, degree: int) -> tuple[np.ndar
     return quantities_from_timeline(report.static[-1], report.data[-1], report.timeline), len(stages) - 1 - index
 
 
+def chain_composed(predictor: MemoryPredictor) -> MemoryPredictor:
+    """The same profile composed by chain increments (``M_i(a) + sum M_a``), as the predictor did before the rule."""
+    stats = {key: [dataclasses.replace(s, recompute=False) for s in sizes] for key, sizes in predictor.stats.items()}
+    return MemoryPredictor(stats, num_layers=predictor.num_layers, schedule="1f1b", global_batch_size=BATCH,
+                           num_microbatches=MICRO, recompute=True)
+
+
 def tiny(work: Path) -> list[str]:
     """The tiny models' table (markdown lines)."""
     predictors = {}
@@ -101,35 +92,26 @@ def tiny(work: Path) -> list[str]:
                             run_options={"backend": "sim", "activation_checkpointing": True})
         predictors[model] = MemoryPredictor.from_db(db, schedule="1f1b", global_batch_size=BATCH,
                                                     num_microbatches=MICRO)
-    lines = ["| stage | quantity | measured | composed (predictor) | layer-max of measured layers | "
-             "layer-max of the profile's layers |", "|---|---|---:|---:|---:|---:|"]
+    lines = ["| stage | quantity | measured | predicted (layer-max rule) | chain composition (before) | "
+             "rule on the layers measured alone |", "|---|---|---:|---:|---:|---:|"]
     for (model, kind, degree), spans in SPANS.items():
-        predictor = predictors[model]
-        alone = {l: measure(model, l, l + 1, kind, degree)[0] for l in range(LAYERS[model])}
+        predictor, before = predictors[model], chain_composed(predictors[model])
+        alone = np.array([measure(model, l, l + 1, kind, degree)[0] for l in range(LAYERS[model])])
+        ruled_alone = layer_max_table(alone)
         for a, b in spans:
             measured, after = measure(model, a, b, kind, degree)
-            composed = predictor.span_quantities(a, b, kind, degree)
-            if composed is None:
+            predicted, composed = (p.span_quantities(a, b, kind, degree) for p in (predictor, before))
+            if predicted is None or composed is None:
                 raise SystemExit(f"the profile cannot compose [{a},{b}) {kind}{degree}")
-            ruled = layer_max([alone[l] for l in range(a, b)])
-            profiled = [predictor.span_quantities(l, l + 1, kind, degree) for l in range(a, b)]
-            from_profile = layer_max([q for q in profiled if q is not None])
+            ruled = measured.copy()  # the additive quantities as measured: only the transients are the rule's
+            ruled[[INDEX[n] for n in TRANSIENTS]] = ruled_alone[a, b]
+            where = f"{model} [{a},{b}) {kind} x{degree}"
             for name, i in ((n, INDEX[n]) for n in TRANSIENTS):
-                lines.append(f"| {model} [{a},{b}) {kind} x{degree} | {name} | {measured[i]:,.0f} | {composed[i]:,.0f} | "
-                             f"{ruled[i]:,.0f} | {from_profile[i]:,.0f} |")
-            peaks = [stage_peak(q[:8], "1f1b", after, MICRO) for q in (measured, composed, ruled, from_profile)]
-            lines.append(f"| {model} [{a},{b}) {kind} x{degree} | **peak** (1F1B, {after} stages after) | "
+                lines.append(f"| {where} | {name} | {measured[i]:,.0f} | {predicted[i]:,.0f} | {composed[i]:,.0f} | "
+                             f"{ruled[i]:,.0f} |")
+            peaks = [stage_peak(q[:8], "1f1b", after, MICRO) for q in (measured, predicted, composed, ruled)]
+            lines.append(f"| {where} | **peak** (1F1B, {after} stages after) | "
                          + " | ".join(f"{p:,.0f}" for p in peaks) + " |")
-    return lines + [""] + chains(predictors["moe-tiny"], "data", 2)
-
-
-def chains(predictor: MemoryPredictor, kind: str, degree: int) -> list[str]:
-    """The profiled spans and the per-layer forward-transient statistics ``M_i``/``M_a`` they give (markdown)."""
-    lines = []
-    for stats in predictor.stats[(kind, degree)]:
-        lines.append(f"{kind}{degree} at micro-batch {stats.microbatch_size}: profiled spans {sorted(stats.spans)}; "
-                     f"forward transient M_i {[int(v) for v in stats.mi[:, FT]]}, M_a {[int(v) for v in stats.ma[1:, FT]]}"
-                     " (layers 1..)")
     return lines
 
 
@@ -138,11 +120,11 @@ EXTENSION_PLANS = ("moe-1.3b/peak/+ recompute (every stage kind)", "moe-1.3b/few
 
 
 def extension(db: Path) -> list[str]:
-    """benchmarks/extension_gain's recomputed MoE 1.3B plans: composed and layer-max stage peaks (GiB), no run."""
+    """benchmarks/extension_gain's recomputed MoE 1.3B plans predicted now, against the simulated peaks and the
+    predictions stored with them (GiB of the device's whole memory, as results.json has them), no run."""
     stored = json.loads((HERE.parent / "extension_gain" / "results.json").read_text())
-    lines = ["| plan | stage | composed forward transient | its layers' largest alone | composed tensor peak | "
-             "layer-max tensor peak | layer-max - composed | simulated - predicted (results.json) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| plan | stage | simulated | predicted then (results.json) | predicted now | error then | error now |",
+             "|---|---|---:|---:|---:|---:|---:|"]
     for key in EXTENSION_PLANS:
         lines += _extension_plan(db, key, stored[key])
     return lines
@@ -153,24 +135,15 @@ def _extension_plan(db: Path, key: str, entry: dict) -> list[str]:
                                                                            "num_microbatches", "stages")})
     predictor = MemoryPredictor.from_db(db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
                                         num_microbatches=plan.num_microbatches)
-    by_stage = {d["stage"]: d for d in entry["simulated"]["devices"]}
+    now = {d.stage: d.peak_memory_bytes for d in predictor.predict(plan).devices}
+    then = {d["stage"]: d for d in entry["simulated"]["devices"]}
     gib = 2.0 ** 30
     lines = []
     for index, stage in enumerate(plan.stages):
-        kind, degree = stage.parallelism, stage.degree
-        composed = predictor.span_quantities(stage.start, stage.stop, kind, degree)
-        alone = [predictor.span_quantities(l, l + 1, kind, degree) for l in range(stage.start, stage.stop)]
-        if composed is None or any(q is None for q in alone):
-            raise SystemExit(f"the profile cannot compose stage {index} ([{stage.start},{stage.stop}) {kind}{degree})"
-                             " or one of its layers alone")
-        ruled = layer_max([q for q in alone if q is not None])
-        ruled[:4] = composed[:4]  # the additive part as composed (the profile's per-device workspaces included)
-        after = plan.num_stages - 1 - index
-        p_c, p_r = (stage_peak(q[:8], plan.schedule, after, plan.num_microbatches) for q in (composed, ruled))
-        d = by_stage[index]
-        lines.append(f"| {key} | [{stage.start},{stage.stop}) {kind}{degree} | {composed[FT] / gib:.3f} GiB | "
-                     f"{max(q[FT] for q in alone if q is not None) / gib:.3f} GiB | {p_c / gib:.3f} GiB | {p_r / gib:.3f} GiB | "
-                     f"{(p_r - p_c) / gib:+.3f} GiB | {(d['measured'] - d['predicted']) / gib:+.3f} GiB |")
+        measured, before = then[index]["measured"], then[index]["predicted"]
+        lines.append(f"| {key} | [{stage.start},{stage.stop}) {stage.parallelism}{stage.degree} | {measured / gib:.3f} | "
+                     f"{before / gib:.3f} | {now[index] / gib:.3f} | {(before - measured) / measured:+.1%} | "
+                     f"{(now[index] - measured) / measured:+.1%} |")
     return lines
 
 

@@ -9,7 +9,9 @@ For a scenario (pipeline-only, or data/tensor-parallel at a degree) and a profil
 A stage ``[a, b)`` then has ``Q(a..b-1) = M_i(a) + sum M_a(a+1..b-1)`` (the predictor of seed 000,
 applied to each quantity); a span that was measured directly is used as measured. The same is kept for
 the stage *peak* as measured in the profiling runs (``peak`` below): that is CAPTURE's original
-statistic, position-dependent under 1F1B, kept to compare against.
+statistic, position-dependent under 1F1B, kept to compare against. In a profile taken with recompute, a
+composed span's four transients are instead the layer-max rule over its layers' ``M_i``
+(profiling/recomputed_spans.py, [Note: the transients of a recomputed stage]).
 
 [Note: workspaces are per device] On CUDA the cuBLAS/cuBLASLt workspaces (runtime/gpu_memory.py [Note:
 cuBLAS workspaces]) are held once per device and thread from the first matmul that needs them, so a measured
@@ -34,8 +36,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from hybridplan.profiling.quantities import QUANTITIES
 from hybridplan.profiling.partitions import Scenario
+from hybridplan.profiling.quantities import QUANTITIES
+from hybridplan.profiling.recomputed_spans import RECOMPUTED_TRANSIENTS, layer_max_table
 from hybridplan.profiling.store import Measurement, ProfileStore
 
 __all__ = ["SpanStatistics", "build_statistics", "STATISTIC_QUANTITIES", "statistics_of", "load_statistics", "anchor_of"]
@@ -69,6 +72,9 @@ class SpanStatistics:
     """Per unit, the library workspaces its layers hold (``{"cublas/forward": bytes, ...}``), taken out of
     ``mi``/``ma`` and added back per composed span ([Note: workspaces are per device]); None when the
     measurements did not record them (nothing was taken out)."""
+    recompute: bool = False
+    """Whether the stages were profiled recomputed: a composed span's transients are then the layer-max rule over
+    its layers alone ([Note: the transients of a recomputed stage]), not sums of ``M_a``."""
 
     def __post_init__(self) -> None:
         if self.mi.size == 0:
@@ -76,6 +82,13 @@ class SpanStatistics:
             self.mi = np.full(shape, np.nan)
             self.ma = np.full(shape, np.nan)
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None
+        self._ruled_spans: np.ndarray | None = None
+
+    def _ruled(self) -> np.ndarray:
+        """The layer-max transients of every span (``[L, L+1, 4]``; [Note: the transients of a recomputed stage])."""
+        if self._ruled_spans is None:
+            self._ruled_spans = layer_max_table(self.mi)
+        return self._ruled_spans
 
     def _ma_prefix(self) -> tuple[np.ndarray, np.ndarray]:
         """Prefix sums of M_a (missing values as 0) and of the number of missing M_a rows."""
@@ -96,7 +109,17 @@ class SpanStatistics:
         sums, missing = self._ma_prefix()
         if missing[stop] - missing[start + 1] > 0 or np.isnan(self.mi[start]).any():
             return None
-        return self.mi[start] + (sums[stop] - sums[start + 1]) + self._held(start, stop)
+        composed = self.mi[start] + (sums[stop] - sums[start + 1]) + self._held(start, stop)
+        if self.recompute:
+            self._recomputed(composed, self._ruled()[start, stop])
+        return composed
+
+    @staticmethod
+    def _recomputed(composed: np.ndarray, ruled: np.ndarray) -> None:
+        """Put the layer-max transients ``ruled`` (``[..., 4]``) into ``composed`` where every layer was measured alone
+        (elsewhere the chain composition stays: the best the profile can say)."""
+        view = composed[..., RECOMPUTED_TRANSIENTS]
+        composed[..., RECOMPUTED_TRANSIENTS] = np.where(np.isnan(ruled), view, ruled)
 
     def _held(self, start: int, stop: int) -> np.ndarray:
         """The workspaces the composed span ``[start, stop)`` holds, as a statistic vector (in ``static`` and ``peak``)."""
@@ -120,6 +143,8 @@ class SpanStatistics:
                 for b in range(a + 1, L + 1):
                     union.update(self.workspaces[b - 1])
                     out[a, b, _HELD_IN] += sum(union.values())
+        if self.recompute:
+            self._recomputed(out, self._ruled())
         out[unknown] = np.nan
         starts, stops = np.triu_indices(L + 1, 1)
         mask = np.zeros((L, L + 1), dtype=bool)
@@ -146,6 +171,7 @@ def build_statistics(
     num_layers: int,
     anchor: Callable[[int], int] | None = None,
     bounds: Sequence[int] | None = None,
+    recompute: bool = False,
 ) -> SpanStatistics:
     """Statistics from the measurements of ONE scenario at ONE batch size.
 
@@ -155,6 +181,7 @@ def build_statistics(
         anchor: the profiled neighbour anchor of each layer (``n`` for ``M_a(l)``); when its pair is
             missing, the nearest measured pair (largest ``n < l``) is used.
         bounds: merged units' original boundaries; measurements not on them are ignored.
+        recompute: the stages were profiled recomputed ([Note: the transients of a recomputed stage]).
     """
     if not measurements:
         raise ValueError("no measurements")
@@ -185,6 +212,7 @@ def build_statistics(
         spans=spans,
         inconsistency=worst,
         bounds=list(bounds) if bounds is not None else None,
+        recompute=recompute,
     )
     if separate:
         stats.workspaces = [held.get((layer, layer + 1), {}) for layer in range(num_layers)]
@@ -221,10 +249,11 @@ def statistics_of(
     num_units: int,
     anchor: Callable[[int], int] | None,
     bounds: list[int] | None = None,
+    recompute: bool = False,
 ) -> SpanStatistics | None:
     """The statistics of one scenario at one profiled batch size, from the stored measurements (None if none)."""
     ms = store.measurements(kind=scenario.measured_kind, degree=scenario.degree, batch_size=batch)
-    return build_statistics(ms, num_layers=num_units, anchor=anchor, bounds=bounds) if ms else None
+    return build_statistics(ms, num_layers=num_units, anchor=anchor, bounds=bounds, recompute=recompute) if ms else None
 
 
 def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStatistics]]:
@@ -234,13 +263,15 @@ def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStati
         return {}
     L = meta["num_layers"]
     bounds = meta.get("merge_groups")
+    recompute = bool(((meta.get("identity") or {}).get("run_options") or {}).get("activation_checkpointing", False))
     out: dict[tuple[str, int], list[SpanStatistics]] = {}
     for name in meta.get("scenarios", []):
         scenario = Scenario.parse(name)
         anchor = anchor_of(meta.get("neighbors", {}).get(name, 1))
         merged = bounds if bounds is not None and scenario.degree > 1 else None
         for batch in meta["batch_sizes"]:
-            stats = statistics_of(store, scenario, batch, L if merged is None else len(merged) - 1, anchor, merged)
+            stats = statistics_of(store, scenario, batch, L if merged is None else len(merged) - 1, anchor, merged,
+                                  recompute=recompute)
             if stats is not None:
                 out.setdefault((scenario.measured_kind, scenario.degree), []).append(stats)
     return out
