@@ -146,6 +146,19 @@ def test_sharded_backward_floor_by_hand():
     assert sharded_backward_floor([90, 70, 40], [10, 20, 5]) == 100  # layer 0: 90 + 10, nothing before it
 
 
+def test_sharded_backward_floor_at_the_loss_by_hand():
+    """[Note: the loss runs outside every FSDP unit]: the data stage's suffixes 35, 40 (layer 1 the model's last),
+    gathered 10, 5; its head's phase 15 and its loss's 40. Layer 1: the loss holds nothing gathered (40), the head
+    its 5 and the prefetched layer 0's 10 (30): 40, where the old floor added both to the loss's 40 (55). Layer 0's
+    35 is above the head's 15, so its phase counts: 35 + 10 = 45. Without the head's phase known, layer 0 must
+    rise above the last layer's 40 as before: it does not."""
+    assert sharded_backward_floor([35, 40], [10, 5]) == 55
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(15, 40)) == 45
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(-np.inf, 40)) == 40
+    # the head's phase above the loss's: 40 + 5 + 10 = 55; layer 0's 35 is below the head's 40
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(40, 20)) == 55
+
+
 def test_loss_phases_of_gpt_tiny_head_as_traced():
     """[Note: the loss runs outside every FSDP unit]: gpt-tiny's last layer (final norm + head, 33,280 gathered bytes
     over 2 ranks) measured alone in the data2 and data2-zero3 scenarios at micro-batches of 4 and 8 (2 and 4 rows

@@ -121,7 +121,7 @@ and one by the loss, misses: 114,688).
 The loss also hid the layers before the head from the floor: the floor adds a layer's gathered and prefetched bytes
 where the data stage's suffix rises, and a suffix that holds the loss is at least the loss's phase, which ZeRO-3
 holds with nothing gathered. So before the last layer a suffix counts as rising above the head's phase, not above
-the loss's. Measured (the same runs, traced): moe-tiny's layers 4-6 (a dense block, then the head), later backward:
+the loss's (where neither profiled size showed the head's phase, above the last layer's suffix, as before). Measured (the same runs, traced): moe-tiny's layers 4-6 (a dense block, then the head), later backward:
 the block's phase 97,664 + its 84,096 gathered bytes = 181,760 measured, the data stage's suffix 131,072 (the
 loss's, which hid the block); the floor now 106,752 + 84,096 = 190,848 (the data suffix as scaled, a straight line
 through one size the block set and one the loss set; the old floor added 84,096 + 16,640 to the loss's: 231,808,
@@ -371,7 +371,7 @@ def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[
     ``loss``: the ``(head, loss)`` phases of the span's last layer when it is the model's last
     (:func:`loss_phases`); there the loss's phase holds no gathered bytes and the head's holds its own and the
     prefetched layer's, and an earlier layer rises where its suffix exceeds the head's phase, not the loss's
-    ([Note: the loss runs outside every FSDP unit]).
+    (where the head's phase is known; [Note: the loss runs outside every FSDP unit]).
 
     >>> sharded_backward_floor([50, 70, 40], [10, 20, 5])  # layer 2: 40 + 5 + 20; layer 1: 70 + 20 + 10
     100
@@ -387,7 +387,8 @@ def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[
             before = next((size for size in reversed(gathered[:j]) if size), 0)
             if j == last and loss is not None:
                 best = max(best, loss[1], loss[0] + gathered[j] + before)
-                highest = loss[0]
+                if loss[0] > -math.inf:  # the head's phase seen: the loss hides nothing before it
+                    highest = loss[0]
             else:
                 best = max(best, suffix_backward[j] + gathered[j] + before)
     return best
