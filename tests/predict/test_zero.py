@@ -14,7 +14,7 @@ from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
 import numpy as np
 
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient,
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient, loss_phases,
                                      prefetched_bytes, sharded_backward_floor, sharded_forward_transient, zero1_shares,
                                      zero2_peak)
 from hybridplan.workflows.validate import validate_plan
@@ -144,6 +144,81 @@ def test_sharded_backward_floor_by_hand():
     # layer 1 raises it to 70 (+ 20 + layer 0's 10), layer 0 raises nothing
     assert sharded_backward_floor([50, 70, 40], [10, 20, 5]) == 100
     assert sharded_backward_floor([90, 70, 40], [10, 20, 5]) == 100  # layer 0: 90 + 10, nothing before it
+
+
+def test_sharded_backward_floor_at_the_loss_by_hand():
+    """[Note: the loss runs outside every FSDP unit]: the data stage's suffixes 35, 40 (layer 1 the model's last),
+    gathered 10, 5; its head's phase 15 and its loss's 40. Layer 1: the loss holds nothing gathered (40), the head
+    its 5 and the prefetched layer 0's 10 (30): 40, where the old floor added both to the loss's 40 (55). Layer 0's
+    35 is above the head's 15, so its phase counts: 35 + 10 = 45. Without the head's phase known, layer 0 must
+    rise above the last layer's 40 as before: it does not."""
+    assert sharded_backward_floor([35, 40], [10, 5]) == 55
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(15, 40)) == 45
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(-np.inf, 40)) == 40
+    # the head's phase above the loss's: 40 + 5 + 10 = 55; layer 0's 35 is below the head's 40
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(40, 20)) == 55
+
+
+def test_loss_phases_of_gpt_tiny_head_as_traced():
+    """[Note: the loss runs outside every FSDP unit]: gpt-tiny's last layer (final norm + head, 33,280 gathered bytes
+    over 2 ranks) measured alone in the data2 and data2-zero3 scenarios at micro-batches of 4 and 8 (2 and 4 rows
+    per replica; benchmarks/extended_accuracy's profile), and the phases at 16 (8 rows per replica) read off the
+    simulated runtime's op-by-op trace of that stage: forward, the head's matmul holds the received input 32,768,
+    the norm's output 33,792 and the logits 65,536 (= 132,096), the loss holds the logits and their log-softmax
+    with a few scalars (197,644); backward, the head's two matmul outputs (2 x 32,768) and the loss's two
+    logits-sized gradients (2 x 65,536)."""
+    forward = loss_phases([4, 8], [49_420, 98_828], [99_584, 132_608], 2 * 33_280, 16)
+    assert forward == (32_768 + 33_792 + 65_536, 197_644)
+    backward = loss_phases([4, 8], [40_960, 65_536], [74_240, 82_432], 33_280, 16)
+    assert backward == (2 * 32_768, 2 * 65_536)
+    # the loss never set the data stage's value (ZeRO-3 a whole 2G above it at both sizes): no loss phase
+    assert loss_phases([4, 8], [10, 20], [30, 40], 20, 16) == (40.0, -np.inf)
+
+
+WIDE = "tests.cli.user_models:wide_head"  # Linear(16, 32), ReLU, Linear(32, 4), Linear(4, 256): a loss-heavy head
+
+
+@pytest.fixture(scope="module")
+def wide_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``wide_head`` profiled on 1x4 simulated devices, data x2 with and without ZeRO-3, target batch 256 in 2
+    micro-batches (64 rows per replica): its loss outweighs its head's gathered parameters."""
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+
+    path = tmp_path_factory.mktemp("wide") / "p.sqlite"
+    with ProfileStore(path) as store:
+        Campaign(CampaignConfig(model=WIDE, cluster=Cluster.parse("1x4"), global_batch_size=256, num_microbatches=2,
+                                scenarios=(Scenario("data", 2), Scenario("data", 2, 3)),
+                                run_options={"backend": "sim"}), store).run()
+    return path
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("start", [2, 3])
+def test_zero3_stage_holding_the_loss_against_the_simulated_runtime(wide_db, schedule, start):
+    """A ZeRO-3 stage with the model's last layer, after a pipeline-only stage: each rank's predicted peak against
+    the simulated runtime. The head alone (layers 3-4) to the byte; with the layer before it within 0.5%. Adding
+    twice the head's 5,120 gathered bytes to the loss's forward (the rule before) was 1.9% to 2.6% high."""
+    from hybridplan.models.boundaries import boundary_specs
+    from hybridplan.models.zoo import resolve_model
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.sim import simulate_stage
+
+    plan = Plan.from_dict({"schedule": schedule, "global_batch_size": 256, "num_microbatches": 2, "stages": [
+        {"layers": [0, start], "parallelism": "none", "degree": 1, "devices": [0]},
+        {"layers": [start, 4], "parallelism": "data", "degree": 2, "zero": 3, "devices": [1, 2]}]})
+    cfg = RunConfig(model=WIDE, plan=plan, cluster=Cluster.parse("1x3"), backend="sim", iterations=2)
+    specs = boundary_specs(resolve_model(WIDE))
+    measured = [max(simulate_stage(cfg, 1, specs=specs, rank=r).iteration_peaks[1:]) for r in (1, 2)]
+    predictor = MemoryPredictor.from_db(wide_db, schedule=schedule)
+    predicted = predictor.zero_peaks(start, 4, "data", 3, 2, 0)
+    assert predicted is not None
+    for p, m in zip(predicted, measured):
+        if start == 3:
+            assert round(p) == m
+        else:
+            assert abs(p - m) <= 0.005 * m
 
 
 def test_zero2_replay_by_hand():

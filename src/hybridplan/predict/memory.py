@@ -37,7 +37,7 @@ from hybridplan.plan import Plan, StagePlan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient,
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, loss_phases,
                                      prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
                                      unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
@@ -500,14 +500,51 @@ class MemoryPredictor:
         q = self._floored_backwards(start, stop, degree, q.copy())
         if self.schedule == "gpipe":
             q[INDEX["backward_transient"]] -= self._unfetched(start, stop, degree)
-        forward = self._sharded_forward(start, stop, degree, keep=False)
+        last_added = None
+        if stop == self.num_layers:  # [Note: the loss runs outside every FSDP unit] in predict/zero.py
+            head = self._loss_phases(degree, "forward_transient", 2)
+            if head is not None:
+                module, loss = head
+                gathered = 2 * self._last_gathered(degree)
+                last_added = gathered if loss == -math.inf else max(module + gathered, loss) - max(module, loss)
+        forward = self._sharded_forward(start, stop, degree, keep=False, last_added=last_added)
         if forward is not None:
             q[INDEX["forward_transient"]] = forward
         return q
 
-    def _sharded_forward(self, start: int, stop: int, degree: int, *, keep: bool) -> float | None:
+    def _last_gathered(self, degree: int) -> int:
+        """The model's last layer's gathered bytes over ``degree`` ranks (0 without parameter shapes)."""
+        return 0 if self.zero_layout is None else self.zero_layout.gathered_bytes(self.num_layers - 1, self.num_layers,
+                                                                                  degree)[0]
+
+    def _loss_phases(self, degree: int, name: str, copies: int) -> tuple[float, float] | None:
+        """The model's last layer's ``(head, loss)`` phases of transient ``name`` at the target batch, from that layer
+        measured alone in the data and ZeRO-3 scenarios (:func:`~hybridplan.predict.zero.loss_phases`; FSDP holds
+        ``copies`` x its gathered bytes in the head's phase); None where either scenario lacks it at two sizes or the
+        layer has no parameters ([Note: the loss runs outside every FSDP unit] in predict/zero.py)."""
+        gathered = self._last_gathered(degree)
+        data, zero3 = self.stats.get(("data", degree)), self.stats.get(("data-zero3", degree))
+        if not gathered or not data or not zero3:
+            return None
+        last, i = self.num_layers - 1, INDEX[name]
+
+        def alone(stats: list[SpanStatistics]) -> dict[int, float]:
+            found = {s.microbatch_size: _span_in_units(s, last, last + 1) for s in stats}
+            return {b: float(v[i]) for b, v in found.items() if v is not None and not np.isnan(v[i])}
+
+        plain, sharded = alone(data), alone(zero3)
+        sizes = sorted(b for b in plain if b in sharded)[:2]
+        if len(sizes) < 2:
+            return None
+        return loss_phases(sizes, [plain[b] for b in sizes], [sharded[b] for b in sizes], copies * gathered,
+                           self.microbatch_size)
+
+    def _sharded_forward(self, start: int, stop: int, degree: int, *, keep: bool,
+                         last_added: float | None = None) -> float | None:
         """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
-        ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown."""
+        ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown.
+        ``last_added``: what FSDP adds at the span's last layer, the model's ([Note: the loss runs outside every FSDP
+        unit])."""
         if self.zero_layout is None or ("data", degree) not in self.stats:
             return None
         table = self._scaled_table("data", degree)  # every span at once: the search asks for every span
@@ -516,11 +553,13 @@ class MemoryPredictor:
             return None
         return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                          prefixes[:, INDEX["activation"]].tolist(),
-                                         self.zero_layout.gathered_bytes(start, stop, degree), keep=keep)
+                                         self.zero_layout.gathered_bytes(start, stop, degree), keep=keep,
+                                         last_added=last_added)
 
     def _floored_backwards(self, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
         """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
-        scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known."""
+        scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known; at the
+        model's last layer from its head's and loss's phases ([Note: the loss runs outside every FSDP unit])."""
         table = self._scaled_table("data", degree)
         if table is None or self.zero_layout is None:
             return q
@@ -528,8 +567,9 @@ class MemoryPredictor:
         out = q.copy()
         for name in ("first_backward_transient", "backward_transient"):
             suffix = table[start:stop, stop, INDEX[name]]
+            loss = self._loss_phases(degree, name, 1) if stop == self.num_layers else None
             if not np.isnan(suffix).any():
-                out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered))
+                out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered, loss=loss))
         return out
 
     def _unfetched(self, start: int, stop: int, degree: int) -> int:

@@ -32,7 +32,8 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
   Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
   Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward]; and its
-  backwards are at least [Note: the sharded backward's floor].
+  backwards are at least [Note: the sharded backward's floor]. At the model's last layer both rules change:
+  [Note: the loss runs outside every FSDP unit].
   In mixed precision ZeRO-3 is the scenario's own quantities (predicted to the byte on the MLP in bf16):
   those three rules were measured in fp32, and FSDP2's ``MixedPrecisionPolicy`` gathers bf16/fp16 copies
   (plus their casts) that :meth:`ZeroLayout.gathered_bytes`, counting the recorded fp32 elements, does not
@@ -87,8 +88,47 @@ of a part that does not grow with the batch (the all-gathers) and one that does 
 move between the profiled batches and the target, so its straight-line batch scaling and its M_a composition
 miss (composed 1,931,264 and 3,397,120 where the rule gives the measured values). The data scenario's prefixes scale
 and compose well (data devices within 0.4% in benchmarks/zero_accuracy), so :func:`sharded_forward_transient`
-takes each layer's value from them. It over-counts a loss head (FSDP frees the head's parameters before the loss
-runs: by at most twice the head's bytes, 66,560 on gpt-tiny).
+takes each layer's value from them; at the model's last layer, whose loss runs after FSDP has resharded it, see
+[Note: the loss runs outside every FSDP unit].
+
+[Note: the loss runs outside every FSDP unit] The stage holding the model's last layer also computes the loss,
+and that runs outside every FSDP unit: FSDP2 reshards the last layer (the head) after its forward, before the loss
+runs, and its pre-backward hook all-gathers the head only once the loss's backward has produced the head's output
+gradient. So in the loss's forward and backward a ZeRO-3 device holds exactly what a data device holds, no gathered
+bytes; the gathered copy and the all-gather's buffer (forward) and the gathered head with the layer before it
+prefetched (backward) coincide only with the head's own compute. The data stage's transient at the last layer is
+the larger of the two phases, often the loss's (log-softmax of the logits; its backward twice the logits), so the
+rules above, adding the gathered bytes to it, over-count. Measured on gpt-tiny (simulated devices, layer 9 = final
+norm + head, 2 replicas, micro-batches of 8 per replica, 1F1B, traced op by op): forward: the head's matmul holds
+32,768 (received) + 66,560 (2 x 33,280 gathered) + 33,792 (norm) + 65,536 (logits) = 198,656, the log-softmax
+after the reshard 197,644, the data stage's 197,644 too: ZeRO-3 measures 198,656, where the forward rule gives
+197,644 + 66,560 = 264,204; backward: the loss's 131,072 (as the data stage's), the head's 65,536 + 33,280 = 98,816:
+ZeRO-3 measures 131,072, the floor gave 114,688 (the data stage's, scaled) + 33,280 = 147,968; the stage's device
+was +5.06% (1F1B) and +2.37% (GPipe) over the measured peak (benchmarks/extended_accuracy).
+
+Both scenarios measured the last layer alone at two batch sizes: ``D = max(M, S)`` (data) and ``Z = max(M + g, S)``
+(ZeRO-3), with ``M`` the head's phase, ``S`` the loss's and ``g`` what FSDP adds to the head's (forward ``2G``,
+backward ``G``; G its gathered bytes). Where ``Z > D`` the head set ZeRO-3's value (``M = Z - g``); where
+``Z - D < g`` the loss set the data stage's (``S = D``). Each phase is linear in the batch (a straight line where
+both profiled sizes show it; the loss, whose bytes are the logits', through the origin where one does; the head's,
+which holds parameter-sized gradients too, kept at its value where one does, a floor), so :func:`loss_phases`
+gives both at the target and the predictor uses them at the last layer: the forward adds ``max(M + 2G, S) -
+max(M, S)`` to the data stage's value there instead of ``2G``; the backward's floor there is ``max(S, M + G + the
+prefetched layer)``. On gpt-tiny's layer 9 both come out to the byte (198,656 and 131,072: the loss's backward
+is proportional to the logits, which a straight line through the data scenario's two sizes, one set by the head
+and one by the loss, misses: 114,688).
+
+The loss also hid the layers before the head from the floor: the floor adds a layer's gathered and prefetched bytes
+where the data stage's suffix rises, and a suffix that holds the loss is at least the loss's phase, which ZeRO-3
+holds with nothing gathered. So before the last layer a suffix counts as rising above the head's phase, not above
+the loss's (where neither profiled size showed the head's phase, above the last layer's suffix, as before). Measured (the same runs, traced): moe-tiny's layers 4-6 (a dense block, then the head), later backward:
+the block's phase 97,664 + its 84,096 gathered bytes = 181,760 measured, the data stage's suffix 131,072 (the
+loss's, which hid the block); the floor now 106,752 + 84,096 = 190,848 (the data suffix as scaled, a straight line
+through one size the block set and one the loss set; the old floor added 84,096 + 16,640 to the loss's: 231,808,
+the device +5.66%, now +1.03%); gpt-tiny's layers 4-10: block 8's 130,816 + 2 x 199,936 = 530,688 measured, the
+floor now 97,536 + 399,872 = 497,408 (the scenario's composed 441,600 before: -1.66%, now -0.62%). Where a suffix
+is the loss's own value this over-counts by the layer's gathered and prefetched bytes; the scenario's value stays
+where it is higher, as for every floor.
 
 [Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
 ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
@@ -120,7 +160,7 @@ backward]).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -128,7 +168,7 @@ import numpy as np
 from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
-__all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient",
+__all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient", "loss_phases",
            "zero2_peak", "prefetched_bytes", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
@@ -321,22 +361,69 @@ def prefetched_bytes(suffix_backward: Sequence[float], gathered: Sequence[int]) 
     return next((size for size in reversed(gathered[:peak]) if size), 0)
 
 
-def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[int]) -> float:
+def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[int], *,
+                           loss: tuple[float, float] | None = None) -> float:
     """The least a ZeRO-3 backward that follows a forward holds above its level, from the UNSHARDED data stage's
     suffixes ([Note: the sharded backward's floor]): at the layer that sets the data stage's transient
     (``suffix_backward`` as in :func:`gathered_backward_transient`, the data stage's), that transient plus the
     layer's gathered bytes and the prefetched layer's before it.
 
+    ``loss``: the ``(head, loss)`` phases of the span's last layer when it is the model's last
+    (:func:`loss_phases`); there the loss's phase holds no gathered bytes and the head's holds its own and the
+    prefetched layer's, and an earlier layer rises where its suffix exceeds the head's phase, not the loss's
+    (where the head's phase is known; [Note: the loss runs outside every FSDP unit]).
+
     >>> sharded_backward_floor([50, 70, 40], [10, 20, 5])  # layer 2: 40 + 5 + 20; layer 1: 70 + 20 + 10
     100
+    >>> sharded_backward_floor([50, 40], [10, 5], loss=(15, 40))  # layer 1: max(40, 15 + 5 + 10); layer 0: 50 + 10
+    60
+    >>> sharded_backward_floor([35, 40], [10, 5], loss=(15, 40))  # layer 0 rises above the head's 15: 35 + 10
+    45
     """
-    best, highest = -math.inf, -math.inf
-    for j in range(len(suffix_backward) - 1, -1, -1):
+    best, highest, last = -math.inf, -math.inf, len(suffix_backward) - 1
+    for j in range(last, -1, -1):
         if suffix_backward[j] > highest:
             highest = suffix_backward[j]
             before = next((size for size in reversed(gathered[:j]) if size), 0)
-            best = max(best, suffix_backward[j] + gathered[j] + before)
+            if j == last and loss is not None:
+                best = max(best, loss[1], loss[0] + gathered[j] + before)
+                if loss[0] > -math.inf:  # the head's phase seen: the loss hides nothing before it
+                    highest = loss[0]
+            else:
+                best = max(best, suffix_backward[j] + gathered[j] + before)
     return best
+
+
+def loss_phases(sizes: Sequence[int], data: Sequence[float], zero3: Sequence[float], added: float,
+                size: int) -> tuple[float, float]:
+    """The model's last layer's two phases at micro-batch ``size``: ``(head, loss)``, the bytes above the level
+    while its own module runs and while the loss runs ([Note: the loss runs outside every FSDP unit]); ``-inf``
+    for a phase neither profiled size shows.
+
+    ``sizes``: the two profiled micro-batch sizes; ``data`` and ``zero3``: the layer's transient (one kind: forward,
+    first or later backward) measured alone at each in the data and ZeRO-3 scenarios; ``added``: what FSDP holds
+    during the head's phase (forward: twice its gathered bytes; backward: once). At each size, ZeRO-3 above the
+    data stage means the head set ZeRO-3's value (head = ZeRO-3's less ``added``), and ZeRO-3 less than ``added``
+    above it means the loss set the data stage's (loss = the data stage's). A phase seen at both sizes is the
+    straight line through them; seen at one, the loss is proportional to the rows (its bytes are the logits') and
+    the head is kept at that value (it also holds parameter-sized gradients: a floor).
+
+    >>> loss_phases([2, 4], [49, 98], [99, 132], 66, 8)  # head 33 and 66, loss 49 and 98: both lines
+    (132.0, 196.0)
+    >>> loss_phases([2, 4], [40, 65], [74, 82], 33, 8)  # head 41 and 49; the loss only at 4 (65): 65 x 8 / 4
+    (65.0, 130.0)
+    """
+    (b1, d1, z1), (b2, d2, z2) = sorted(zip(sizes, data, zero3))
+    heads = [(b, z - added) for b, d, z in ((b1, d1, z1), (b2, d2, z2)) if z > d]
+    losses = [(b, d) for b, d, z in ((b1, d1, z1), (b2, d2, z2)) if z - d < added]
+
+    def line(points: list[tuple[int, float]], single: Callable[[int, float], float]) -> float:
+        if len(points) == 2:
+            (x1, y1), (x2, y2) = points
+            return float(y1 + (y2 - y1) * (size - x1) / (x2 - x1))
+        return float(single(*points[0])) if points else -math.inf
+
+    return (line(heads, lambda b, v: v), line(losses, lambda b, v: v * size / b))
 
 
 def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
@@ -375,7 +462,7 @@ def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, sche
 
 
 def sharded_forward_transient(prefix_forward: Sequence[float], prefix_activation: Sequence[float],
-                              gathered: Sequence[int], *, keep: bool) -> float:
+                              gathered: Sequence[int], *, keep: bool, last_added: float | None = None) -> float:
     """An FSDP forward's transient from the UNSHARDED data stage's prefixes and the gathered bytes
     ([Note: the sharded forward from the data stage]).
 
@@ -383,17 +470,23 @@ def sharded_forward_transient(prefix_forward: Sequence[float], prefix_activation
     span's first ``k + 1`` layers; ``gathered[k]``: layer ``k``'s gathered bytes. Layer ``k`` adds twice its
     gathered bytes to what the data stage holds at it (where its prefix's transient rises, layer ``k`` sets it;
     elsewhere at least the activations before ``k``); ``keep`` (ZeRO-2's gathering forward) adds the earlier
-    layers, still gathered.
+    layers, still gathered. ``last_added``: what FSDP adds at the span's last layer instead of twice its gathered
+    bytes, where that layer is the model's last and the loss runs after it, resharded ([Note: the loss runs outside
+    every FSDP unit]).
 
     >>> sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=False)  # layer 1: 30 + 16
+    46
+    >>> sharded_forward_transient([10, 30, 45], [5, 12, 20], [4, 8, 20], keep=False, last_added=1)  # 45 + 1, not 85
     46
     >>> sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=True)  # layer 2: 12 + 4 + 14
     50
     """
     best, highest, before, kept = 0.0, -math.inf, 0.0, 0
-    for value, activation, size in zip(prefix_forward, prefix_activation, gathered):
+    last = len(gathered) - 1
+    for k, (value, activation, size) in enumerate(zip(prefix_forward, prefix_activation, gathered)):
         at = value if value > highest else before
         highest = max(highest, value)
-        best = max(best, at + 2 * size + (kept if keep else 0))
+        added = last_added if k == last and last_added is not None else 2 * size
+        best = max(best, at + added + (kept if keep else 0))
         before, kept = activation, kept + size
     return best
