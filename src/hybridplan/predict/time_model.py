@@ -75,6 +75,7 @@ sync, ZeRO's collectives, [Note: per-message latency]); the result types in
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -99,7 +100,7 @@ from hybridplan.predict.stage_compute import (
 from hybridplan.predict.time_breakdown import StageTime, TimeBreakdown
 from hybridplan.profiling.time_profile import TimeProfile
 
-__all__ = ["pipeline_seconds", "predict_iteration_time"]
+__all__ = ["pipeline_seconds", "pipeline_seconds_of", "first_stage_in_flight", "predict_iteration_time"]
 
 
 def pipeline_seconds(
@@ -110,18 +111,31 @@ def pipeline_seconds(
     note); ``p2p_s`` has one entry (both directions) per boundary. Without a ``flush`` (PipeDream-2BW):
     ``gas P``. ``in_flight``: the micro-batches the first stage may hold at once when fewer than ``gas``
     ([Note: the round trip of 1F1B]): ``P`` is then at least ``(sum t_i + sum e_i) / in_flight``."""
+    return float(pipeline_seconds_of(np.asarray(compute_s, dtype=float), p2p_s, num_microbatches, flush=flush,
+                                     in_flight=in_flight))
+
+
+def pipeline_seconds_of(
+    compute_s: np.ndarray, p2p_s: np.ndarray | Sequence[float], num_microbatches: int, *, flush: bool = True,
+    in_flight: int | None = None,
+) -> np.ndarray:
+    """:func:`pipeline_seconds` of many choices of stage times at once: ``compute_s`` is ``(..., stages)``, the
+    boundaries' ``p2p_s`` are shared; one time per choice, ``(...)``. The one formula of the pipeline term, so
+    that a search that times choices in bulk (search/time/stage_options.py) times them as the model does."""
     t = np.asarray(compute_s, dtype=float)
     e = np.asarray(p2p_s, dtype=float)
-    steady = max(float(t.max()), float(e.max()) / 2 if e.size else 0.0)
+    steady = np.maximum(t.max(axis=-1), float(e.max()) / 2 if e.size else 0.0)
     if in_flight is not None and in_flight < num_microbatches:
-        steady = max(steady, (float(t.sum()) + float(e.sum())) / in_flight)
+        steady = np.maximum(steady, (t.sum(axis=-1) + float(e.sum())) / in_flight)
     if not flush:
-        return float(num_microbatches * steady)
-    return float((num_microbatches - 1) * steady + t.sum() + e.sum())
+        out: np.ndarray = num_microbatches * steady
+        return out
+    out = (num_microbatches - 1) * steady + t.sum(axis=-1) + float(e.sum())
+    return out
 
 
 @functools.lru_cache(maxsize=1024)
-def _first_stage_in_flight(schedule: str, num_stages: int, num_microbatches: int) -> int:
+def first_stage_in_flight(schedule: str, num_stages: int, num_microbatches: int) -> int:
     """Micro-batches the first stage holds at once ([Note: the round trip of 1F1B]), from the schedule's own actions."""
     return max_in_flight(stage_actions(schedule, num_stages, 0, num_microbatches))
 
@@ -190,7 +204,7 @@ def predict_iteration_time(
             )
         )
     compute = np.array([s.compute_s for s in stages])
-    in_flight = _first_stage_in_flight(schedule, plan.num_stages, plan.num_microbatches)
+    in_flight = first_stage_in_flight(schedule, plan.num_stages, plan.num_microbatches)
     if overlap_p2p:
         pipeline = pipeline_seconds(compute, e, plan.num_microbatches, flush=flush, in_flight=in_flight)
     else:

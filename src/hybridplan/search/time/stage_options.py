@@ -14,14 +14,16 @@ is checked whole again). The iteration time is
 
     ``T = pipeline(t_1..t_p) + max_i s_i + max_i o_i + max_i h_i``
 
-with ``pipeline`` non-decreasing in every ``t_i`` (eq. 5). So for thresholds ``(S, O)`` the best choice with
-every ``s_i <= S`` and ``o_i <= O`` takes, per stage, the fitting option of least ``t_i`` among those within the
-thresholds; and the fastest combination overall is the best of these over the ``(S, O)`` that occur (for the
-optimum ``c*``, the thresholds ``max s(c*)``, ``max o(c*)`` give per stage a ``t_i`` no larger, and maxima no
-larger: a ``T`` no larger). That is ``|S| |O|`` cheap choices instead of ``options^p`` combinations. For the
-Pareto objective a memory threshold ``M`` joins them (``m_i <= M``): the fastest combination under each ``M``
-includes every combination on the frontier of (plan peak, ``T``). tests/search/time/test_stage_options.py checks
-both against enumerating every combination.
+with ``pipeline`` non-decreasing in every ``t_i`` (eq. 5 with the p2p overlap and the round trip of 1F1B: the time
+model's own ``pipeline_seconds_of``, which the table's times call, so that a choice is timed exactly as the model
+will time the chosen plan; a copy of eq. 5 without the round trip once picked combinations the model finds slower).
+So for thresholds ``(S, O)`` the best choice with every ``s_i <= S`` and ``o_i <= O`` takes, per stage, the fitting
+option of least ``t_i`` among those within the thresholds; and the fastest combination overall is the best of these
+over the ``(S, O)`` that occur (for the optimum ``c*``, the thresholds ``max s(c*)``, ``max o(c*)`` give per stage a
+``t_i`` no larger, and maxima no larger: a ``T`` no larger). That is ``|S| |O|`` cheap choices instead of
+``options^p`` combinations. For the Pareto objective a memory threshold ``M`` joins them (``m_i <= M``): the fastest
+combination under each ``M`` includes every combination on the frontier of (plan peak, ``T``).
+tests/search/time/test_stage_options.py checks both against enumerating every combination.
 
 The cut of the layers stays the one AMP's search made for the plain stages (a recomputed stage's longer
 backward could move the best cut: not searched).
@@ -35,7 +37,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from hybridplan.plan import Cluster, Plan, StagePlan, spec
-from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.predict.time_model import first_stage_in_flight, pipeline_seconds_of, predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 
 __all__ = ["Option", "StagePeaks", "OptionTable", "stage_options", "with_options", "option_table", "choose_options",
@@ -85,15 +87,16 @@ class OptionTable:
     p2p: tuple[float, ...]
     num_microbatches: int
     flush: bool
+    in_flight: int
+    """Micro-batches the first stage holds at once ([Note: the round trip of 1F1B] in predict/time_model.py)."""
 
     def times(self, choice: np.ndarray) -> np.ndarray:
-        """``T`` of choices, an integer array ``(..., stages)`` of option indices (eq. 5 with the p2p overlap,
-        as predict/time_model.py computes it)."""
+        """``T`` of choices, an integer array ``(..., stages)`` of option indices, by the time model's own
+        pipeline term (predict/time_model.py ``pipeline_seconds_of``: eq. 5 with the p2p overlap and the round
+        trip of 1F1B), so that the choice is timed exactly as the chosen plan will be."""
         rows = np.arange(self.compute.shape[0])
-        t = self.compute[rows, choice]
-        e = np.asarray(self.p2p, dtype=float)
-        steady = np.maximum(t.max(axis=-1), e.max() / 2 if e.size else 0.0)
-        pipe = (self.num_microbatches - 1) * steady + t.sum(axis=-1) + e.sum() if self.flush else self.num_microbatches * steady
+        pipe = pipeline_seconds_of(self.compute[rows, choice], self.p2p, self.num_microbatches, flush=self.flush,
+                                   in_flight=self.in_flight)
         out: np.ndarray = (pipe + self.sync[rows, choice].max(axis=-1) + self.step[rows, choice].max(axis=-1)
                            + self.overhead[rows, choice].max(axis=-1))
         return out
@@ -131,7 +134,8 @@ def option_table(plan: Plan, profile: TimeProfile, cluster: Cluster, *, zero_lev
     if not p2p and p > 1:
         p2p = tuple(s.p2p_s for s in predict_iteration_time(plan, profile, cluster).stages[:-1])
     return OptionTable(options, tables["compute"], tables["sync"], tables["step"], tables["overhead"], tables["peak"],
-                       p2p, plan.num_microbatches, spec(plan.schedule).flushes)
+                       p2p, plan.num_microbatches, spec(plan.schedule).flushes,
+                       first_stage_in_flight(plan.schedule, p, plan.num_microbatches))
 
 
 def choose_options(table: OptionTable, *, pareto: bool = False) -> list[tuple[Option, ...]]:
