@@ -233,7 +233,7 @@ def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: st
     """Every uniform 3D plan on ``cluster`` (with its capacity) with its predicted peak, and the best ``by``
     "peak" (the lowest) or "fit" (the first found that fits: for the fewest devices).
 
-    ZeRO-1 of a data x tensor stage is not predicted from a profile yet (predict/memory.py refuses it), so such a
+    ZeRO-1 of a data x tensor stage is not predicted from a profile yet (predict/plan_checks.py refuses it), so such a
     plan is run on simulated devices when it could beat the best predicted one (or, ``by="fit"``, when none
     fits): when its peak predicted without ZeRO, less all the optimizer state of its largest stage (more than
     ZeRO-1 can remove), is lower. Its measured peak then stands for its prediction."""

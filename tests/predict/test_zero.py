@@ -17,6 +17,7 @@ import numpy as np
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient, loss_phases,
                                      prefetched_bytes, sharded_backward_floor, sharded_forward_transient, zero1_shares,
                                      zero2_peak)
+from hybridplan.predict.zero_stage import zero_peaks
 from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
@@ -212,7 +213,7 @@ def test_zero3_stage_holding_the_loss_against_the_simulated_runtime(wide_db, sch
     specs = boundary_specs(resolve_model(WIDE))
     measured = [max(simulate_stage(cfg, 1, specs=specs, rank=r).iteration_peaks[1:]) for r in (1, 2)]
     predictor = MemoryPredictor.from_db(wide_db, schedule=schedule)
-    predicted = predictor.zero_peaks(start, 4, "data", 3, 2, 0)
+    predicted = zero_peaks(predictor, start, 4, "data", 3, 2, 0)
     assert predicted is not None
     for p, m in zip(predicted, measured):
         if start == 3:

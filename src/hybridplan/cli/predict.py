@@ -49,7 +49,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     print(plan.describe())
     # CUDA profiles: the tensor peak, the allocator's reserved peak, the memory outside the allocator and their total
-    # (reserved + outside; tensor + outside, a lower bound, from a profile without reserved gaps: predict/memory.py
+    # (reserved + outside; tensor + outside, a lower bound, from a profile without reserved gaps: predict/prediction.py
     # [Note: predicting a CUDA device])
     cuda = predictor.device_type == "cuda"
     exact = all(d.reserved_peak_bytes is not None for d in prediction.devices)

@@ -68,7 +68,7 @@ class MemoryView:
 
     @classmethod
     def from_prediction(cls, prediction: Any, title: str = "prediction", capacity_bytes: int | None = None) -> MemoryView:
-        """From a :class:`~hybridplan.predict.memory.PlanPrediction`: predicted peaks only."""
+        """From a :class:`~hybridplan.predict.prediction.PlanPrediction`: predicted peaks only."""
         devices = tuple(DeviceMemory(d.device, d.stage, int(d.peak_memory_bytes), None) for d in prediction.devices)
         return cls(title, devices, capacity_bytes=capacity_bytes)
 

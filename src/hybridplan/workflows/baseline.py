@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Literal
 
 from hybridplan.errors import HybridPlanError, UsageError
 from hybridplan.plan import Cluster, Plan
-from hybridplan.predict.memory import PlanPrediction
+from hybridplan.predict.prediction import PlanPrediction
 from hybridplan.predict.time_breakdown import TimeBreakdown
 from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile

@@ -16,7 +16,8 @@ from typing import Literal
 
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan import Cluster, Plan
-from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.prediction import PlanPrediction
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.search import (
     MeshAttempt,

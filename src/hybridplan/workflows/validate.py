@@ -11,7 +11,8 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
 from hybridplan.models.profiled import model_of_campaign
 from hybridplan.plan import Plan
-from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.prediction import PlanPrediction
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.runtime.result import SHARED_GPU_NOTE, RunResult
 from hybridplan.units import format_bytes

@@ -33,7 +33,8 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.tensor_parallel import TensorParallelPlan
 from hybridplan.plan import Plan
-from hybridplan.predict.memory import MemoryPredictor, PlanPrediction
+from hybridplan.predict.memory import MemoryPredictor
+from hybridplan.predict.prediction import PlanPrediction
 
 __all__ = ["Feasibility"]
 

@@ -1,0 +1,85 @@
+"""A profiled scenario's statistics at the plan's batch: spans looked up in original layers, scaled by batch.
+
+A profile measures each scenario at two batch sizes, possibly on merged layers (profiling/merger.py); the memory
+predictor needs a span's quantities in the model's own layers at the plan's batch. This module holds that step
+(steps 1 and 2 of predict/memory.py's docstring): the look-up of a span, or of every span at once, in statistics
+that may be on merged layers, and the straight line through the two profiled sizes (seed 000 III-B2) with its
+one modelled exception, [Note: the first backward]. It knows nothing of schedules, degrees or ZeRO, which the
+predictor and predict/zero_stage.py apply to what it returns.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridplan.profiling.quantities import INDEX, QUANTITIES
+from hybridplan.profiling.statistics import SpanStatistics
+
+__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch"]
+
+PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
+
+
+def span_in_units(stats: SpanStatistics, start: int, stop: int) -> np.ndarray | None:
+    """A span given in original layers, looked up in statistics that may be on merged layers."""
+    if stats.bounds is None:
+        return stats.span(start, stop)
+    try:
+        return stats.span(stats.bounds.index(start), stats.bounds.index(stop))
+    except ValueError:  # not on the merged layers' boundaries
+        return None
+
+
+def table_in_layers(stats: SpanStatistics, num_layers: int) -> np.ndarray:
+    """``[L, L+1, Q]`` span table in original layers (NaN where merged statistics cannot say)."""
+    table = stats.all_spans()
+    if stats.bounds is None:
+        return table
+    out = np.full((num_layers, num_layers + 1, table.shape[-1]), np.nan)
+    b = np.array(stats.bounds)
+    out[np.ix_(b[:-1], b)] = table
+    return out
+
+
+def _first_backward(v1: np.ndarray, v2: np.ndarray, target: np.ndarray, b1: int, b2: int, b: int) -> np.ndarray:
+    """The first backward's transient at micro-batch ``b``: a maximum of two regimes, fitted piece by piece.
+
+    [Note: the first backward] Back-propagating the first micro-batch allocates every gradient while it
+    frees that micro-batch's activations, layer by layer, so its peak (above the level it starts from)
+    is the larger of the start, where it is a later backward's transient ``TB``, and the end, where
+    it is ``G - A + X`` with ``X`` the first layer's activation and backward transient. Measured on
+    gpt-tiny (6 blocks): the end dominates at micro-batch 2, the start at 4 and 8, so a straight line
+    through two profiled sizes misses (by 715 KiB at 8); each piece is linear in the batch, though.
+    ``X`` is fitted through the profiled sizes where the end dominated (through the origin if only one
+    did); where it never did, the start is kept.
+    """
+    tb0, tb = INDEX["first_backward_transient"], INDEX["backward_transient"]
+    ga = lambda v: v[..., INDEX["gradient"]] - v[..., INDEX["activation"]]  # noqa: E731
+    x1, x2 = v1[..., tb0] - ga(v1), v2[..., tb0] - ga(v2)
+    end1, end2 = v1[..., tb0] > v1[..., tb], v2[..., tb0] > v2[..., tb]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        x = np.where(
+            end1 & end2,
+            x1 + (x2 - x1) * (b - b1) / (b2 - b1),
+            np.where(end2, x2 * b / b2, np.where(end1, x1 * b / b1, -np.inf)),
+        )
+        return np.maximum(target[..., tb], ga(target) + x)
+
+
+def scaled_to_batch(values: list[np.ndarray], sizes: list[SpanStatistics], *, global_batch_size: int,
+                    microbatch_size: int) -> np.ndarray:
+    """Linear fit through the two profiled batch sizes, evaluated at the target batch (seed 000 III-B2).
+
+    ``values`` hold one array per profiled size whose LAST axis runs over the statistics (a span's
+    vector, or a whole ``[L, L+1, Q]`` table).
+    """
+    (s1, v1), (s2, v2) = sorted(zip(sizes, values), key=lambda p: p[0].microbatch_size)[:2]
+    b1, b2, b = s1.microbatch_size, s2.microbatch_size, microbatch_size
+    t = (b - b1) / (b2 - b1)
+    out = v1 + (v2 - v1) * t
+    # The data share grows with the global batch, not the micro-batch.
+    g = (global_batch_size - s1.batch_size) / (s2.batch_size - s1.batch_size)
+    d = INDEX["data"]
+    out[..., d] = v1[..., d] + (v2[..., d] - v1[..., d]) * g
+    out[..., INDEX["first_backward_transient"]] = _first_backward(v1, v2, out, b1, b2, b)
+    return out

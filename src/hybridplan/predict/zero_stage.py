@@ -1,0 +1,247 @@
+"""A ZeRO stage's per-rank peaks, predicted from a memory predictor's profile.
+
+predict/zero.py holds what ZeRO shards (the layout maths from the parameters' shapes) and the rules, with their
+Notes ([Note: predicting ZeRO from a profile] and those it names); this module applies them to the profiled
+scenarios' quantities that a :class:`~hybridplan.predict.memory.MemoryPredictor` scales to the plan's batch: a
+ZeRO-1 stage as its data (or, under data x tensor, tensor) scenario with each rank's ``static`` and step transient
+moved, ZeRO-3 from the ``data<d>-zero3`` scenario with the fp32 rules applied, ZeRO-2 replayed from both
+scenarios. The functions take the predictor (its statistics, scaled tables and targets) rather than living in it,
+so that memory.py keeps the unsharded composition (scaling, degree fits, composite stages) and this module the
+ZeRO one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from functools import partial
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hybridplan.plan import StagePlan
+from hybridplan.predict.batch_scaling import PEAK, span_in_units
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, loss_phases,
+                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
+                                     unsharded_backward_bound, zero2_peak)
+from hybridplan.profiling.quantities import INDEX
+from hybridplan.profiling.schedule_memory import peak_terms
+from hybridplan.profiling.statistics import SpanStatistics
+
+if TYPE_CHECKING:
+    from hybridplan.predict.memory import MemoryPredictor
+
+__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks"]
+
+
+def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
+               stages_after: int) -> list[float] | None:
+    """Each rank's predicted peak of a ZeRO stage (None if the profile cannot say; [Note: predicting ZeRO from a
+    profile] in predict/zero.py): the profiled stage's quantities with the rank's ``static`` and step transient,
+    replayed; a fitted degree moves the fitted peak by the static difference alone."""
+    source, layout = predictor._zero_source(kind, zero), predictor.zero_layout
+    if source is None or layout is None:
+        return None
+    if zero == 2:
+        return _zero2_peaks(predictor, start, stop, degree, stages_after)
+    shifts = [layout.shift(start, stop, zero, degree, r) for r in range(degree)]
+    refine = partial(_zero3_quantities, predictor) if zero == 3 and layout.precision == "fp32" else None
+    return _shifted_peaks(predictor, start, stop, source, degree, stages_after, shifts, refine)
+
+
+def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
+                      stages_after: int) -> list[float] | None:
+    """Each data-group rank's predicted peak of a ZeRO-1 data x tensor stage of ``degree`` devices (every tensor
+    rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero.py), or None where the profile cannot
+    say: ZeRO-2/3, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
+    if zero != 1 or layout is None or replica is None:
+        return None
+    data = degree // tensor_degree
+    shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
+    return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
+
+
+def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout | None:
+    """The layout of one tensor rank's shards at ``tensor_degree`` (:meth:`ZeroLayout.of_tensor_shards`); None
+    without parameter shapes or where the profile did not record that degree."""
+    return None if predictor.zero_layout is None else predictor.zero_layout.of_tensor_shards(tensor_degree)
+
+
+def _shifted_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, stages_after: int,
+                   shifts: list[tuple[int, int]],
+                   refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None) -> list[float] | None:
+    """The peaks of the profiled stage ``kind`` x ``degree`` with its ``static`` and step transient moved by each
+    ``(static, step)`` shift (one per device): its quantities replayed with them; a fitted degree (or CAPTURE's
+    peak statistic) moves the peak by the static shift alone. ``refine`` (ZeRO-3's rules) rewrites the quantities
+    before the replay. None if the stage is not predicted."""
+    measured = (kind, degree) in predictor.stats or predictor._wider_data(kind, degree) is not None
+    q = predictor.span_quantities(start, stop, kind, degree) if measured else None
+    if q is None or predictor.method == "capture":
+        base = predictor.stage_memory(start, stop, kind, degree, stages_after)
+        if not math.isfinite(base):
+            return None
+        return [base + static for static, _ in shifts]
+    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
+    if refine is not None:
+        q = refine(start, stop, degree, q)
+    out = []
+    for static, step in shifts:
+        v = q[:PEAK].copy()
+        v[INDEX["static"]] += static
+        v[INDEX["step_transient"]] += step
+        out.append(float(np.max(terms @ v)))
+    return out
+
+
+def zero_ranks(predictor: MemoryPredictor, stage: StagePlan) -> tuple[ZeroLayout | None, int, Callable[[int], int]]:
+    """What shards a ZeRO stage's state, over how many ranks, and each device's rank there: the stage's
+    parameters over all its devices for a data stage, a tensor rank's shards over its data group for a data x
+    tensor stage (a group's ranks follow the global ranks: dist.new_group sorts them)."""
+    if stage.kind != "data+tensor":
+        return predictor.zero_layout, stage.degree, sorted(stage.devices).index
+    t = stage.tensor_degree
+    return (tensor_shards(predictor, t), stage.data_degree,
+            lambda device: sorted(stage.data_group(stage.devices.index(device) % t)).index(device))
+
+
+def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+    """A ZeRO-3 span's scenario quantities ``q`` with the fp32 rules applied: its forward transient from the
+    data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
+    prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero.py)."""
+    q = _floored_backwards(predictor, start, stop, degree, q.copy())
+    if predictor.schedule == "gpipe":
+        q[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)
+    last_added = None
+    if stop == predictor.num_layers:  # [Note: the loss runs outside every FSDP unit] in predict/zero.py
+        head = _loss_phases(predictor, degree, "forward_transient", 2)
+        if head is not None:
+            module, loss = head
+            gathered = 2 * _last_gathered(predictor, degree)
+            last_added = gathered if loss == -math.inf else max(module + gathered, loss) - max(module, loss)
+    forward = _sharded_forward(predictor, start, stop, degree, keep=False, last_added=last_added)
+    if forward is not None:
+        q[INDEX["forward_transient"]] = forward
+    return q
+
+
+def _last_gathered(predictor: MemoryPredictor, degree: int) -> int:
+    """The model's last layer's gathered bytes over ``degree`` ranks (0 without parameter shapes)."""
+    layout, last = predictor.zero_layout, predictor.num_layers
+    return 0 if layout is None else layout.gathered_bytes(last - 1, last, degree)[0]
+
+
+def _loss_phases(predictor: MemoryPredictor, degree: int, name: str, copies: int) -> tuple[float, float] | None:
+    """The model's last layer's ``(head, loss)`` phases of transient ``name`` at the target batch, from that layer
+    measured alone in the data and ZeRO-3 scenarios (:func:`~hybridplan.predict.zero.loss_phases`; FSDP holds
+    ``copies`` x its gathered bytes in the head's phase); None where either scenario lacks it at two sizes or the
+    layer has no parameters ([Note: the loss runs outside every FSDP unit] in predict/zero.py)."""
+    gathered = _last_gathered(predictor, degree)
+    data, zero3 = predictor.stats.get(("data", degree)), predictor.stats.get(("data-zero3", degree))
+    if not gathered or not data or not zero3:
+        return None
+    last, i = predictor.num_layers - 1, INDEX[name]
+
+    def alone(stats: list[SpanStatistics]) -> dict[int, float]:
+        found = {s.microbatch_size: span_in_units(s, last, last + 1) for s in stats}
+        return {b: float(v[i]) for b, v in found.items() if v is not None and not np.isnan(v[i])}
+
+    plain, sharded = alone(data), alone(zero3)
+    sizes = sorted(b for b in plain if b in sharded)[:2]
+    if len(sizes) < 2:
+        return None
+    return loss_phases(sizes, [plain[b] for b in sizes], [sharded[b] for b in sizes], copies * gathered,
+                       predictor.microbatch_size)
+
+
+def _sharded_forward(predictor: MemoryPredictor, start: int, stop: int, degree: int, *, keep: bool,
+                     last_added: float | None = None) -> float | None:
+    """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
+    ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown.
+    ``last_added``: what FSDP adds at the span's last layer, the model's ([Note: the loss runs outside every FSDP
+    unit] in predict/zero.py)."""
+    if predictor.zero_layout is None or ("data", degree) not in predictor.stats:
+        return None
+    table = predictor._scaled_table("data", degree)  # every span at once: the search asks for every span
+    prefixes = None if table is None else table[start, start + 1:stop + 1]
+    if prefixes is None or np.isnan(prefixes[:, :PEAK]).any():
+        return None
+    return sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                     prefixes[:, INDEX["activation"]].tolist(),
+                                     predictor.zero_layout.gathered_bytes(start, stop, degree), keep=keep,
+                                     last_added=last_added)
+
+
+def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+    """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
+    scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known; at the
+    model's last layer from its head's and loss's phases ([Note: the loss runs outside every FSDP unit] in
+    predict/zero.py)."""
+    table = predictor._scaled_table("data", degree)
+    if table is None or predictor.zero_layout is None:
+        return q
+    gathered = predictor.zero_layout.gathered_bytes(start, stop, degree)
+    out = q.copy()
+    for name in ("first_backward_transient", "backward_transient"):
+        suffix = table[start:stop, stop, INDEX[name]]
+        loss = _loss_phases(predictor, degree, name, 1) if stop == predictor.num_layers else None
+        if not np.isnan(suffix).any():
+            out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered, loss=loss))
+    return out
+
+
+def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
+    """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
+    schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero.py)."""
+    table = predictor._scaled_table("data-zero3", degree)
+    if predictor.profile_schedule in (None, "gpipe") or table is None or predictor.zero_layout is None:
+        return 0
+    suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]
+    return prefetched_bytes([-math.inf if math.isnan(v) else float(v) for v in suffix],
+                            predictor.zero_layout.gathered_bytes(start, stop, degree))
+
+
+def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
+                 stages_after: int) -> list[float] | None:
+    """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
+    ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
+    forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``."""
+    layout = predictor.zero_layout
+    if (layout is None or predictor.method == "capture"
+            or not {("data-zero3", degree), ("data", degree)} <= set(predictor.stats)):
+        return None
+    q = predictor.span_quantities(start, stop, "data-zero3", degree)
+    plain = predictor.span_quantities(start, stop, "data", degree)
+    if q is None or plain is None:
+        return None
+    gathered = layout.gathered_bytes(start, stop, degree)
+    total = sum(gathered)
+
+    table = predictor._scaled_table("data-zero3", degree)
+    if table is None:
+        return None
+
+    def column(spans: list[tuple[int, int]], name: str) -> list[float]:  # unknown spans raise nothing
+        found = [table[a, b, INDEX[name]] for a, b in spans]
+        return [-math.inf if math.isnan(v) else float(v) for v in found]
+
+    gathering = _sharded_forward(predictor, start, stop, degree, keep=True)
+    if gathering is None:
+        return None
+    suffixes = [(j, stop) for j in range(start, stop)]
+    activation = float(q[INDEX["activation"]])
+    transients = Zero2Transients(
+        gathering_forward=max(activation + total, gathering),
+        gathered_forward=float(plain[INDEX["forward_transient"]]),
+        first_backward=min(gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
+                           unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree)),
+        gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
+                              unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree)),
+    )
+    out = []
+    for r in range(degree):
+        v = q[:PEAK].copy()
+        v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
+        v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
+        out.append(zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches))
+    return out
