@@ -10,8 +10,9 @@ predicted to fit the capacity?
   simulated devices where the profile cannot predict it).
 
 A width's profiles are the model's own settings (:class:`~.settings.Setting`) for the wider model
-(:mod:`.widths`); the model's own width uses its own profiles. The search starts at the model's width (known to
-fit in every space at 40 GiB: the lowest-peak column) and ends at ``high_factor`` times it. Every probe's
+(:mod:`.widths`); the model's own width uses its own profiles. The search starts at the model's width (where
+the lowest-peak column finds a plan that fits; if a space has none, its answer is 0) and ends at
+``high_factor`` times it (if that fits, the answer is "at least"). Every probe's
 answer is kept in the results file, so an interrupted search resumes; a probe whose profile is missing is not
 run (unless ``profile``): the column then says which profile, and the command that makes it.
 """

@@ -47,7 +47,8 @@ def simulate(s: Setting, plan: Plan, cluster: Cluster, recompute_db: Path | None
     """The plan run on simulated devices of ``cluster``: per device, predicted (where the profile predicts it)
     and measured peaks."""
     started = time.perf_counter()
-    m = measure_plan(s.db, plan, cluster=cluster, backend="sim")
+    # the model named by our own setting (a width probe's is code of widths.py, which a profile alone never imports)
+    m = measure_plan(s.db, plan, cluster=cluster, backend="sim", model=s.case.model)
     predicted: dict[int, int] = {}
     with contextlib.suppress(HybridPlanError):  # measure_plan predicts without the recompute profile
         predicted = {d.device: d.peak_memory_bytes for d in predictor_for(s, plan, recompute_db).predict(plan).devices}

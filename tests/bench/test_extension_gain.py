@@ -130,3 +130,27 @@ def test_a_probe_without_its_profile_is_not_run(tmp_path: Path) -> None:
         assert "widest" not in r and r["probes"] == {}
         assert "no profile yet (gpt-tiny-1x2-b8-m2-fp32.sqlite)" in r["not run"]
         assert "hybridplan profile --model gpt-tiny" in r["not run"]
+
+
+@pytest.mark.slow  # profiles gpt-tiny at about 6 widths on simulated devices: minutes on 2 cores
+def test_largest_on_a_tiny_model_runs_within_the_capacity(tmp_path: Path) -> None:
+    """The real search (profiles of each probed width, the space's solver): the widest plan found for CAPTURE's
+    space runs on simulated devices of that capacity (measured, not predicted), and the next width was refused.
+    1.9 GiB: gpt-tiny's own width needs 1.85 GiB on 1x2 CUDA devices (most of it what CUDA holds outside the
+    allocator), so the limit falls inside the searched widths."""
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.workflows.plan_memory import plan_memory
+    from hybridplan.workflows.runs import measure_plan
+
+    s = setting(tmp_path, recompute=())
+    store = ResultStore(tmp_path / "r.json")
+    largest(s, store, lambda _: None, profile=True, capacity="1.9GiB", spaces_searched=("capture",))
+    r = store["gpt-tiny/largest/capture"]
+    w = r["widest"]
+    assert 64 <= w < 256 and r["probes"][str(w)]["fits"]
+    assert str(w + 4) in r["probes"] and not r["probes"][str(w + 4)]["fits"]
+    wide = largest_module.probe_setting(s, w)
+    cluster = Cluster.parse("1x2", device_memory="1.9GiB")
+    plan: Plan = plan_memory(wide.db, cluster).plan
+    ran = measure_plan(wide.db, plan, cluster=cluster, backend="sim", model=wide.case.model)
+    assert ran.status == "ok", ran.reason
