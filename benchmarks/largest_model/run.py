@@ -41,6 +41,7 @@ from hybridplan.units import format_bytes, parse_bytes
 from hybridplan.workflows.runs import ResultStore, ensure_profile, measure_plan
 
 from benchmarks.largest_model import scalable
+from benchmarks.largest_model.search import widest
 from benchmarks.paper_profiles import WORK
 
 HERE = Path(__file__).resolve().parent
@@ -93,19 +94,8 @@ def probe(store: ResultStore, partitioner: str, channels: int) -> bool:
 
 
 def largest(store: ResultStore, partitioner: str, low: int, high: int) -> int:
-    """Binary search: the widest ``channels`` (multiple of STEP) in ``[low, high]`` that fits, ``low`` known to fit."""
-    lo, hi = low // STEP, high // STEP
-    if not probe(store, partitioner, lo * STEP):
-        return 0
-    if probe(store, partitioner, hi * STEP):
-        return hi * STEP
-    while hi - lo > 1:  # lo fits, hi does not
-        mid = (lo + hi) // 2
-        if probe(store, partitioner, mid * STEP):
-            lo = mid
-        else:
-            hi = mid
-    return lo * STEP
+    """The widest ``channels`` (multiple of STEP) in ``[low, high]`` that fits, ``low`` known to fit."""
+    return widest(lambda channels: probe(store, partitioner, channels), low, high, STEP)
 
 
 def main() -> None:

@@ -1,0 +1,133 @@
+"""The largest trainable model per space: benchmarks/largest_model's method (a binary search over the model's
+width, each probe a profile of that width) with each space's question as the probe: does the space hold a plan
+predicted to fit the capacity?
+
+- **capture** and **extended** (the whole extension, as the last row of :func:`~.settings.spaces`):
+  :func:`~hybridplan.workflows.plan_memory.plan_memory` on the mesh with its capacity, which refuses (PlanError)
+  when the lowest-memory plan of the space does not fit (the needed memory: tensors, allocator reserve and what
+  CUDA holds outside it);
+- **megatron-3d**: a uniform 3D plan that fits (:func:`~.megatron.megatron` ``by="fit"``: predicted, or run on
+  simulated devices where the profile cannot predict it).
+
+A width's profiles are the model's own settings (:class:`~.settings.Setting`) for the wider model
+(:mod:`.widths`); the model's own width uses its own profiles. The search starts at the model's width (where
+the lowest-peak column finds a plan that fits; if a space has none, its answer is 0) and ends at
+``high_factor`` times it (if that fits, the answer is "at least"). Every probe's
+answer is kept in the results file, so an interrupted search resumes; a probe whose profile is missing is not
+run (unless ``profile``): the column then says which profile, and the command that makes it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hybridplan.errors import PlanError
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Cluster
+from hybridplan.units import format_bytes
+from hybridplan.workflows.plan_memory import plan_memory
+from hybridplan.workflows.runs import ResultStore
+
+from benchmarks.extension_gain.megatron import megatron
+from benchmarks.extension_gain.plans import label, needed
+from benchmarks.extension_gain.settings import MEGATRON, Setting, profile_commands, spaces, unfinished
+from benchmarks.extension_gain.widths import at_width, width_of
+from benchmarks.largest_model.search import widest
+from benchmarks.paper_profiles import CAPACITY
+
+SPACES = ("capture", "extended", MEGATRON)
+
+
+class NotProfiled(Exception):
+    """A probe's profile is missing and may not be made now: the search stops there."""
+
+
+def probe_setting(s: Setting, width: int) -> Setting:
+    """The setting of the model at ``width`` (itself at its own width; a wider one profiles into ``work/largest``)."""
+    name = at_width(s.case.model, width)
+    return s if name == s.case.model else s.of_model(name, s.work / "largest")
+
+
+def needed_profiles(s: Setting, space: str) -> list[list[str]]:
+    """The ``hybridplan profile`` commands of the profiles ``space`` reads: the profile, and the extended space's
+    recompute profile."""
+    commands = profile_commands(s)
+    return commands[:1] + (commands[-1:] if space == "extended" and s.recompute else [])
+
+
+def ensure_profiles(s: Setting, space: str, profile: bool, say: Callable[[str], None]) -> None:
+    """Make (resume) the profiles ``space`` needs for ``s`` if ``profile``, else check that they are finished.
+
+    Raises:
+        NotProfiled: naming the unfinished profile and its command.
+    """
+    from hybridplan.cli import main as hybridplan
+
+    for argv in needed_profiles(s, space):
+        db = argv[argv.index("--db") + 1]
+        why = unfinished(Path(db))
+        if why is None:
+            continue
+        command = "PYTHONPATH=. .venv/bin/hybridplan " + " ".join(argv)
+        if not profile:
+            raise NotProfiled(f"{why}; make it with: {command} (or run with --profile)")
+        say(command)
+        Path(db).parent.mkdir(parents=True, exist_ok=True)
+        if hybridplan(argv) != 0:
+            raise NotProfiled(f"profiling failed: {command}")
+
+
+def answer(s: Setting, space: str, cluster: Cluster, say: Callable[[str], None]) -> dict[str, Any]:
+    """Whether ``space`` holds a plan of ``s``'s model predicted to fit ``cluster``'s capacity, and which."""
+    if space == MEGATRON:
+        r = megatron(s, cluster, say, by="fit")
+        row: dict[str, Any] = next((row for row in r["rows"] if row["shape"] == r["best"]), {})
+        return {"fits": bool(r["fits"]), "label": f"{r['best']}: {row.get('label')}" if r["best"] else None,
+                "needed_bytes": row.get("needed_bytes")}
+    options = {} if space == "capture" else list(spaces(s).values())[-1]
+    try:
+        found = plan_memory(s.db, cluster, **options)
+    except PlanError as e:
+        return {"fits": False, "why": e.message}
+    return {"fits": True, "label": label(found.plan), "needed_bytes": needed(found.prediction)}
+
+
+def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profile: bool, capacity: str = CAPACITY,
+            high_factor: float = 4.0, spaces_searched: tuple[str, ...] = SPACES) -> None:
+    """Per space of ``spaces_searched`` (of :data:`SPACES`), the widest model (within ``high_factor`` times the model's width) with a plan
+    predicted to fit ``capacity`` per device on the setting's mesh; resumable (module docstring)."""
+    width, step = width_of(s.case.model)
+    high = int(width * high_factor)
+    cluster = s.case.cluster(capacity)
+    for space in spaces_searched:
+        key = f"{s.case.model}/largest/{space}"
+        record: dict[str, Any] = store.records.get(key) or {"probes": {}}
+        record.pop("not run", None)
+
+        def fits(w: int, space: str = space, record: dict[str, Any] = record, key: str = key) -> bool:
+            if str(w) not in record["probes"]:
+                sw = probe_setting(s, w)
+                ensure_profiles(sw, space, profile, say)
+                r = {"width": w, "parameters": get_model(sw.case.model).parameter_count(), **answer(sw, space, cluster, say)}
+                record["probes"][str(w)] = r
+                store.put(key, record)
+                say(f"  {s.case.model} {space} width {w}: {'fits' if r['fits'] else 'does not fit'}"
+                    f" ({format_bytes(r.get('needed_bytes'))} needed)")
+            return bool(record["probes"][str(w)]["fits"])
+
+        try:
+            found = widest(fits, width, high, step)
+        except NotProfiled as e:
+            record["not run"] = str(e)
+            store.put(key, record)
+            say(f"{s.case.model} largest {space}: not run: {e}")
+            continue
+        best = record["probes"].get(str(found), {})
+        record.update({"widest": found, "width_name": "channels" if "wresnet" in s.case.model else "hidden size",
+                       "own_width": width, "high": high, "at_least": found == high,
+                       "parameters": best.get("parameters"), "label": best.get("label"), "capacity": capacity})
+        store.put(key, record)
+        say(f"{s.case.model} largest {space}: width {found}{' or more' if found == high else ''},"
+            f" {best.get('parameters')} parameters")

@@ -1,0 +1,104 @@
+"""The README's tables, from the results file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hybridplan.plan import Plan
+from hybridplan.report.tables import md_cell
+from hybridplan.units import format_bytes, parse_bytes
+from hybridplan.workflows.runs import ResultStore
+
+from benchmarks.extension_gain.settings import MEGATRON
+from benchmarks.paper_profiles import CAPACITY
+
+
+def _gib(value: Any) -> str:
+    return "" if value is None else format_bytes(value)
+
+
+def print_tables(store: ResultStore) -> None:
+    """The README's tables, from the results file."""
+    models = sorted({k.split("/")[0] for k in store.records})
+    fewest_order = ["capture", "+ data x tensor", "extended", MEGATRON]
+    records = dict(sorted(store.records.items(), key=lambda kv: (
+        kv[0].split("/")[2] == MEGATRON,
+        fewest_order.index(kv[0].split("/")[2]) if kv[0].split("/")[1] == "fewest" and kv[0].split("/")[2] in fewest_order else 0)))
+    capacity = parse_bytes(CAPACITY)
+    print("| model | space | plan of the lowest predicted peak | predicted peak | simulated peak | needs (predicted) |"
+          " fits 40 GiB | search |")
+    print("|---|---|---|---:|---:|---:|---|---:|")
+    for m in models:
+        for key, r in records.items():
+            if not key.startswith(f"{m}/peak/"):
+                continue
+            space = key.split("/", 2)[2]
+            if "error" in r:
+                print(f"| {m} | {space} | {md_cell(r['error'])} | | | | | |")
+                continue
+            if "rows" in r:  # the uniform 3D plans
+                row = next((row for row in r["rows"] if row["shape"] == r["best"]), None)
+                if row is None:
+                    print(f"| {m} | {space} | no valid uniform plan | | | | | |")
+                    continue
+                what = f"{row['shape']}: {row['label']}"
+            else:
+                row, what = r, r["label"]
+            sim = row.get("simulated", {})
+            need = row.get("needed_bytes")
+            fits = ("yes" if need <= capacity else "no") if need is not None else ""
+            if sim:
+                fits += f" (run: {sim['status']})"
+            print(f"| {m} | {space} | {md_cell(what)} | {_gib(row.get('predicted_peak_bytes')) or 'not predicted'} |"
+                  f" {_gib(sim.get('measured_peak_bytes'))} | {_gib(need)} | {fits} | {r['search_seconds']:.2f} s |")
+    print()
+    print("| model | space | fewest devices | mesh | plan | predicted peak | simulated peak (run on 40 GiB) |")
+    print("|---|---|---:|---|---|---:|---:|")
+    for m in models:
+        for key, r in records.items():
+            if key.startswith(f"{m}/fewest/"):
+                space = key.split("/", 2)[2]
+                if "not run" in r:
+                    print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | | | |")
+                else:
+                    plan = r.get("label") or (r.get("row", {}).get("label") if r.get("row") else r.get("why", ""))
+                    sim = r.get("simulated", {})
+                    pred = r.get("predicted_peak_bytes") or r.get("row", {}).get("predicted_peak_bytes")
+                    ran = f"{_gib(sim.get('measured_peak_bytes'))} ({sim['status']})" if sim else ""
+                    print(f"| {m} | {space} | {r['devices']} | {r.get('mesh') or ''} | {md_cell(plan or '')} | {_gib(pred)} |"
+                          f" {ran} |")
+    print()
+    print("| model | space | fastest plan that fits | s / iteration (FLOP model) | samples / s | predicted peak | simulated peak |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    for m in models:
+        gbs = next((Plan.from_dict(r["plan"]).global_batch_size for k, r in records.items()
+                    if k.startswith(f"{m}/peak/") and "plan" in r), None)
+        for key, r in records.items():
+            if not key.startswith(f"{m}/fastest/"):
+                continue
+            space = key.split("/", 2)[2]
+            t = r.get("seconds_per_iteration")
+            if t is None:
+                print(f"| {m} | {space} | {md_cell(r.get('error', 'no plan known to fit'))} | | | | |")
+                continue
+            rate = f"{gbs / t:.4g}" if gbs else ""
+            plan = r["label"] if "shape" not in r else f"{r['shape']}: {r['label']}"
+            print(f"| {m} | {space} | {md_cell(plan)} | {t:.4g} | {rate} | {_gib(r.get('predicted_peak_bytes'))} |"
+                  f" {_gib(r.get('simulated', {}).get('measured_peak_bytes'))} |")
+    largest_rows = [(key, r) for key, r in records.items() if key.split("/")[1] == "largest"]
+    if not largest_rows:
+        return
+    print()
+    print("| model | space | largest width that fits | parameters | plan at that width | needs (predicted) | probes |")
+    print("|---|---|---:|---:|---|---:|---:|")
+    for key, r in largest_rows:
+        m, _, space = key.split("/", 2)
+        if "not run" in r:
+            print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | | | {len(r['probes'])} |")
+            continue
+        at = r["probes"].get(str(r["widest"]), {})
+        width = f"{r['widest']}{' or more' if r['at_least'] else ''} ({r['width_name']}; own {r['own_width']})"
+        params = f"{r['parameters']:,}" if r.get("parameters") else ""
+        print(f"| {m} | {space} | {width} | {params} | {md_cell(r.get('label') or '')} | {_gib(at.get('needed_bytes'))} |"
+              f" {len(r['probes'])} |")
+

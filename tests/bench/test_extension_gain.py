@@ -1,0 +1,156 @@
+"""benchmarks/extension_gain: which profiles a model's columns may use, the widths the largest-model search grows,
+and that search's bookkeeping (its probes faked: a real probe profiles a model, minutes even for a tiny one)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hybridplan.models.zoo import get_model
+from hybridplan.profiling.store import ProfileStore
+from hybridplan.workflows.runs import ResultStore
+
+from benchmarks.extension_gain import largest as largest_module
+from benchmarks.extension_gain.largest import largest
+from benchmarks.extension_gain.settings import Setting, usable
+from benchmarks.extension_gain.widths import at_width, width_of
+from benchmarks.largest_model.search import widest
+from benchmarks.paper_profiles import Case
+
+
+def gpt_tiny_parameters(h: int) -> int:
+    """gpt-tiny's parameters at hidden size ``h``, by hand: 8 blocks of 2 LayerNorms (4h), q/k/v (3h^2 + 3h),
+    the projection (h^2 + h), the MLP (4h^2 + 4h and 4h^2 + h); token (vocab 128) and position (seq 16)
+    embeddings; the head's LayerNorm (2h) and its bias-free unembedding (128h)."""
+    return 8 * (12 * h * h + 13 * h) + (128 + 16) * h + 2 * h + 128 * h
+
+
+def setting(tmp_path: Path, recompute: tuple[str, ...] = ("pipeline", "all")) -> Setting:
+    return Setting(Case("gpt-tiny", "1x2", 8, 2, "fp32"), zero=False, recompute=recompute, work=tmp_path)
+
+
+def make_profile(db: Path, complete: bool) -> None:
+    with ProfileStore(db) as store:
+        store.set_meta("model", "gpt-tiny")
+        if complete:
+            store.set_meta("complete", True)
+
+
+@pytest.mark.parametrize(("limit", "low", "high", "step", "expected"), [
+    (100, 32, 256, 32, 96),   # 96 fits, 128 does not
+    (100, 128, 256, 32, 0),   # the smallest does not fit
+    (300, 32, 256, 32, 256),  # the largest fits: "at least"
+    (64, 64, 64, 32, 64),     # one width
+    (100, 40, 256, 32, 96),   # low rounded up to a multiple of the step (64)
+])
+def test_widest_is_the_largest_multiple_that_fits(limit: int, low: int, high: int, step: int, expected: int) -> None:
+    probed: list[int] = []
+
+    def fits(w: int) -> bool:
+        probed.append(w)
+        return w <= limit
+
+    assert widest(fits, low, high, step) == expected
+    assert all(w % step == 0 and low <= w <= high for w in probed)
+    assert len(probed) == len(set(probed))  # no width probed twice
+
+
+def test_widest_probes_logarithmically() -> None:
+    probed: list[int] = []
+
+    def fits(w: int) -> bool:
+        probed.append(w)
+        return w <= 777
+
+    assert widest(fits, 1, 1024, 1) == 777
+    assert len(probed) <= 2 + 10  # the two ends, then log2(1023) halvings
+
+
+def test_widths_grow_only_the_width() -> None:
+    assert width_of("gpt-tiny") == (64, 4) and width_of("wresnet-1b") == (320, 32) and width_of("moe-1.3b") == (768, 16)
+    assert at_width("gpt-tiny", 64) == "gpt-tiny"
+    assert get_model(at_width("gpt-tiny", 64)).parameter_count() == gpt_tiny_parameters(64) == 417_408
+    wider = get_model(at_width("gpt-tiny", 128))
+    assert wider.parameter_count() == gpt_tiny_parameters(128)
+    assert wider.num_layers == get_model("gpt-tiny").num_layers
+    with pytest.raises(SystemExit, match="multiple of 4"):
+        at_width("gpt-tiny", 66)
+
+
+def test_a_model_whose_profile_is_unfinished_is_skipped_with_the_reason(tmp_path: Path) -> None:
+    s = setting(tmp_path)
+    ready, notes = usable(s)
+    assert ready is None and notes == [f"gpt-tiny skipped: no profile yet ({s.db.name})"]
+    make_profile(s.db, complete=False)
+    ready, notes = usable(s)
+    assert ready is None and "profile unfinished" in notes[0] and "resumes" in notes[0]
+
+
+def test_unfinished_recompute_profiles_leave_out_their_rows(tmp_path: Path) -> None:
+    s = setting(tmp_path)
+    make_profile(s.db, complete=True)
+    pipeline, every = s.recompute_dbs
+    make_profile(pipeline, complete=True)
+    make_profile(every, complete=False)
+    ready, notes = usable(s)
+    assert ready is not None and ready.recompute == ("pipeline",) and ready.recompute_db == pipeline
+    assert len(notes) == 1 and "recompute (all) rows skipped" in notes[0]
+
+
+def test_largest_searches_the_width_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A space whose plans fit while the model has at most gpt_tiny_parameters(150) parameters: the widest
+    multiple of 4 below 150 is 148 (by hand); a second search probes nothing again."""
+    calls: list[tuple[str, str]] = []
+
+    def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
+        calls.append((s.case.model, space))
+        return {"fits": get_model(s.case.model).parameter_count() <= gpt_tiny_parameters(150), "needed_bytes": 1}
+
+    monkeypatch.setattr(largest_module, "answer", answer)
+    monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
+    store = ResultStore(tmp_path / "r.json")
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",))
+    r = ResultStore(tmp_path / "r.json")["gpt-tiny/largest/capture"]
+    assert r["widest"] == 148 and r["parameters"] == gpt_tiny_parameters(148) and not r["at_least"]
+    assert r["probes"]["152"]["fits"] is False and r["high"] == 256
+    probed = len(calls)
+    assert probed == len(r["probes"]) <= 2 + 6  # 48 steps of 4 between 64 and 256
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",))
+    assert len(calls) == probed
+
+
+def test_a_probe_without_its_profile_is_not_run(tmp_path: Path) -> None:
+    """Without --profile a missing profile stops the search: the column names the profile and its command."""
+    store = ResultStore(tmp_path / "r.json")
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture", "extended"))
+    for space in ("capture", "extended"):
+        r = store[f"gpt-tiny/largest/{space}"]
+        assert "widest" not in r and r["probes"] == {}
+        assert "no profile yet (gpt-tiny-1x2-b8-m2-fp32.sqlite)" in r["not run"]
+        assert "hybridplan profile --model gpt-tiny" in r["not run"]
+
+
+@pytest.mark.slow  # profiles gpt-tiny at about 6 widths on simulated devices: minutes on 2 cores
+def test_largest_on_a_tiny_model_runs_within_the_capacity(tmp_path: Path) -> None:
+    """The real search (profiles of each probed width, the space's solver): the widest plan found for CAPTURE's
+    space runs on simulated devices of that capacity (measured, not predicted), and the next width was refused.
+    1.9 GiB: gpt-tiny's own width needs 1.85 GiB on 1x2 CUDA devices (most of it what CUDA holds outside the
+    allocator), so the limit falls inside the searched widths."""
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.workflows.plan_memory import plan_memory
+    from hybridplan.workflows.runs import measure_plan
+
+    s = setting(tmp_path, recompute=())
+    store = ResultStore(tmp_path / "r.json")
+    largest(s, store, lambda _: None, profile=True, capacity="1.9GiB", spaces_searched=("capture",))
+    r = store["gpt-tiny/largest/capture"]
+    w = r["widest"]
+    assert 64 <= w < 256 and r["probes"][str(w)]["fits"]
+    assert str(w + 4) in r["probes"] and not r["probes"][str(w + 4)]["fits"]
+    wide = largest_module.probe_setting(s, w)
+    cluster = Cluster.parse("1x2", device_memory="1.9GiB")
+    plan: Plan = plan_memory(wide.db, cluster).plan
+    ran = measure_plan(wide.db, plan, cluster=cluster, backend="sim", model=wide.case.model)
+    assert ran.status == "ok", ran.reason
