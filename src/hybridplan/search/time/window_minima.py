@@ -11,8 +11,8 @@ __all__: list[str] = []
 
 SPARSE_TABLE_FACTOR = 4.0
 """Window minima use a sparse table once the windows' total width exceeds this factor times its ``L log w``
-cost (both give the same floats, a minimum being exact): a choice of speed, not of result. The worst-case
-benchmark (benchmarks/search_time/worst_case.py) sets it to infinity to time the reduceat-only evaluation."""
+cost (both give the same floats, a minimum being exact): a choice of speed, not of result
+(tests/search/time/test_bottleneck_cuts.py varies it and gets the same minima)."""
 
 
 class _WindowMinima:
