@@ -131,9 +131,22 @@ def plan_memory(
         if capacity is None:
             raise UsageError("--fewest-devices needs a device capacity", fix="give --device-memory, e.g. 40GiB")
         outside = predictor.outside_bytes(None)  # CUDA: the floor outside the allocator (communicators come with a plan)
+
+        def whole_plan(result: SearchResult, sub: Cluster) -> str | None:
+            """What the shape's best plan needs with the allocator's reserve and what CUDA holds outside it
+            (fewest.py's module note); None if every device has it."""
+            plan = result.to_plan(schedule=predictor.schedule, global_batch_size=predictor.global_batch_size,
+                                  num_microbatches=predictor.num_microbatches)
+            devices = predictor.predict(view.to_original(plan) if view is not None else plan).devices
+            over = [d for d in devices if (cap := sub.memory_of(d.device)) is not None and d.needed_bytes > cap]
+            if not over:
+                return None
+            worst = max(over, key=lambda d: d.needed_bytes)
+            return f"device {worst.device} needs {format_bytes(worst.needed_bytes)} with what the allocator and CUDA hold"
+
         found = fewest_devices(model, cluster, L, capacity=capacity - (outside or 0), pipeline_only=pipeline_only,
                                composite=composite, zero=zero, recompute=recompute_db is not None,
-                               cross_node=cross_node, progress=progress)
+                               cross_node=cross_node, progress=progress, check=whole_plan)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,

@@ -136,3 +136,29 @@ def test_crossing_nodes_lets_fewer_devices_fit():
     assert [(s.kind, s.degree, s.devices) for s in found.result.stages] == [("data", 2, (0, 1))]
     with pytest.raises(PlanError, match="fits on no sub-mesh"):
         fewest_devices(model, cluster, 2, capacity=100.0, cross_node=True)
+
+
+def test_a_shape_whose_best_plan_fails_the_whole_plan_check_is_passed_over() -> None:
+    """A shape wins only if its best plan also passes the caller's whole-plan check (on CUDA: the allocator's
+    reserve and what CUDA holds outside it); otherwise the next shape is tried, and the note says why."""
+    model = AdditiveStageModel.transformer(16, horizon=4, seed=2)
+    cluster = Cluster.uniform(2, 4)
+    unchecked = fewest_devices(model, cluster, 16)  # unlimited: one device
+    assert unchecked.cluster.num_devices == 1
+    seen: list[str] = []
+
+    def at_least_three(result: object, sub: Cluster) -> str | None:
+        seen.append(sub.shape)
+        return None if sub.num_devices >= 3 else f"{sub.num_devices} device(s) are not enough"
+
+    found = fewest_devices(model, cluster, 16, check=at_least_three)
+    assert found.cluster.shape == "1x3"  # mesh_shapes(2, 4): 1x1, 1x2, 2x1, then 1x3
+    assert seen == ["1x1", "1x2", "2x1", "1x3"]
+    assert [t.fits for t in found.tried] == [False, False, False, True]
+    assert "but 1 device(s) are not enough" in found.tried[0].note
+
+
+def test_no_shape_passing_the_whole_plan_check_says_so() -> None:
+    model = AdditiveStageModel.transformer(8, horizon=4, seed=1)
+    with pytest.raises(PlanError, match="needs more than the device has .*on 2x2: .*never"):
+        fewest_devices(model, Cluster.uniform(2, 2), 8, check=lambda result, sub: "never")

@@ -9,10 +9,18 @@ solved exactly (:func:`~hybridplan.search.memory.exact.solve_exact`) over the sa
 search: CAPTURE's, or extended by data x tensor stages, ZeRO, per-stage recompute and stages over whole
 nodes (:class:`~hybridplan.search.memory.space.PlanSpace`), each sub-mesh with its own stage configs (a
 stage over whole nodes of ``k'`` devices has ``m * k'`` of them).
+
+The search minimises the tensor peak, but on CUDA a device also holds what the caching allocator reserves
+beyond the tensors and what CUDA and the communicators hold outside it, which depend on the plan. A shape
+whose best plan's tensor peak fits can still need more than the device has (GPT-3 6.7B on 40 GiB devices in
+benchmarks/extension_gain: 41.48 GiB on the shape found before this check, which then answered no shape at
+all). So a caller that predicts whole plans passes ``check``: a shape wins only if its best plan passes it too,
+and otherwise the next shape is tried.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from hybridplan.plan.cluster import Cluster
@@ -23,7 +31,10 @@ from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.memory.space import PlanSpace
 from hybridplan.units import format_bytes
 
-__all__ = ["MeshAttempt", "FewestResult", "fewest_devices"]
+__all__ = ["MeshAttempt", "FewestResult", "PlanCheck", "fewest_devices"]
+
+PlanCheck = Callable[[SearchResult, Cluster], "str | None"]
+"""A whole-plan check of a shape's best plan on that sub-mesh: None if it fits, else why it does not."""
 
 
 @dataclass(frozen=True)
@@ -61,7 +72,7 @@ def mesh_shapes(num_nodes: int, devices_per_node: int) -> list[tuple[int, int]]:
 def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *, capacity: float | None = None,
                    pipeline_only: bool = False, max_stages: int | None = None, composite: bool = False,
                    zero: bool = False, recompute: bool = False, cross_node: bool = False,
-                   progress: ProgressCallback | None = None) -> FewestResult:
+                   progress: ProgressCallback | None = None, check: PlanCheck | None = None) -> FewestResult:
     """The smallest sub-mesh of ``cluster`` whose best plan's predicted peak fits in device memory.
 
     Args:
@@ -76,6 +87,7 @@ def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *
             per-stage recompute, stages over whole nodes), as :class:`PlanSpace` takes them.
         progress: receives a line now and then on a long search, e.g. ``"fewest devices: trying 4x8 (3 of 7),
             12.0 s"``, or the exact search's line within it (:mod:`~hybridplan.search.progress`); ``None``: silent.
+        check: a whole-plan check (module note) a fitting shape's best plan must also pass; ``None``: none.
 
     Raises:
         PlanError: if the model fits on no sub-mesh, naming the best peak found and the capacity.
@@ -100,13 +112,18 @@ def fewest_devices(model: StageMemoryModel, cluster: Cluster, num_layers: int, *
             continue
         fits = result.peak <= limit
         note = (f"peak {_fmt(result.peak)} {'<=' if fits else '>'} capacity {_fmt(limit)}")
+        if fits and check is not None and (why := check(result, cluster.with_shape(n, k))) is not None:
+            fits, note = False, f"{note}, but {why}"
         tried.append(MeshAttempt(n, k, result.peak, fits, note))
         if fits:
             return FewestResult(cluster.with_shape(n, k), result, tuple(tried))
         if best is None or result.peak < best.peak:
             best = result
     why = ("no shape has a valid plan" if best is None else
-           f"the lowest peak, {_fmt(best.peak)} on {best.num_nodes}x{best.devices_per_node}, exceeds the capacity {_fmt(limit)}")
+           f"the lowest peak, {_fmt(best.peak)} on {best.num_nodes}x{best.devices_per_node}, exceeds the capacity {_fmt(limit)}"
+           if best.peak > limit else
+           f"the best plan of every shape whose tensor peak fits needs more than the device has (on {tried[-1].num_nodes}x"
+           f"{tried[-1].devices_per_node}: {tried[-1].note})")
     raise PlanError(f"the model fits on no sub-mesh of {cluster.shape}: {why}",
                     fix="use a larger cluster, a smaller micro-batch, or more memory-saving options")
 
