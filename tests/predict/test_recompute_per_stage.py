@@ -4,6 +4,7 @@ runtime measures (byte-identical to the real CPU runtime, tests/runtime/test_sim
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -29,9 +30,13 @@ def _profile(path: Path, recompute: bool, cluster: str = "1x4") -> Path:
 
 
 @pytest.fixture(scope="module")
-def profiles(tmp_path_factory) -> tuple[Path, Path]:
+def profiles(mlp_files: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """The plain profile is ``_profile(path, False)``: the session's ``mlp_files`` ran that very campaign (same
+    model, cluster, batch, micro-batches, scenarios and options, tests/conftest.py), so a copy of it is taken
+    rather than profiling again."""
     d = tmp_path_factory.mktemp("recompute")
-    return _profile(d / "plain.sqlite", False), _profile(d / "recompute.sqlite", True)
+    shutil.copy(mlp_files / "p.sqlite", d / "plain.sqlite")
+    return d / "plain.sqlite", _profile(d / "recompute.sqlite", True)
 
 
 def _plan(schedule: str, first: dict, second: dict) -> Plan:
