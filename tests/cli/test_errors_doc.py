@@ -1,8 +1,9 @@
 """Bad input, as a new user types it: every case exits with code 2, one clear message and no traceback, and the
 cases marked so are answered before torch is imported. The table of docs/errors.md is this test's output.
 
-Each case runs the real command line in a fresh process (so ``sys.modules`` tells whether torch was imported),
-in a folder holding the files the commands name (``mlp_files`` of tests/cli/conftest.py and a few broken ones).
+Each case runs the real command line in a process of its own, forked from one that imported the CLI and not torch (so
+``sys.modules`` tells whether the command imported torch), in a folder holding the files the commands name
+(``mlp_files`` of tests/cli/conftest.py and a few broken ones).
 Rewrite the doc after changing a message: ``HYBRIDPLAN_WRITE_DOCS=1 pytest tests/cli/test_errors_doc.py``.
 """
 
@@ -240,9 +241,41 @@ def _setup(folder: Path, mlp_files: Path) -> None:
         {"device": 0, "stage": 0, "predicted": 100, "measured": 100, "relative_error": 0.0}]}))
 
 
-_PROBE = ("import sys\nfrom hybridplan.cli import main\ncode = main(sys.argv[1:])\n"
-          "print('@torch' if 'torch' in sys.modules else '@no-torch', file=sys.stderr)\n"
-          "print('@zen' if 'this' in sys.modules else '@no-zen', file=sys.stderr)\nsys.exit(code)\n")
+# A server that imports the CLI once (without torch: asserted) and forks a child per case; the child runs the
+# command line in the case's folder with its stderr in a file, then prints whether torch and ``this`` (the module
+# ``code.sqlite`` names) are in its ``sys.modules``. A fork starts from the server's modules, which hold neither, so
+# the markers say what the command itself imported, as a fresh interpreter would, without paying an interpreter
+# start and the CLI's imports 100 times over. One JSON request (folder, arguments) per line in, one answer out.
+_SERVER = """\
+import json, os, sys, tempfile, traceback
+from hybridplan.cli import main
+assert 'torch' not in sys.modules and 'this' not in sys.modules, 'the server must import neither'
+for line in sys.stdin:
+    folder, args = json.loads(line)
+    with tempfile.TemporaryFile() as err:
+        pid = os.fork()
+        if pid == 0:
+            os.chdir(folder)
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(err.fileno(), 2)
+            try:
+                code = main(args)
+            except SystemExit as exit:
+                code = exit.code if isinstance(exit.code, int) else 1
+            except BaseException:
+                traceback.print_exc()
+                code = 1
+            finally:
+                print('@torch' if 'torch' in sys.modules else '@no-torch', file=sys.stderr)
+                print('@zen' if 'this' in sys.modules else '@no-zen', file=sys.stderr)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code if isinstance(code, int) else 1)
+        code = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+        err.seek(0)
+        print(json.dumps([code, err.read().decode()]), flush=True)
+"""
 
 
 @dataclass(frozen=True)
@@ -253,16 +286,23 @@ class Outcome:
     zen: bool
 
 
-def _run(case: Case, folder: Path) -> Outcome:
+def _serve(cases: list[Case], folder: Path) -> list[Outcome]:
+    """Run ``cases`` in ``folder``, one after the other, through one server process."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},  # as outside an allocation
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2])] + sys.path)}
-    proc = subprocess.run([sys.executable, "-c", _PROBE, *case.args.split()], cwd=folder, capture_output=True,
-                          text=True, timeout=120, env=env)
-    lines = proc.stderr.rstrip("\n").splitlines()
+    requests = "".join(json.dumps([str(folder), case.args.split()]) + "\n" for case in cases)
+    proc = subprocess.run([sys.executable, "-c", _SERVER], cwd=folder, input=requests, capture_output=True,
+                          text=True, timeout=60 * len(cases), env=env)
+    assert proc.returncode == 0, proc.stderr
+    return [_outcome(*json.loads(line)) for line in proc.stdout.splitlines()]
+
+
+def _outcome(code: int, stderr: str) -> Outcome:
+    lines = stderr.rstrip("\n").splitlines()
     markers, text = lines[-2:], lines[:-2]
     # The error, without what the command printed before it (e.g. what a search holds fixed).
     first = next((i for i, line in enumerate(text) if line.startswith("hybridplan ") and ": error:" in line), 0)
-    return Outcome(proc.returncode, "\n".join(text[first:]).strip(), markers[0] == "@torch", markers[1] == "@zen")
+    return Outcome(code, "\n".join(text[first:]).strip(), markers[0] == "@torch", markers[1] == "@zen")
 
 
 @pytest.fixture(scope="module")
@@ -270,8 +310,10 @@ def outcomes(mlp_files, tmp_path_factory) -> dict[str, Outcome]:
     folder = tmp_path_factory.mktemp("bad-input")
     _setup(folder, mlp_files)
     cases = [c for _, group in CASES for c in group]
+    halves = [cases[0::2], cases[1::2]]  # two servers at once, one per core
     with ThreadPoolExecutor(max_workers=2) as pool:
-        return dict(zip((c.args for c in cases), pool.map(lambda c: _run(c, folder), cases)))
+        answers = list(pool.map(lambda half: _serve(half, folder), halves))
+    return {c.args: o for half, got in zip(halves, answers) for c, o in zip(half, got, strict=True)}
 
 
 @pytest.mark.parametrize("case", [c for _, group in CASES for c in group], ids=lambda c: c.args[:60])

@@ -4,6 +4,7 @@ runtime measures (byte-identical to the real CPU runtime, tests/runtime/test_sim
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,19 +20,23 @@ from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
 
-def _profile(path: Path, recompute: bool, cluster: str = "1x4") -> Path:
+def _profile(path: Path, recompute: bool) -> Path:
     """The MLP user model (5 layers), pipeline and tensor x2 (simulated devices, a few seconds)."""
     options = {"backend": "sim", **({"activation_checkpointing": True} if recompute else {})}
     with ProfileStore(path) as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse(cluster), global_batch_size=32, num_microbatches=2,
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
                                 scenarios=(Scenario("none", 1), Scenario("tensor", 2)), run_options=options), store).run()
     return path
 
 
 @pytest.fixture(scope="module")
-def profiles(tmp_path_factory) -> tuple[Path, Path]:
+def profiles(mlp_files: Path, tmp_path_factory) -> tuple[Path, Path]:
+    """The plain profile is ``_profile(path, False)``: the session's ``mlp_files`` ran that very campaign (same
+    model, cluster, batch, micro-batches, scenarios and options, tests/conftest.py), so a copy of it is taken
+    rather than profiling again."""
     d = tmp_path_factory.mktemp("recompute")
-    return _profile(d / "plain.sqlite", False), _profile(d / "recompute.sqlite", True)
+    shutil.copy(mlp_files / "p.sqlite", d / "plain.sqlite")
+    return d / "plain.sqlite", _profile(d / "recompute.sqlite", True)
 
 
 def _plan(schedule: str, first: dict, second: dict) -> Plan:
@@ -68,13 +73,13 @@ def test_each_stage_takes_its_own_profile(profiles):
     assert [d.peak_memory_bytes for d in mixed.devices[1:]] == [d.peak_memory_bytes for d in nothing.devices[1:]]
 
 
-def test_the_recompute_profile_is_checked(profiles, tmp_path, capsys):
+def test_the_recompute_profile_is_checked(profiles, sharded_mlp_files, tmp_path, capsys):
     plain, recomputed = profiles
     with pytest.raises(ProfileError, match="was profiled without recompute"):
         MemoryPredictor.from_db(plain, recompute_db=plain)
     with pytest.raises(ProfileError, match="was itself profiled with recompute"):
         MemoryPredictor.from_db(recomputed, recompute_db=recomputed)
-    other = _profile(tmp_path / "small.sqlite", True, cluster="1x2")
+    other = sharded_mlp_files / "r.sqlite"  # the MLP profiled with recompute on 1x2 (tests/conftest.py)
     with pytest.raises(ProfileError, match="profiles another cluster"):
         MemoryPredictor.from_db(plain, recompute_db=other)
     with pytest.raises(ProfileError, match="give that database as --recompute-db"):

@@ -3,6 +3,8 @@ tests/runtime/test_sim_agreement.py), with one real run to check a prediction.""
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
 
@@ -68,7 +70,9 @@ def test_prediction_matches_a_real_run(tmp_path):
     assert [p.peak_memory_bytes for p in predicted.devices] == [m.peak_memory_bytes for m in measured.devices]
 
 
-def test_resume_after_interruption(tmp_path):
+def test_resume_after_interruption(tmp_path, mlp_files):
+    """Interrupted after 5 runs, then resumed: the statistics equal those of an uninterrupted campaign of the same
+    configuration, the session's ``mlp_files`` (tests/conftest.py runs exactly ``config()``; copied, not rerun)."""
     db = tmp_path / "p.sqlite"
     seen = []
 
@@ -84,10 +88,11 @@ def test_resume_after_interruption(tmp_path):
     store, c = campaign(db)
     summary = c.run()
     assert summary.runs_resumed == 5 and summary.runs_executed == summary.runs_total - 5
-    resumed = load_statistics(store)
+    resumed, identity = load_statistics(store), store.get_meta("identity")
     store.close()
-    fresh_store, fresh = campaign(tmp_path / "fresh.sqlite")
-    fresh.run()
+    shutil.copy(mlp_files / "p.sqlite", tmp_path / "fresh.sqlite")
+    fresh_store = ProfileStore(tmp_path / "fresh.sqlite")
+    assert fresh_store.get_meta("identity") == identity
     expected = load_statistics(fresh_store)
     for key in expected:
         for a, b in zip(sorted(resumed[key], key=lambda s: s.batch_size), sorted(expected[key], key=lambda s: s.batch_size)):

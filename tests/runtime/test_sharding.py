@@ -61,11 +61,19 @@ def test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same():
     assert_same_training("gpt-tiny", plan, "1x5")
 
 
+@functools.cache
+def _simulated(plan: Plan, cluster: str) -> Any:
+    """The simulated fp32 run of ``plan`` for 3 iterations (as many as ``_trains_like_one_bf16_device``'s runs), once
+    per module: the same plan's simulation serves the fp32 check of its training and the bf16 check of its masters."""
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim"))
+    assert sim.ok, sim.reason
+    return sim
+
+
 def _sim_counts_as(real: Any, plan: Plan, cluster: str) -> Any:
     """The simulated run of ``plan`` (as many iterations as ``real``): asserted to count every device's bytes
     as the real run ``real`` did; returned."""
-    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim"))
-    assert sim.ok, sim.reason
+    sim = _simulated(plan, cluster)
     for r, f in zip(real.devices, sim.devices, strict=True):
         assert (f.static_memory_bytes, f.iteration_peaks, f.peak_breakdown) == \
             (r.static_memory_bytes, r.iteration_peaks, r.peak_breakdown)
@@ -160,8 +168,7 @@ def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(schedule, stages, clust
     in bf16, so each of its devices holds between iterations exactly what the same plan holds in fp32."""
     plan = plan_of(schedule, 16, 4, stages)
     got = _trains_like_one_bf16_device(plan, cluster)
-    fp32 = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=2, backend="sim"))
-    assert fp32.ok, fp32.reason
+    fp32 = _simulated(plan, cluster)  # tests above simulated the gpipe plan already
     sharded = plan.stages[0] if plan.stages[0].zero else plan.stages[1]
     for d in sharded.devices:
         assert got.devices[d].static_memory_bytes == fp32.devices[d].static_memory_bytes
