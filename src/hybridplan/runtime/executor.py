@@ -251,7 +251,8 @@ class StageExecutor:
         if self.last:
             weight = n / self.plan.microbatch_size / self.plan.num_microbatches
             # .float() is a no-op in fp32; in mixed precision the loss is computed in fp32.
-            assert local_tgt is not None  # _local_batch gives the last stage its targets
+            if local_tgt is None:  # _local_batch gives the last stage its targets
+                raise RuntimeError(f"stage {self.stage_index}: the last stage was given no targets")
             loss = self.model.loss(y.float(), local_tgt[j * n : (j + 1) * n]) * (weight * self.loss_scale)
             stash[j] = (x, get_gradient_edge(loss), None)
             return None if is_fake(loss) else float(loss.detach()) / self.loss_scale
@@ -269,7 +270,8 @@ class StageExecutor:
             if edge is not None:
                 torch.autograd.backward([edge], grad_tensors=[torch.ones((), device=self.device)])
         else:
-            assert self.output_spec is not None  # every stage but the last is given what it sends
+            if self.output_spec is None:  # every stage but the last is given what it sends
+                raise RuntimeError(f"stage {self.stage_index}: no output spec for a stage that sends")
             grad = self._receive(self.bwd_recv, self.output_spec, j, backward=True)
             # [Note: waiting for forward sends] The next stage has back-propagated micro-batch j, so it
             # received our output long ago: this wait returns at once. Dropping the send buffer BEFORE

@@ -141,7 +141,8 @@ class StorageTracker(TorchDispatchMode):
         return nbytes if self.rounding is None else self.rounding(nbytes)
 
     def _out_of_memory(self, e: AllocatorOutOfMemory) -> DeviceOutOfMemory:
-        assert self.device is not None and self.device.capacity_bytes is not None  # only a limited device runs out
+        if self.device is None or self.device.capacity_bytes is None:  # only a limited device runs out
+            raise RuntimeError("the allocator ran out of memory on a device without a capacity")
         needed = e.reserved + e.request + self.device.outside_bytes
         return DeviceOutOfMemory(needed, self.device.capacity_bytes, self.phase)
 
@@ -314,7 +315,8 @@ class StorageTracker(TorchDispatchMode):
     def _workspaces(self, func: Any, args: Any) -> None:
         """Allocate the cuBLAS workspaces a CUDA run of ``func`` would (runtime/gpu_memory.py [Note: cuBLAS
         workspaces]); the backward phase runs on autograd's own thread, whose handle has its own."""
-        assert self.device is not None
+        if self.device is None:  # called only for a simulated CUDA device
+            raise RuntimeError("cuBLAS workspaces asked for without a simulated CUDA device")
         op = getattr(getattr(func, "overloadpacket", None), "__name__", "")
         bias = bool(args) and isinstance(args[0], torch.Tensor) and args[0].dim() == 1
         backward = self.phase == "backward"

@@ -99,7 +99,8 @@ class MultiNode:
                 raise LaunchError(f"cannot start the launcher for host {host!r} ({shlex.join(argv[:3])} ...): {e}",
                                   fix="check --launcher") from None
             self._agents.append(agent)
-            assert agent.stdout is not None  # stdout=PIPE
+            if agent.stdout is None:  # stdout=PIPE gives one
+                raise LaunchError(f"the launcher for host {host!r} has no output pipe", fix="report this as a bug")
             threading.Thread(target=self._listen, args=(node, agent.stdout), daemon=True).start()
         deadline = time.monotonic() + _START_S
         for node, hello in self._collect(range(len(self.hosts.hosts)), deadline).items():
@@ -197,7 +198,8 @@ class MultiNode:
     def _send(self, node: int, message: dict[str, Any]) -> None:
         agent = self._agents[node]
         try:
-            assert agent.stdin is not None  # stdin=PIPE
+            if agent.stdin is None:  # stdin=PIPE gives one
+                raise LaunchError(f"the launcher of node {node} has no input pipe", fix="report this as a bug")
             agent.stdin.write(json.dumps(message) + "\n")
             agent.stdin.flush()
         except OSError:

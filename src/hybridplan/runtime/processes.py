@@ -144,7 +144,8 @@ def _watch(procs: list[ForkServerProcess], *, deadline: float) -> list[int] | st
         if not ready and failed:
             return failed
         for sentinel in ready:
-            assert isinstance(sentinel, int)  # wait() returns the sentinels it was given
+            if not isinstance(sentinel, int):  # wait() returns the sentinels it was given
+                raise RuntimeError(f"wait() returned {sentinel!r}, not a process sentinel")
             rank = pending.pop(sentinel)
             procs[rank].join()
             if procs[rank].exitcode != 0:
@@ -177,5 +178,6 @@ def _read_report(path: Path) -> RankReport | RankFailure | None:
 def _how_it_ended(proc: ForkServerProcess) -> tuple[str, int | None]:
     """How a rank that left no report ended, for :func:`~hybridplan.runtime.result.root_cause`."""
     code = proc.exitcode
-    assert code is not None  # _watch joined every rank it reports as failed
+    if code is None:  # _watch joined every rank it reports as failed
+        raise RuntimeError("a rank reported as failed is still running")
     return (f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"), code
