@@ -15,7 +15,7 @@ import numpy as np
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 
-__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch"]
+__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "EXTRAPOLATION_LIMIT", "extrapolation_note"]
 
 PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
 
@@ -83,3 +83,29 @@ def scaled_to_batch(values: list[np.ndarray], sizes: list[SpanStatistics], *, gl
     out[..., d] = v1[..., d] + (v2[..., d] - v1[..., d]) * g
     out[..., INDEX["first_backward_transient"]] = _first_backward(v1, v2, out, b1, b2, b)
     return out
+
+
+EXTRAPOLATION_LIMIT = 4.0
+"""How far beyond the largest profiled batch a prediction goes before :func:`extrapolation_note` warns: a
+campaign profiles B/2 and B/4 (seed 000 III-A2), so its own target is 2x the largest profiled batch; 4x is
+twice as far as the campaign itself extrapolates."""
+
+
+def extrapolation_note(stats: dict[tuple[str, int], list[SpanStatistics]], global_batch_size: int,
+                       microbatch_size: int) -> str | None:
+    """One line if the target batch lies far beyond the profiled ones (:data:`EXTRAPOLATION_LIMIT`), else None.
+
+    The batch scaling is a straight line through two measured sizes; far beyond them nothing was
+    measured, so the prediction is an extrapolation a user should know about (and may re-profile for).
+    """
+    sizes = [s for per_size in stats.values() for s in per_size]
+    if not sizes:
+        return None
+    big_global = max(s.batch_size for s in sizes)
+    big_micro = max(s.microbatch_size for s in sizes)
+    ratio = max(global_batch_size / big_global, microbatch_size / big_micro)
+    if ratio <= EXTRAPOLATION_LIMIT:
+        return None
+    return (f"warning: global batch {global_batch_size} (micro-batches of {microbatch_size}) is {ratio:.3g}x"
+            f" the largest profiled ({big_global}, micro-batches of {big_micro}): the batch scaling is extrapolated"
+            " that far from its two measured sizes; profile near this batch for a measured answer")

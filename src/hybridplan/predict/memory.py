@@ -23,8 +23,9 @@ under another schedule (or the reverse) gets its weight stash added to (removed 
 [Note: predicting PipeDream-2BW] in predict/stash.py.
 
 This module holds :class:`MemoryPredictor`: its construction from a profile, steps 3 and 4, the composite stages
-(data x tensor, wider data, recompute per stage), every span at once for the search, and a plan's prediction.
-Beside it, by concept: the batch scaling (predict/batch_scaling.py), a ZeRO stage's per-rank peaks
+(data x tensor, wider data, recompute per stage) and a plan's prediction. Beside it, by concept: every span at
+once for the search (predict/span_tables.py), the batch scaling and its extrapolation warning
+(predict/batch_scaling.py), a ZeRO stage's per-rank peaks
 (predict/zero_stage.py, on predict/zero.py's layout and Notes), the plans a profile cannot predict and why
 (predict/plan_checks.py), the result types (predict/prediction.py) and the view on merged layers the search
 uses (predict/unit_view.py).
@@ -42,9 +43,11 @@ import numpy as np
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
-from hybridplan.predict.batch_scaling import PEAK, scaled_to_batch, span_in_units, table_in_layers
-from hybridplan.predict.plan_checks import check_measured_kinds, why_missing
+from hybridplan.predict.batch_scaling import (EXTRAPOLATION_LIMIT, PEAK, extrapolation_note, scaled_to_batch,
+                                             span_in_units, table_in_layers)
+from hybridplan.predict.plan_checks import check_measured_kinds, check_same_campaign, why_missing
 from hybridplan.predict.prediction import DevicePrediction, PlanPrediction
+from hybridplan.predict.span_tables import stage_memory_matrix
 from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
@@ -61,10 +64,6 @@ __all__ = ["MemoryPredictor", "DEGREE_FITS", "EXTRAPOLATION_LIMIT"]
 
 DEGREE_FITS = ("log", "inverse")
 
-EXTRAPOLATION_LIMIT = 4.0
-"""How far beyond the largest profiled batch a prediction goes before :meth:`MemoryPredictor.scaling_note`
-warns: a campaign profiles B/2 and B/4 (seed 000 III-A2), so its own target is 2x the largest profiled
-batch; 4x is twice as far as the campaign itself extrapolates."""
 
 class MemoryPredictor:
     """Predicts per-device peak memory for plans of one model and batch configuration.
@@ -180,16 +179,7 @@ class MemoryPredictor:
         if predictor.recompute:
             raise ProfileError(f"{str(path)!r} was itself profiled with recompute; {where} adds nothing",
                                fix="give the profile taken without recompute as --db")
-        def training(ident: dict) -> dict:  # the run options that shape memory, recompute and backend aside
-            options = ident.get("run_options") or {}
-            return {k: v for k, v in options.items() if k not in ("activation_checkpointing", "backend")}
-
-        identity["training"], other_identity["training"] = training(identity), training(other_identity)
-        for key in ("model", "model_config", "num_layers", "cluster", "seed", "training"):
-            if identity.get(key) != other_identity.get(key):
-                raise ProfileError(f"{where} profiles another {key} than {str(path)!r}"
-                                   f" ({other_identity.get(key)!r} vs {identity.get(key)!r})",
-                                   fix="profile the same model on the same cluster with --activation-checkpointing")
+        check_same_campaign(where, str(path), identity, other_identity)
         predictor.recomputed = recomputed
         return predictor
 
@@ -234,22 +224,8 @@ class MemoryPredictor:
         return self.global_batch_size // self.num_microbatches
 
     def scaling_note(self) -> str | None:
-        """One line if the target batch lies far beyond the profiled ones (:data:`EXTRAPOLATION_LIMIT`), else None.
-
-        The batch scaling is a straight line through two measured sizes; far beyond them nothing was
-        measured, so the prediction is an extrapolation a user should know about (and may re-profile for).
-        """
-        sizes = [s for per_size in self.stats.values() for s in per_size]
-        if not sizes:
-            return None
-        big_global = max(s.batch_size for s in sizes)
-        big_micro = max(s.microbatch_size for s in sizes)
-        ratio = max(self.global_batch_size / big_global, self.microbatch_size / big_micro)
-        if ratio <= EXTRAPOLATION_LIMIT:
-            return None
-        return (f"warning: global batch {self.global_batch_size} (micro-batches of {self.microbatch_size}) is {ratio:.3g}x"
-                f" the largest profiled ({big_global}, micro-batches of {big_micro}): the batch scaling is extrapolated"
-                " that far from its two measured sizes; profile near this batch for a measured answer")
+        """One line if the target batch lies far beyond the profiled ones, else None (:func:`extrapolation_note`)."""
+        return extrapolation_note(self.stats, self.global_batch_size, self.microbatch_size)
 
     # ------------------------------------------------------------------ per stage
     def _scenario(self, kind: str, degree: int) -> tuple[str, int]:
@@ -384,53 +360,10 @@ class MemoryPredictor:
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
                             tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
-        """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable)."""
-        L = num_layers
-        out = np.full((L, L + 1), math.inf)
-        if recompute and not self.recompute:
-            if self.recomputed is None:
-                return out
-            return self.recomputed.stage_memory_matrix(kind, degree, stages_after, L, tensor_degree=tensor_degree,
-                                                       zero=zero)
-        if zero:
-            source = kind if kind == "data+tensor" else self._zero_source(kind, zero)
-            if source is None or self.zero_layout is None:
-                return out
-            base = self.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
-            for start, stop in zip(*np.nonzero(np.isfinite(base))):
-                out[start, stop] = self.stage_memory(int(start), int(stop), kind, degree, stages_after,
-                                                     tensor_degree=tensor_degree, zero=zero)
-            return out
-        if kind == "data+tensor":
-            replica = self._replica(degree, tensor_degree)
-            return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
-        if kind in ("data", "data-zero3") and degree > 1 and self.microbatch_size % degree:
-            return out
-        wider = None if (kind, degree) in self.stats else self._wider_data(kind, degree)
-        if wider is not None:  # [Note: a data stage wider than the profiled ones]
-            return wider[0].stage_memory_matrix("data", wider[1], stages_after, L)
-        if degree != 1 and (kind, degree) not in self.stats:
-            degrees = self.profiled_degrees(kind)
-            if len(degrees) < 2 or (kind == "data-zero3" and degree > degrees[-1]):  # see predict/plan_checks.py
-                return out
-            d1, d2 = degrees[-2], degrees[-1]
-            p1 = self.stage_memory_matrix(kind, d1, stages_after, L)
-            p2 = self.stage_memory_matrix(kind, d2, stages_after, L)
-            with np.errstate(invalid="ignore"):
-                if self.degree_fit == "log":
-                    fitted = p1 + (p2 - p1) * math.log(degree / d1) / math.log(d2 / d1)
-                else:
-                    beta = (p1 - p2) / (1 / d1 - 1 / d2)
-                    fitted = p2 - beta / d2 + beta / degree
-            return np.where(np.isfinite(p1) & np.isfinite(p2), fitted, math.inf)
-        table = self._scaled_table(kind, degree)
-        if table is None:
-            return out
-        if self.method == "capture":
-            values = table[..., PEAK]
-        else:
-            values = np.max(table[..., :PEAK] @ peak_terms(self.schedule, stages_after, self.num_microbatches).T, axis=-1)
-        return np.where(np.isnan(values), math.inf, values)
+        """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable;
+        predict/span_tables.py)."""
+        return stage_memory_matrix(self, kind, degree, stages_after, num_layers, tensor_degree=tensor_degree,
+                                   zero=zero, recompute=recompute)
 
     def _scaled_table(self, kind: str, degree: int) -> np.ndarray | None:
         key = self._scenario(kind, degree)

@@ -5,7 +5,8 @@ A prediction from statistics that do not describe a stage would be silently wron
 :class:`~hybridplan.errors.ProfileError` naming the stage, what is missing and how to get it (profile again,
 resume the profile, or count the plan on simulated devices): :func:`check_measured_kinds` before any stage is
 predicted (ZeRO the profile cannot model, recompute it did not run), :func:`why_missing` for a stage that came
-out unpredictable (a scenario, batch size, weight-stash size or layer the profile lacks). Kept apart from the
+out unpredictable (a scenario, batch size, weight-stash size or layer the profile lacks), and
+:func:`check_same_campaign` for a recompute profile that does not pair with the profile. Kept apart from the
 predictor's arithmetic: these are the rules of what a profile covers and the messages a user reads.
 """
 
@@ -24,7 +25,7 @@ from hybridplan.profiling.quantities import QUANTITIES
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["check_measured_kinds", "why_missing"]
+__all__ = ["check_measured_kinds", "check_same_campaign", "why_missing"]
 
 
 def check_measured_kinds(predictor: MemoryPredictor, plan: Plan) -> None:
@@ -122,3 +123,19 @@ def why_missing(predictor: MemoryPredictor, start: int, stop: int, kind: str, de
             ]
             return f"{name} statistics at batch {s.batch_size} lack layer(s) {missing or list(range(start, stop))}"
     return "unknown"
+
+
+def check_same_campaign(where: str, path: str, identity: dict, other_identity: dict) -> None:
+    """Refuse a recompute profile (``where``) of another model, cluster, seed or training options than the profile
+    at ``path`` ([Note: recompute chosen per stage] in predict/memory.py): the two predict stages of one plan."""
+    def training(ident: dict) -> dict:  # the run options that shape memory, recompute and backend aside
+        options = ident.get("run_options") or {}
+        return {k: v for k, v in options.items() if k not in ("activation_checkpointing", "backend")}
+
+    identity, other_identity = {**identity, "training": training(identity)}, {**other_identity,
+                                                                              "training": training(other_identity)}
+    for key in ("model", "model_config", "num_layers", "cluster", "seed", "training"):
+        if identity.get(key) != other_identity.get(key):
+            raise ProfileError(f"{where} profiles another {key} than {path!r}"
+                               f" ({other_identity.get(key)!r} vs {identity.get(key)!r})",
+                               fix="profile the same model on the same cluster with --activation-checkpointing")

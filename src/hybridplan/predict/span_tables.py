@@ -1,0 +1,77 @@
+"""Every span's predicted stage memory at once: what the exact memory search asks a predictor for.
+
+The search needs ``stage_memory`` of every ``[start, stop)`` for each stage config and schedule position
+(``L^2/2`` spans; search/memory/objective.py), so instead of composing span by span this builds the whole
+``[start, stop]`` table from the predictor's scaled span tables in one array expression, with the same routes as
+:meth:`~hybridplan.predict.memory.MemoryPredictor.stage_memory`: the recompute profile for a recomputed stage, the
+ZeRO rules (predict/zero_stage.py) span by span on the spans the unsharded source predicts, a data x tensor stage
+as its tensor replica, a data stage wider than the profiled ones as the largest profiled one at a smaller batch,
+an unprofiled tensor degree by the degree fit, else the schedule's replay of the scaled quantities. It takes the
+predictor rather than living in it, so that memory.py keeps the span-by-span composition.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from hybridplan.predict.batch_scaling import PEAK
+from hybridplan.profiling.schedule_memory import peak_terms
+
+if TYPE_CHECKING:
+    from hybridplan.predict.memory import MemoryPredictor
+
+__all__ = ["stage_memory_matrix"]
+
+
+def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stages_after: int, num_layers: int, *,
+                        tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
+    """``[start, stop]`` -> ``predictor.stage_memory`` for every span at once (``inf`` where not predictable)."""
+    L = num_layers
+    out = np.full((L, L + 1), math.inf)
+    if recompute and not predictor.recompute:
+        if predictor.recomputed is None:
+            return out
+        return predictor.recomputed.stage_memory_matrix(kind, degree, stages_after, L,
+                                                        tensor_degree=tensor_degree, zero=zero)
+    if zero:
+        source = kind if kind == "data+tensor" else predictor._zero_source(kind, zero)
+        if source is None or predictor.zero_layout is None:
+            return out
+        base = predictor.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
+        for start, stop in zip(*np.nonzero(np.isfinite(base))):
+            out[start, stop] = predictor.stage_memory(int(start), int(stop), kind, degree, stages_after,
+                                                      tensor_degree=tensor_degree, zero=zero)
+        return out
+    if kind == "data+tensor":
+        replica = predictor._replica(degree, tensor_degree)
+        return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
+    if kind in ("data", "data-zero3") and degree > 1 and predictor.microbatch_size % degree:
+        return out
+    wider = None if (kind, degree) in predictor.stats else predictor._wider_data(kind, degree)
+    if wider is not None:  # [Note: a data stage wider than the profiled ones]
+        return wider[0].stage_memory_matrix("data", wider[1], stages_after, L)
+    if degree != 1 and (kind, degree) not in predictor.stats:
+        degrees = predictor.profiled_degrees(kind)
+        if len(degrees) < 2 or (kind == "data-zero3" and degree > degrees[-1]):  # see predict/plan_checks.py
+            return out
+        d1, d2 = degrees[-2], degrees[-1]
+        p1 = predictor.stage_memory_matrix(kind, d1, stages_after, L)
+        p2 = predictor.stage_memory_matrix(kind, d2, stages_after, L)
+        with np.errstate(invalid="ignore"):
+            if predictor.degree_fit == "log":
+                fitted = p1 + (p2 - p1) * math.log(degree / d1) / math.log(d2 / d1)
+            else:
+                beta = (p1 - p2) / (1 / d1 - 1 / d2)
+                fitted = p2 - beta / d2 + beta / degree
+        return np.where(np.isfinite(p1) & np.isfinite(p2), fitted, math.inf)
+    table = predictor._scaled_table(kind, degree)
+    if table is None:
+        return out
+    if predictor.method == "capture":
+        values = table[..., PEAK]
+    else:
+        values = np.max(table[..., :PEAK] @ peak_terms(predictor.schedule, stages_after, predictor.num_microbatches).T, axis=-1)
+    return np.where(np.isnan(values), math.inf, values)
