@@ -1,6 +1,6 @@
 """How long the memory-minimising plan search takes, from a 1x4 to a 32x8 mesh and 8 to 200 layers.
 
-Run from the repository root (about a minute on a 2-core CPU; ``--quick`` skips the largest cases)::
+Run from the repository root (the memory tables about 3 minutes on a 2-core CPU; ``--quick`` skips the largest cases)::
 
     .venv/bin/python -m benchmarks.search_time.run
     .venv/bin/python -m benchmarks.search_time.run --quick
@@ -10,7 +10,8 @@ enumeration (CAPTURE's Algorithm 4 with its pruning) and Bayesian optimisation (
 beside it on the cases small enough to enumerate. The memory model is the synthetic
 :class:`hybridplan.search.memory.synthetic.AdditiveStageModel` (``transformer``: a heavy embedding, similar
 blocks with 5% jitter, a heavy head that cannot be tensor-parallel; *pipeline*: the same model in mCAP's
-pipeline-only space; *extended*: the same model in the extended space, data x tensor stages included), the
+pipeline-only space; *extended*: the same model in the extended space, data x tensor stages included; *whole*:
+the whole extended space, also ZeRO-1/2/3 data stages, recompute per stage and stages across nodes), the
 same with *identical* blocks
 (many plans tie exactly), or *random ints*: a random table of integers 0..3 per stage, the adversarial
 case for the tie-break (the optimum is all zeros, and very many plans reach it).
@@ -69,40 +70,59 @@ EXACT_CASES = [  # (nodes, devices per node, layers, horizon, model); "pipeline"
     (32, 8, 200, 8, "extended"),
     (128, 8, 200, 8, "extended"),
     (128, 8, 200, 1, "extended"),
+    # the whole extended space: data x tensor, ZeRO-1/2/3, recompute per stage and stages across nodes
+    (4, 4, 64, 8, "whole"),
+    (4, 4, 64, 1, "whole"),
+    (32, 8, 200, 8, "whole"),
+    (128, 8, 200, 8, "whole"),
+    (128, 8, 200, 1, "whole"),
+    (4, 4, 64, 8, "random whole"),  # the adversarial tie-break case in the whole space
+    (32, 8, 200, 8, "random whole"),
 ]
 SMALL_CASES = [(1, 4, 30, 1, "pipeline"),  # mCAP's VGG11 case: 30 layers on 4 GPUs, 3654 partitionings
                (1, 4, 12, 4, "additive"), (2, 4, 10, 4, "additive"), (1, 8, 10, 1, "additive"),
                (2, 2, 14, 2, "identical"), (2, 2, 14, 2, "random ints"),
-               (1, 4, 12, 4, "extended"), (2, 4, 10, 4, "extended"), (1, 8, 10, 1, "extended")]
+               (1, 4, 12, 4, "extended"), (2, 4, 10, 4, "extended"), (1, 8, 10, 1, "extended"),
+               (1, 4, 8, 4, "whole"), (2, 2, 8, 2, "whole"), (2, 2, 8, 2, "random whole")]
 
 
 def make_case(nodes: int, k: int, layers: int, horizon: int,
               kind: str) -> tuple[AdditiveStageModel | TableStageModel, PlanSpace]:
     """The memory model and plan space of a case."""
-    space = PlanSpace(layers, nodes, k, pipeline_only=kind == "pipeline", composite=kind == "extended")
+    whole = kind in ("whole", "random whole")
+    space = PlanSpace(layers, nodes, k, pipeline_only=kind == "pipeline", composite=kind in ("extended", "whole"),
+                      zero=whole, recompute=whole, cross_node=whole)
+    if kind == "random whole":
+        return TableStageModel.random(layers, k, horizon=horizon, seed=0, levels=4, composite=True, zero=True,
+                                      recompute=True, num_nodes=nodes, cross_node=True), space
     return make_model(kind, layers, k, horizon), space
 
 
 def make_model(kind: str, layers: int, k: int, horizon: int) -> AdditiveStageModel | TableStageModel:
-    """"additive" (or "pipeline", or "extended") blocks with 5% jitter, "identical" blocks, or "random ints"."""
+    """"additive" (or "pipeline", "extended", "whole") blocks with 5% jitter, "identical" blocks, or "random ints"."""
     if kind == "random ints":
         return TableStageModel.random(layers, k, horizon=horizon, seed=0, levels=4)
     return AdditiveStageModel.transformer(layers, horizon=horizon, seed=0, jitter=0.0 if kind == "identical" else 0.05)
 
 
 def log10_plans(space: PlanSpace) -> float:
-    """log10 of the number of plans, by the counting recurrence in floating point (exact counts overflow)."""
+    """log10 of the number of plans, by the counting recurrence in floating point (exact counts overflow), rescaled
+    whenever a row grows past 1e250 (the recurrence is linear: every row scaled alike leaves the answer's log)."""
     pk, L = space.packing, space.num_layers
     cols = [pk.column(c.degree) for c in space.configs]
     ways = np.zeros((L + 1, pk.num_states))
     ways[L, pk.start] = 1.0
+    shift = 0.0  # log10 of what every row has been divided by
     for start in range(L - 1, -1, -1):
         below = ways[start + 1:].sum(axis=0)
         for col in cols:
             ok = pk.next[:, col] >= 0
             np.add.at(ways[start], pk.next[ok, col], below[ok])
+        if ways[start].max() > 1e250:
+            ways /= 1e250
+            shift += 250.0
     total = ways[0, pk.accepting].sum()
-    return math.log10(total) if total > 0 else float("-inf")
+    return math.log10(total) + shift if total > 0 else float("-inf")
 
 
 def best_of(repeat: int, run: Callable[[], SearchResult]) -> tuple[SearchResult, float]:
@@ -215,19 +235,24 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per case; the fastest is reported")
     parser.add_argument("--throughput-only", action="store_true", help="only the throughput planning table")
     parser.add_argument("--old-timeout", type=float, default=120.0, help="seconds before an old-cut run is stopped")
+    parser.add_argument("--models", help="only the cases of these models, comma-separated (e.g. whole,extended)")
     parser.add_argument("--old-case", help=argparse.SUPPRESS)  # child process: one old-cut run, JSON on stdout
     args = parser.parse_args()
     if args.old_case:
         nodes, k, layers, gbs = (int(x) for x in args.old_case.split(","))
         print(json.dumps(plan_for_throughput(nodes, k, layers, gbs, "amp")))
         return
-    cases = [c for c in EXACT_CASES if not (args.quick and c[0] * c[1] > 64)]
+    models = set(args.models.split(",")) if args.models else None
+    cases = [c for c in EXACT_CASES if not (args.quick and c[0] * c[1] > 64) and (models is None or c[4] in models)]
+    small = [c for c in SMALL_CASES if models is None or c[4] in models]
     started = time.perf_counter()
     if not args.throughput_only:
         print(f"Exact solver (best of {args.repeat}):\n")
         exact_table(cases, args.repeat)
         print("\nExhaustive, exact and Bayesian on enumerable spaces:\n")
-        small_table(SMALL_CASES)
+        small_table(small)
+    if models is not None:
+        return
     print(f"\nplan --objective throughput, new and old stage cuts (old stopped after {args.old_timeout:.0f} s):\n")
     throughput_table([c for c in THROUGHPUT_CASES if not (args.quick and c[0] * c[1] > 64)], args.old_timeout)
     print(f"\n{time.perf_counter() - started:.0f} s in all")
