@@ -4,18 +4,22 @@ A profile measures each scenario at two batch sizes, possibly on merged layers (
 predictor needs a span's quantities in the model's own layers at the plan's batch. This module holds that step
 (steps 1 and 2 of predict/memory.py's docstring): the look-up of a span, or of every span at once, in statistics
 that may be on merged layers, and the straight line through the two profiled sizes (seed 000 III-B2) with its
-one modelled exception, [Note: the first backward]. It knows nothing of schedules, degrees or ZeRO, which the
+one modelled exception, [Note: the first backward], and the floor a stage that ends the model puts under its backward
+transients ([Note: the loss's backward floor] in profiling/loss_memory.py). It knows nothing of schedules, degrees or ZeRO, which the
 predictor and predict/zero_stage.py apply to what it returns.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 
-__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "EXTRAPOLATION_LIMIT", "extrapolation_note"]
+__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "loss_floor", "EXTRAPOLATION_LIMIT",
+           "extrapolation_note"]
 
 PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
 
@@ -82,6 +86,30 @@ def scaled_to_batch(values: list[np.ndarray], sizes: list[SpanStatistics], *, gl
     d = INDEX["data"]
     out[..., d] = v1[..., d] + (v2[..., d] - v1[..., d]) * g
     out[..., INDEX["first_backward_transient"]] = _first_backward(v1, v2, out, b1, b2, b)
+    return out
+
+
+def loss_floor(values: np.ndarray, loss_backward: Mapping[str, Sequence[float]] | None, rows: float) -> np.ndarray:
+    """``values`` (a span's vector or a table of spans, statistics on the LAST axis, every span ending the model)
+    with their first and later backward transients at least the loss's backward at ``rows`` rows per device.
+
+    [Note: the loss's backward floor] (profiling/loss_memory.py): every backward of a stage that ends the model
+    starts with the loss's, whose bytes are proportional to the rows (the logits'), so where the layer's own phase
+    set both profiled sizes the straight line misses the loss's phase at a larger target. ``loss_backward``: the
+    profile's measurement of the loss alone, ``{"samples": [n1, n2], "bytes": [b1, b2]}``, a straight line in the
+    rows; None (a profile taken before it was recorded): ``values`` unchanged. NaN stays NaN.
+
+    >>> v = np.zeros(len(QUANTITIES)); v[INDEX["backward_transient"]] = 99_328.0
+    >>> int(loss_floor(v, {"samples": [1, 2], "bytes": [16_384, 32_768]}, 8)[INDEX["backward_transient"]])
+    131072
+    """
+    if loss_backward is None:
+        return values
+    (n1, n2), (b1, b2) = loss_backward["samples"], loss_backward["bytes"]
+    floor = b1 + (b2 - b1) * (rows - n1) / (n2 - n1)
+    out = values.copy()
+    for q in (INDEX["first_backward_transient"], INDEX["backward_transient"]):
+        out[..., q] = np.maximum(values[..., q], floor)  # NaN (unpredictable) stays NaN
     return out
 
 
