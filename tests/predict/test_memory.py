@@ -192,3 +192,53 @@ def test_the_loss_floors_the_backward_of_a_stage_that_ends_the_model(schedule, m
     assert p.stage_memory_matrix("data", 2, 0, 1)[0, 1] == measured  # the search's table agrees
     assert head_predictor(schedule, None).stage_memory(0, 1, "data", 2, 0) == scaled  # a profile without it
     assert scaled == measured - (131_072 - 99_328)
+
+
+def backward_of(rows: float) -> float:
+    """A later backward transient that changes regime with the rows: a fixed part and a part per row, then a steeper
+    part per row (the MoE layer's and the head's, in bytes of no model)."""
+    return max(1000.0 + 10.0 * rows, 300.0 * rows)
+
+
+def replica(degree: int):
+    """A span's statistics on ``degree`` replicas at micro-batch ``micro``: what a pipeline-only device holds on
+    ``micro / degree`` rows, with a step of its own (the gradient all-reduce) that must not be replaced."""
+
+    def fn(a, b, micro):
+        rows = micro / degree
+        v = linear(a, b, rows)
+        v[INDEX["data"]] = 8 * micro * 4 / degree if a == 0 else 0
+        v[INDEX["first_backward_transient"]] = v[INDEX["backward_transient"]] = backward_of(rows)
+        v[INDEX["step_transient"]] = 10 * (b - a) + (5 if degree > 1 else 0)
+        return v
+
+    return fn
+
+
+@pytest.mark.parametrize("degree, global_batch, rows, line", [
+    (2, 64, 8, 1_560.0),  # data x2 at micro-batches 4, 8 sees 2 and 4 rows: 1,020 and 1,200; the line at 8
+    (4, 64, 4, 1_040.0),  # data x4 sees 1 and 2 rows: 1,010 and 1,020; the line at 4
+])
+def test_a_data_replica_takes_its_rows_from_the_pipeline_scenario(degree, global_batch, rows, line):
+    """[Note: a data replica's rows were profiled]: the pipeline scenario profiled micro-batches 4 and 8, the rows of
+    a data x2 and a data x4 replica at micro-batch 16; there the replica's later backward is the regime the data
+    scenario's line misses (``line``, by hand), and its static bytes, data share and step stay its own."""
+    stats = {("none", 1): [stats_at(4, 16, replica(1)), stats_at(8, 32, replica(1))],
+             ("data", degree): [stats_at(4, 16, replica(degree)), stats_at(8, 32, replica(degree))]}
+    p = predictor(stats, global_batch_size=global_batch)
+    for a, b in ((0, 2), (1, 4)):
+        q = p.span_quantities(a, b, "data", degree)
+        expected = replica(degree)(a, b, 16)
+        assert q[INDEX["backward_transient"]] == q[INDEX["first_backward_transient"]] == backward_of(rows) != line
+        np.testing.assert_allclose(q[:-1], expected[:-1])  # every quantity, the data share and step included
+        table = p.stage_memory_matrix("data", degree, 1, L)
+        assert table[a, b] == p.stage_memory(a, b, "data", degree, 1)  # the search's table agrees
+
+
+def test_rows_the_pipeline_scenario_did_not_profile_keep_the_line():
+    """At micro-batch 12 a data x2 replica has 6 rows, which no scenario measured: the data scenario's line through
+    2 and 4 rows (1,020 and 1,200) gives 1,020 + 90 x 4 = 1,380."""
+    stats = {("none", 1): [stats_at(4, 16, replica(1)), stats_at(8, 32, replica(1))],
+             ("data", 2): [stats_at(4, 16, replica(2)), stats_at(8, 32, replica(2))]}
+    q = predictor(stats, global_batch_size=48).span_quantities(0, 2, "data", 2)
+    assert q[INDEX["backward_transient"]] == 1_380.0

@@ -44,7 +44,7 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.batch_scaling import (EXTRAPOLATION_LIMIT, PEAK, extrapolation_note, loss_floor,
-                                             scaled_to_batch, span_in_units, table_in_layers)
+                                             scaled_to_batch, span_in_units, table_in_layers, with_replica_rows)
 from hybridplan.predict.plan_checks import check_measured_kinds, check_same_campaign, why_missing
 from hybridplan.predict.prediction import DevicePrediction, PlanPrediction
 from hybridplan.predict.span_tables import stage_memory_matrix
@@ -251,13 +251,15 @@ class MemoryPredictor:
         return sorted(d for (k, d), s in self.stats.items() if k == kind and len(s) >= 2)
 
     def span_quantities(self, start: int, stop: int, kind: str, degree: int, *,
-                        floored: bool = True) -> np.ndarray | None:
+                        refined: bool = True) -> np.ndarray | None:
         """Quantities (and, last, the measured-peak statistic) of a profiled scenario, scaled to the target batch;
-        a span that ends the model with its backward transients floored by the loss's (:meth:`_loss_floor`)."""
+        ``refined``: a data replica's per-row quantities from the pipeline scenario where it measured the replica's
+        rows ([Note: a data replica's rows were profiled] in predict/batch_scaling.py) and a span that ends the model
+        with its backward transients floored by the loss's (:meth:`_loss_floor`)."""
         sizes = self.stats.get(self._scenario(kind, degree))
         wider = None if sizes else self._wider_data(kind, degree)
         if wider is not None:  # [Note: a data stage wider than the profiled ones]
-            return wider[0].span_quantities(start, stop, "data", wider[1], floored=floored)
+            return wider[0].span_quantities(start, stop, "data", wider[1], refined=refined)
         if not sizes or len(sizes) < 2:
             return None
         found = [span_in_units(s, start, stop) for s in sizes]
@@ -266,17 +268,31 @@ class MemoryPredictor:
             return None
         scaled = scaled_to_batch(vectors, sizes, global_batch_size=self.global_batch_size,
                                  microbatch_size=self.microbatch_size)
+        pipeline = self._pipeline_at_replica_rows(kind, degree) if refined else None
+        measured = None if pipeline is None else span_in_units(pipeline, start, stop)
+        if measured is not None:  # [Note: a data replica's rows were profiled]
+            scaled = with_replica_rows(scaled, measured)
         if stop == self.num_layers:  # [Note: the loss's backward floor]
-            scaled = loss_floor(scaled, self._loss_floor(kind, floored), self._rows(kind, degree))
+            scaled = loss_floor(scaled, self._loss_floor(kind, refined), self._rows(kind, degree))
         return self._stash.apply(scaled, start, stop, kind, degree)
 
-    def _loss_floor(self, kind: str, floored: bool) -> Mapping[str, Sequence[float]] | None:
+    def _pipeline_at_replica_rows(self, kind: str, degree: int) -> SpanStatistics | None:
+        """The pipeline scenario's statistics at the rows a replica of a data x ``degree`` stage computes, where it
+        was profiled there ([Note: a data replica's rows were profiled] in predict/batch_scaling.py: a campaign's
+        pipeline sizes are the rows of data x2 and x4 replicas at its target); None otherwise, and for CAPTURE's
+        method (its peak statistic is not per row)."""
+        if kind != "data" or degree < 2 or self.method == "capture":
+            return None
+        rows = self.microbatch_size / degree
+        return next((s for s in self.stats.get(("none", 1), []) if s.microbatch_size == rows), None)
+
+    def _loss_floor(self, kind: str, refined: bool) -> Mapping[str, Sequence[float]] | None:
         """The loss's backward bytes that floor a span ending the model ([Note: the loss's backward floor] in
-        profiling/loss_memory.py), or None: not ``floored`` (what ZeRO-3's rules read: they separate the head's
-        phase from the loss's themselves, [Note: the loss runs outside every FSDP unit] in predict/zero.py, and a
-        suffix raised to the loss's phase would hide the layers before the head from their floor), or the ZeRO-3
-        scenario, which predict/zero_stage.py floors once its rules are applied."""
-        return self.loss_backward if floored and kind != "data-zero3" else None
+        profiling/loss_memory.py), or None: not ``refined`` (the data scenario as ZeRO-3's rules read it: they
+        separate the head's phase from the loss's themselves, [Note: the loss runs outside every FSDP unit] in
+        predict/zero.py, and a suffix raised to the loss's phase would hide the layers before the head from their
+        floor), or the ZeRO-3 scenario, which predict/zero_stage.py floors once its rules are applied."""
+        return self.loss_backward if refined and kind != "data-zero3" else None
 
     def _rows(self, kind: str, degree: int) -> float:
         """Rows of a micro-batch one device of a ``kind`` x ``degree`` stage computes: a data replica its share, a
@@ -389,23 +405,26 @@ class MemoryPredictor:
         return stage_memory_matrix(self, kind, degree, stages_after, num_layers, tensor_degree=tensor_degree,
                                    zero=zero, recompute=recompute)
 
-    def _scaled_table(self, kind: str, degree: int, *, floored: bool = True) -> np.ndarray | None:
-        """Every span's scaled quantities ``[L, L+1, Q]`` (``floored``: as in :meth:`span_quantities`)."""
+    def _scaled_table(self, kind: str, degree: int, *, refined: bool = True) -> np.ndarray | None:
+        """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`)."""
         key = self._scenario(kind, degree)
-        if (key, floored) not in self._tables:
+        if (key, refined) not in self._tables:
             sizes = self.stats.get(key)
             if not sizes or len(sizes) < 2:
                 return None
             spans = [table_in_layers(s, self.num_layers) for s in sizes]
             scaled = scaled_to_batch(spans, sizes, global_batch_size=self.global_batch_size,
                                      microbatch_size=self.microbatch_size)
+            pipeline = self._pipeline_at_replica_rows(kind, degree) if refined else None
+            if pipeline is not None:  # [Note: a data replica's rows were profiled]
+                scaled = with_replica_rows(scaled, table_in_layers(pipeline, self.num_layers))
             L = self.num_layers  # [Note: the loss's backward floor]: the spans ending the model
-            scaled[:, L] = loss_floor(scaled[:, L], self._loss_floor(kind, floored), self._rows(kind, degree))
+            scaled[:, L] = loss_floor(scaled[:, L], self._loss_floor(kind, refined), self._rows(kind, degree))
             table = self._stash.apply(scaled, None, None, *key)
             if table is None:
                 return None
-            self._tables[key, floored] = table
-        return self._tables[key, floored]
+            self._tables[key, refined] = table
+        return self._tables[key, refined]
 
     def retargeted(self, *, schedule: str | None = None, global_batch_size: int | None = None,
                    num_microbatches: int | None = None) -> MemoryPredictor:

@@ -179,7 +179,7 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
     scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known; at the
     model's last layer from its head's and loss's phases ([Note: the loss runs outside every FSDP unit] in
     predict/zero.py)."""
-    table = predictor._scaled_table("data", degree, floored=False)  # the head's phase apart from the loss's
+    table = predictor._scaled_table("data", degree, refined=False)  # the head's phase apart from the loss's
     if table is None or predictor.zero_layout is None:
         return q
     gathered = predictor.zero_layout.gathered_bytes(start, stop, degree)
