@@ -222,6 +222,25 @@ def test_zero3_stage_holding_the_loss_against_the_simulated_runtime(wide_db, sch
             assert abs(p - m) <= 0.005 * m
 
 
+def test_a_zero3_stage_ending_the_model_is_floored_by_the_loss_once_its_rules_are_applied(wide_db):
+    """[Note: the loss's backward floor]: the loss runs outside every FSDP unit and holds nothing gathered, so a ZeRO-3
+    stage's backward is at least the loss's backward at its rows: 64 a replica here (256 in 2 micro-batches, 2
+    replicas). With a loss of 10**6 bytes a row (none is that heavy: the floor binds) both backwards are 64 x 10**6
+    after every ZeRO-3 rule; with the profile's own (cross-entropy over 256 classes: 2,048 bytes a row), the rules'
+    value stands."""
+    from hybridplan.predict.zero_stage import _zero3_quantities
+    from hybridplan.profiling.quantities import INDEX
+
+    predictor = MemoryPredictor.from_db(wide_db, schedule="1f1b")
+    assert predictor.loss_backward == {"samples": [1, 2], "bytes": [2_048, 4_096]}
+    ruled = _zero3_quantities(predictor, 3, 4, 2, predictor.span_quantities(3, 4, "data-zero3", 2))
+    predictor.loss_backward = {"samples": [1, 2], "bytes": [10**6, 2 * 10**6]}
+    floored = _zero3_quantities(predictor, 3, 4, 2, predictor.span_quantities(3, 4, "data-zero3", 2))
+    for name in ("first_backward_transient", "backward_transient"):
+        assert floored[INDEX[name]] == 64 * 10**6 > ruled[INDEX[name]] >= 64 * 2_048
+    assert floored[INDEX["forward_transient"]] == ruled[INDEX["forward_transient"]]
+
+
 def test_zero2_replay_by_hand():
     """static 100, activation 10, gradient 6, gathered 50; transients F 7 (gathering) / 3 (gathered), first B 4,
     gathered B 2, B 8 (resharded), step 1."""

@@ -45,6 +45,9 @@ def test_statistics_cover_every_layer_and_are_stored(tmp_path):
             assert s.inconsistency == 0  # a span measured twice gave the same quantities
     rows = store.statistics_rows()
     assert ("pipeline", 8, 0, "M_i", "static", stats[("none", 1)][0].mi[0, 0]) in rows
+    # the loss's backward alone ([Note: the loss's backward floor]): cross-entropy over the MLP's 10 classes holds
+    # twice its float32 logits, 80 bytes a sample
+    assert store.get_meta("loss_backward_transient") == {"samples": [1, 2], "bytes": [80, 160]}
     store.close()
 
 

@@ -4,18 +4,24 @@ A profile measures each scenario at two batch sizes, possibly on merged layers (
 predictor needs a span's quantities in the model's own layers at the plan's batch. This module holds that step
 (steps 1 and 2 of predict/memory.py's docstring): the look-up of a span, or of every span at once, in statistics
 that may be on merged layers, and the straight line through the two profiled sizes (seed 000 III-B2) with its
-one modelled exception, [Note: the first backward]. It knows nothing of schedules, degrees or ZeRO, which the
-predictor and predict/zero_stage.py apply to what it returns.
+one modelled exception, [Note: the first backward]; the floor a stage that ends the model puts under its backward
+transients ([Note: the loss's backward floor] in profiling/loss_memory.py); and a data replica's per-row bytes
+taken where the pipeline scenario measured them at its rows ([Note: a data replica's rows were profiled]). It
+knows nothing of schedules, degrees or ZeRO, which the predictor and predict/zero_stage.py apply to what it
+returns.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 
-__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "EXTRAPOLATION_LIMIT", "extrapolation_note"]
+__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "loss_floor", "with_replica_rows",
+           "EXTRAPOLATION_LIMIT", "extrapolation_note"]
 
 PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
 
@@ -82,6 +88,69 @@ def scaled_to_batch(values: list[np.ndarray], sizes: list[SpanStatistics], *, gl
     d = INDEX["data"]
     out[..., d] = v1[..., d] + (v2[..., d] - v1[..., d]) * g
     out[..., INDEX["first_backward_transient"]] = _first_backward(v1, v2, out, b1, b2, b)
+    return out
+
+
+def loss_floor(values: np.ndarray, loss_backward: Mapping[str, Sequence[float]] | None, rows: float) -> np.ndarray:
+    """``values`` (a span's vector or a table of spans, statistics on the LAST axis, every span ending the model)
+    with their first and later backward transients at least the loss's backward at ``rows`` rows per device.
+
+    [Note: the loss's backward floor] (profiling/loss_memory.py): every backward of a stage that ends the model
+    starts with the loss's, whose bytes are proportional to the rows (the logits'), so where the layer's own phase
+    set both profiled sizes the straight line misses the loss's phase at a larger target. ``loss_backward``: the
+    profile's measurement of the loss alone, ``{"samples": [n1, n2], "bytes": [b1, b2]}``, a straight line in the
+    rows; None (a profile taken before it was recorded): ``values`` unchanged. NaN stays NaN.
+
+    >>> v = np.zeros(len(QUANTITIES)); v[INDEX["backward_transient"]] = 99_328.0
+    >>> int(loss_floor(v, {"samples": [1, 2], "bytes": [16_384, 32_768]}, 8)[INDEX["backward_transient"]])
+    131072
+    """
+    if loss_backward is None:
+        return values
+    (n1, n2), (b1, b2) = loss_backward["samples"], loss_backward["bytes"]
+    floor = b1 + (b2 - b1) * (rows - n1) / (n2 - n1)
+    out = values.copy()
+    for q in (INDEX["first_backward_transient"], INDEX["backward_transient"]):
+        out[..., q] = np.maximum(values[..., q], floor)  # NaN (unpredictable) stays NaN
+    return out
+
+
+_REPLICA_ROWS = [INDEX[name] for name in ("activation", "forward_transient", "backward_transient")]
+
+
+def with_replica_rows(scaled: np.ndarray, pipeline: np.ndarray) -> np.ndarray:
+    """A data scenario's ``scaled`` quantities with the per-row ones taken from ``pipeline``, the pipeline scenario's
+    at the replica's rows (NaN there: kept as scaled); statistics on the LAST axis.
+
+    [Note: a data replica's rows were profiled] Each replica of a data xd stage runs exactly what a pipeline-only
+    device runs on its b/d rows: the whole stage's parameters, gradients and optimizer state, b/d rows of inputs,
+    activations and transients; its gradient all-reduce leaves no buffer behind (the premise of [Note: a data stage
+    wider than the profiled ones] in predict/memory.py). Measured: every quantity of the data x2 scenario at
+    micro-batch 8 (4 rows a replica) equals the pipeline scenario's at micro-batch 4 but the data share and CAPTURE's
+    peak (moe-tiny's MoE layer 1 alone, recomputed: activation 8,192, forward 320,512, first backward 650,048, later
+    backward 535,360; gpt-tiny's head alone; benchmarks/extended_accuracy's recompute profiles). And a campaign
+    profiles the pipeline scenario at micro-batches b/2 and b/4 (seed 000 III-A2), exactly the rows of a data x2
+    and a data x4 replica at the target: there the per-row quantities were measured, and the data scenario's own
+    line through b/4 and b/8 (x2) extrapolates them. That line misses where a transient is not linear in the rows:
+    moe-tiny's MoE layer recomputed, later backward 333,216 and 535,360 bytes at 2 and 4 rows, the line 939,648 at
+    8, the pipeline scenario 1,037,952 at 8, as the data stage measures (benchmarks/recompute_composition).
+    So the activation and the forward and later backward transients are the pipeline scenario's at the replica's
+    rows, the first backward's at least the later one's (its start regime, [Note: the first backward]; its end is
+    still the data scenario's fit), and the data share, static bytes, gradients and step stay the data scenario's
+    (its step holds the gradient all-reduce). A span the pipeline scenario composes is composed from its own
+    chains (section 4 of docs/prediction.md), as the data scenario's are.
+
+    >>> q = np.zeros(len(QUANTITIES) + 1); q[INDEX["backward_transient"]] = 939_648.0
+    >>> p = np.full_like(q, np.nan); p[INDEX["backward_transient"]] = 1_037_952.0
+    >>> out = with_replica_rows(q, p)
+    >>> int(out[INDEX["backward_transient"]]), int(out[INDEX["first_backward_transient"]]), np.isnan(out[0])
+    (1037952, 1037952, np.False_)
+    """
+    out = scaled.copy()
+    measured = pipeline[..., _REPLICA_ROWS]
+    out[..., _REPLICA_ROWS] = np.where(np.isnan(measured), scaled[..., _REPLICA_ROWS], measured)
+    first, later = INDEX["first_backward_transient"], INDEX["backward_transient"]
+    out[..., first] = np.maximum(out[..., first], out[..., later])
     return out
 
 

@@ -34,7 +34,7 @@ uses (predict/unit_view.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -43,8 +43,8 @@ import numpy as np
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.plan.schedule import in_flight_count
-from hybridplan.predict.batch_scaling import (EXTRAPOLATION_LIMIT, PEAK, extrapolation_note, scaled_to_batch,
-                                             span_in_units, table_in_layers)
+from hybridplan.predict.batch_scaling import (EXTRAPOLATION_LIMIT, PEAK, extrapolation_note, loss_floor,
+                                             scaled_to_batch, span_in_units, table_in_layers, with_replica_rows)
 from hybridplan.predict.plan_checks import check_measured_kinds, check_same_campaign, why_missing
 from hybridplan.predict.prediction import DevicePrediction, PlanPrediction
 from hybridplan.predict.span_tables import stage_memory_matrix
@@ -53,6 +53,7 @@ from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
 from hybridplan.predict.zero import ZeroLayout
 from hybridplan.predict.zero_stage import zero_peaks, zero_ranks, zero_tensor_peaks
+from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META
 from hybridplan.profiling.quantities import QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -100,6 +101,7 @@ class MemoryPredictor:
         device_type: str = "cpu",
         zero_layout: ZeroLayout | None = None,
         reserved: ReservedExcess | None = None,
+        loss_backward: Mapping[str, Sequence[float]] | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -133,8 +135,12 @@ class MemoryPredictor:
         self.reserved = reserved
         """CUDA: the excess the profile measured above the tensor peak, which predicts the allocator's reserved peak
         ([Note: predicting the reserved peak] in predict/reserved.py); None: not predicted."""
+        self.loss_backward = loss_backward
+        """The loss's backward bytes measured alone at two sample counts, the floor of the backward transients of a
+        stage that ends the model ([Note: the loss's backward floor] in profiling/loss_memory.py); None for a
+        profile that did not record them (the batch scaling alone)."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
-        self._tables: dict[tuple[str, int], np.ndarray] = {}
+        self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
 
     # ------------------------------------------------------------------ construction
@@ -217,6 +223,7 @@ class MemoryPredictor:
             zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes"),
                                                                precision=db.run_options.get("precision", "fp32")),
             reserved=reserved_excess(db),
+            loss_backward=meta.get(LOSS_BACKWARD_META),
         )
 
     @property
@@ -243,12 +250,16 @@ class MemoryPredictor:
         """Degrees profiled for ``kind`` (with statistics at two batch sizes)."""
         return sorted(d for (k, d), s in self.stats.items() if k == kind and len(s) >= 2)
 
-    def span_quantities(self, start: int, stop: int, kind: str, degree: int) -> np.ndarray | None:
-        """Quantities (and, last, the measured-peak statistic) of a profiled scenario, scaled to the target batch."""
+    def span_quantities(self, start: int, stop: int, kind: str, degree: int, *,
+                        refined: bool = True) -> np.ndarray | None:
+        """Quantities (and, last, the measured-peak statistic) of a profiled scenario, scaled to the target batch;
+        ``refined``: a data replica's per-row quantities from the pipeline scenario where it measured the replica's
+        rows ([Note: a data replica's rows were profiled] in predict/batch_scaling.py) and a span that ends the model
+        with its backward transients floored by the loss's (:meth:`_loss_floor`)."""
         sizes = self.stats.get(self._scenario(kind, degree))
         wider = None if sizes else self._wider_data(kind, degree)
         if wider is not None:  # [Note: a data stage wider than the profiled ones]
-            return wider[0].span_quantities(start, stop, "data", wider[1])
+            return wider[0].span_quantities(start, stop, "data", wider[1], refined=refined)
         if not sizes or len(sizes) < 2:
             return None
         found = [span_in_units(s, start, stop) for s in sizes]
@@ -257,7 +268,36 @@ class MemoryPredictor:
             return None
         scaled = scaled_to_batch(vectors, sizes, global_batch_size=self.global_batch_size,
                                  microbatch_size=self.microbatch_size)
+        pipeline = self._pipeline_at_replica_rows(kind, degree) if refined else None
+        measured = None if pipeline is None else span_in_units(pipeline, start, stop)
+        if measured is not None:  # [Note: a data replica's rows were profiled]
+            scaled = with_replica_rows(scaled, measured)
+        if stop == self.num_layers:  # [Note: the loss's backward floor]
+            scaled = loss_floor(scaled, self._loss_floor(kind, refined), self._rows(kind, degree))
         return self._stash.apply(scaled, start, stop, kind, degree)
+
+    def _pipeline_at_replica_rows(self, kind: str, degree: int) -> SpanStatistics | None:
+        """The pipeline scenario's statistics at the rows a replica of a data x ``degree`` stage computes, where it
+        was profiled there ([Note: a data replica's rows were profiled] in predict/batch_scaling.py: a campaign's
+        pipeline sizes are the rows of data x2 and x4 replicas at its target); None otherwise, and for CAPTURE's
+        method (its peak statistic is not per row)."""
+        if kind != "data" or degree < 2 or self.method == "capture":
+            return None
+        rows = self.microbatch_size / degree
+        return next((s for s in self.stats.get(("none", 1), []) if s.microbatch_size == rows), None)
+
+    def _loss_floor(self, kind: str, refined: bool) -> Mapping[str, Sequence[float]] | None:
+        """The loss's backward bytes that floor a span ending the model ([Note: the loss's backward floor] in
+        profiling/loss_memory.py), or None: not ``refined`` (the data scenario as ZeRO-3's rules read it: they
+        separate the head's phase from the loss's themselves, [Note: the loss runs outside every FSDP unit] in
+        predict/zero.py, and a suffix raised to the loss's phase would hide the layers before the head from their
+        floor), or the ZeRO-3 scenario, which predict/zero_stage.py floors once its rules are applied."""
+        return self.loss_backward if refined and kind != "data-zero3" else None
+
+    def _rows(self, kind: str, degree: int) -> float:
+        """Rows of a micro-batch one device of a ``kind`` x ``degree`` stage computes: a data replica its share, a
+        tensor (or pipeline-only) device all of them."""
+        return self.microbatch_size / degree if kind in ("data", "data-zero3") else float(self.microbatch_size)
 
     def _profiled_peak(self, start: int, stop: int, kind: str, degree: int, stages_after: int) -> float | None:
         q = self.span_quantities(start, stop, kind, degree)
@@ -365,20 +405,26 @@ class MemoryPredictor:
         return stage_memory_matrix(self, kind, degree, stages_after, num_layers, tensor_degree=tensor_degree,
                                    zero=zero, recompute=recompute)
 
-    def _scaled_table(self, kind: str, degree: int) -> np.ndarray | None:
+    def _scaled_table(self, kind: str, degree: int, *, refined: bool = True) -> np.ndarray | None:
+        """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`)."""
         key = self._scenario(kind, degree)
-        if key not in self._tables:
+        if (key, refined) not in self._tables:
             sizes = self.stats.get(key)
             if not sizes or len(sizes) < 2:
                 return None
             spans = [table_in_layers(s, self.num_layers) for s in sizes]
             scaled = scaled_to_batch(spans, sizes, global_batch_size=self.global_batch_size,
                                      microbatch_size=self.microbatch_size)
+            pipeline = self._pipeline_at_replica_rows(kind, degree) if refined else None
+            if pipeline is not None:  # [Note: a data replica's rows were profiled]
+                scaled = with_replica_rows(scaled, table_in_layers(pipeline, self.num_layers))
+            L = self.num_layers  # [Note: the loss's backward floor]: the spans ending the model
+            scaled[:, L] = loss_floor(scaled[:, L], self._loss_floor(kind, refined), self._rows(kind, degree))
             table = self._stash.apply(scaled, None, None, *key)
             if table is None:
                 return None
-            self._tables[key] = table
-        return self._tables[key]
+            self._tables[key, refined] = table
+        return self._tables[key, refined]
 
     def retargeted(self, *, schedule: str | None = None, global_batch_size: int | None = None,
                    num_microbatches: int | None = None) -> MemoryPredictor:
@@ -399,6 +445,7 @@ class MemoryPredictor:
             device_type=self.device_type,
             zero_layout=self.zero_layout,
             reserved=self.reserved,
+            loss_backward=self.loss_backward,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:

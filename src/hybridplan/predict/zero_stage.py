@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hybridplan.plan import StagePlan
-from hybridplan.predict.batch_scaling import PEAK, span_in_units
+from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, loss_phases,
                                      prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
                                      unsharded_backward_bound, zero2_peak)
@@ -122,6 +122,8 @@ def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree:
     forward = _sharded_forward(predictor, start, stop, degree, keep=False, last_added=last_added)
     if forward is not None:
         q[INDEX["forward_transient"]] = forward
+    if stop == predictor.num_layers:  # the loss holds nothing gathered: [Note: the loss's backward floor]
+        q = loss_floor(q, predictor.loss_backward, predictor._rows("data-zero3", degree))
     return q
 
 
@@ -177,7 +179,7 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
     scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known; at the
     model's last layer from its head's and loss's phases ([Note: the loss runs outside every FSDP unit] in
     predict/zero.py)."""
-    table = predictor._scaled_table("data", degree)
+    table = predictor._scaled_table("data", degree, refined=False)  # the head's phase apart from the loss's
     if table is None or predictor.zero_layout is None:
         return q
     gathered = predictor.zero_layout.gathered_bytes(start, stop, degree)

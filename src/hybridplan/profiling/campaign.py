@@ -262,6 +262,7 @@ class Campaign:
         started = time.perf_counter()
         self._record_weight_stash()
         self._record_shard_shapes()
+        self._record_loss_backward()
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
         plan = [(b, s) for s in order for b in self.batch_sizes]
@@ -316,6 +317,23 @@ class Campaign:
                          " data x tensor stages will not be predicted from this profile")
         if degrees:
             self.store.set_meta("tensor_shard_shapes", have)
+
+    def _record_loss_backward(self) -> None:
+        """The loss's backward transient at one and two sample groups (on fake tensors, once): the floor of the
+        backward transients of a stage that ends the model ([Note: the loss's backward floor] in
+        profiling/loss_memory.py)."""
+        from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META, loss_backward_bytes
+
+        if self.store.get_meta(LOSS_BACKWARD_META) is not None:
+            return
+        try:
+            measured = loss_backward_bytes(self.model, precision=self.cfg.run_options.get("precision", "fp32"))
+        except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
+            self.say(f"the loss's backward bytes not recorded ({type(e).__name__}: {e}): the backward of stages that"
+                     " end the model is predicted by the batch scaling alone")
+            return
+        if measured is not None:
+            self.store.set_meta(LOSS_BACKWARD_META, measured)
 
     def dry_run(self) -> list[tuple[int, Scenario, ProfilingRun]]:
         """The runs the campaign would make if every run succeeded, without running anything.

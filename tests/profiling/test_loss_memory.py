@@ -1,0 +1,48 @@
+"""[Note: the loss's backward floor] (profiling/loss_memory.py): the loss's backward measured alone on fake tensors,
+against bytes derived by hand and against the simulated runtime's backward of the stage that holds the loss
+(byte-identical to the real CPU runtime, tests/runtime/test_sim_agreement.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Cluster, Plan
+from hybridplan.profiling.loss_memory import loss_backward_bytes
+from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.launch import launch
+
+
+def test_cross_entropy_holds_twice_the_logits_per_sample():
+    """Cross-entropy's backward holds the gradient of the log-probabilities and that of the logits: gpt-tiny's
+    logits are 16 positions x 128 words of float32 per sample (models/gpt.py), 8,192 bytes; twice that per sample,
+    proportional to the samples."""
+    per_sample = 2 * 16 * 128 * 4
+    assert loss_backward_bytes(get_model("gpt-tiny")) == {"samples": [1, 2], "bytes": [per_sample, 2 * per_sample]}
+
+
+def test_a_user_models_classifier():
+    """The MLP user model's head has 10 classes (tests/cli/user_models.py): 2 x 10 x 4 bytes per sample."""
+    assert loss_backward_bytes(get_model("tests.cli.user_models:mlp"))["bytes"] == [80, 160]
+
+
+def _last_stage_backward(rows: int) -> int:
+    """gpt-tiny's head alone (final norm + LM head, layer 9), recomputed, as data x2 at ``rows`` rows per replica
+    under 1F1B: its later backward's peak above its level, measured on simulated devices."""
+    plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 4 * 2 * rows, "num_microbatches": 4, "stages": [
+        {"layers": [0, 9], "parallelism": "none", "degree": 1, "devices": [0]},
+        {"layers": [9, 10], "parallelism": "data", "degree": 2, "devices": [1, 2], "recompute": "full"}]})
+    result = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x3"), iterations=2, backend="sim"))
+    assert result.ok, result.reason
+    later = [a for a in result.devices[1].timeline if a["action"] == "B1"][0]
+    return later["peak"] - later["before"]
+
+
+@pytest.mark.parametrize("rows, loss_sets_it", [(2, False), (8, True)])
+def test_the_loss_sets_the_last_stages_backward_at_more_rows(rows, loss_sets_it):
+    """The regime change the floor is for: at 2 rows per replica the head's own backward (its parameter-sized
+    gradients) is above the loss's, at 8 the loss's backward is the whole transient, to the byte."""
+    measured = _last_stage_backward(rows)
+    (n1, _), (b1, _) = loss_backward_bytes(get_model("gpt-tiny")).values()
+    loss = b1 * rows // n1
+    assert (measured == loss) if loss_sets_it else (measured > loss)
