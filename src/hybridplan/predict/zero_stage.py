@@ -31,7 +31,7 @@ from hybridplan.profiling.statistics import SpanStatistics
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks", "composed_zero3_quantities", "composed_zero3_peaks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -51,15 +51,69 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
 
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
                       stages_after: int) -> list[float] | None:
-    """Each data-group rank's predicted peak of a ZeRO-1 data x tensor stage of ``degree`` devices (every tensor
-    rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero.py), or None where the profile cannot
-    say: ZeRO-2/3, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    """Each data-group rank's predicted peak of a ZeRO-1 or ZeRO-3 data x tensor stage of ``degree`` devices (every
+    tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] and [Note: ZeRO-3 composed from an unsharded stage]
+    in predict/zero.py), or None where the profile cannot say: ZeRO-2, ZeRO-3 in mixed precision or holding the
+    model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
-    if zero != 1 or layout is None or replica is None:
+    if zero not in (1, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
+    if zero == 3:
+        if stop == predictor.num_layers:  # the loss's phases unknown: [Note: ZeRO-3 composed from an unsharded stage]
+            return None
+        return composed_zero3_peaks(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
     shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
     return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
+
+
+def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                              layout: ZeroLayout, data: int) -> np.ndarray | None:
+    """The quantities of a ZeRO-3 stage over ``data`` ranks composed from the unsharded stage ``kind`` x ``degree``
+    that each rank runs (a replica of a data x tensor stage: the tensor stage at the replica's batch), whose
+    parameters ``layout`` holds ([Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py): the unsharded
+    stage's, its forward by [Note: the sharded forward from the data stage] and its backwards by [Note: the sharded
+    backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
+    under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
+    profile does not predict the unsharded stage, its prefixes or its suffixes, or in mixed precision (the rules
+    count fp32 gathered bytes)."""
+    q = predictor.span_quantities(start, stop, kind, degree)
+    table = predictor._scaled_table(kind, degree)
+    if q is None or table is None or layout.precision != "fp32" or predictor.method == "capture":
+        return None
+    prefixes, q = table[start, start + 1:stop + 1], q[:PEAK].copy()
+    suffixes = {name: table[start:stop, stop, INDEX[name]] for name in ("first_backward_transient", "backward_transient")}
+    if np.isnan(prefixes[:, :PEAK]).any() or any(np.isnan(v).any() for v in suffixes.values()):
+        return None
+    gathered = layout.gathered_bytes(start, stop, data)
+    q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                                              prefixes[:, INDEX["activation"]].tolist(), gathered,
+                                                              keep=False)
+    for name, suffix in suffixes.items():
+        q[INDEX[name]] = sharded_backward_floor(suffix.tolist(), gathered)
+    if predictor.schedule == "gpipe":
+        q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
+    return q
+
+
+def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
+    """Each rank's peak of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
+    (:func:`composed_zero3_quantities`), each rank's chunks moving its ``static`` and step; None where not
+    predicted."""
+    q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
+    if q is None:
+        return None
+    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
+    out = []
+    for r in range(data):
+        static, gradient, step = layout.unsharded_shift(start, stop, data, r)
+        v = q.copy()
+        v[INDEX["static"]] += static
+        v[INDEX["gradient"]] += gradient
+        v[INDEX["step_transient"]] += step
+        out.append(float(np.max(terms @ v)))
+    return out
 
 
 def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout | None:
