@@ -81,6 +81,10 @@ def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_f
                                       {"layers": [3, 5], **DT, "zero": 3, "devices": [1, 2, 3, 4]}])
     with pytest.raises(ProfileError, match="holding the model's last layer is not predicted"):
         predictor.predict(holding_the_loss)
+    recomputed = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    recomputed.recompute = True  # as a profile taken with --activation-checkpointing
+    with pytest.raises(ProfileError, match="ZeRO-3 of a recomputed data x tensor stage is not predicted"):
+        recomputed.predict(plan(3))
     assert predictor.zero_layout is not None
     predictor.zero_layout = ZeroLayout([[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes])  # none recorded
     with pytest.raises(ProfileError, match="does not record the tensor x2 parameter shards"):

@@ -94,6 +94,10 @@ def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, inst
                            f" {base.zero_layout.precision} profile: it is composed from the tensor{t} stage with rules"
                            " that count the gathered shards at their recorded fp32 sizes, and FSDP's mixed precision"
                            " gathers low-precision copies", fix=instead)
+    if stage.zero == 3 and base.recompute:
+        raise ProfileError(f"{where}: ZeRO-3 of a recomputed data x tensor stage is not predicted from a profile: its"
+                           " rules were measured without recompute, under which FSDP gathers each layer again for its"
+                           " recomputation", fix="drop \"recompute\" from the stage, or " + instead)
     if stage.zero == 3 and stage.stop == base.num_layers:
         raise ProfileError(f"{where}: ZeRO-3 of a data x tensor stage holding the model's last layer is not predicted"
                            " from a profile: its loss runs outside every FSDP unit, and without a ZeRO-3 counterpart"

@@ -53,14 +53,14 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
                       stages_after: int) -> list[float] | None:
     """Each data-group rank's predicted peak of a ZeRO-1 or ZeRO-3 data x tensor stage of ``degree`` devices (every
     tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] and [Note: ZeRO-3 composed from an unsharded stage]
-    in predict/zero.py), or None where the profile cannot say: ZeRO-2, ZeRO-3 in mixed precision or holding the
-    model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    in predict/zero.py), or None where the profile cannot say: ZeRO-2, ZeRO-3 in mixed precision, recomputed or holding
+    the model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
     if zero not in (1, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
     if zero == 3:
-        if stop == predictor.num_layers:  # the loss's phases unknown: [Note: ZeRO-3 composed from an unsharded stage]
+        if stop == predictor.num_layers or predictor.recompute:  # [Note: ZeRO-3 composed from an unsharded stage]
             return None
         return composed_zero3_peaks(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
     shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
