@@ -450,7 +450,7 @@ class MemoryPredictor:
                     fix="profile the missing scenario (hybridplan profile ... --scenarios), or change the plan",
                 )
             q = source.span_quantities(stage.start, stage.stop, kind, degree)
-            composed = stage.kind == "data+tensor" and stage.zero == 3  # [Note: ZeRO-3 composed from an unsharded stage]
+            composed = stage.kind == "data+tensor" and stage.zero >= 2  # [Note: ZeRO-3 composed from an unsharded stage]
             shards = tensor_shards(base, stage.tensor_degree) if composed else None
             if q is not None and shards is not None:
                 q = composed_zero3_quantities(source, stage.start, stage.stop, kind, degree, shards, stage.data_degree)

@@ -84,22 +84,17 @@ def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, inst
     """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage] in
     predict/zero.py)."""
     t = stage.tensor_degree
-    if stage.zero == 2:
-        raise ProfileError(f"{where}: ZeRO-2 of a data x tensor stage is not predicted from a profile: FSDP keeps each"
-                           f" layer's tensor shards gathered from its forward to its backward there, and ZeRO-2's rules"
-                           f" rest on a data<d>-zero3 scenario, which the tensor{t} scenario has no counterpart of",
-                           fix=instead)
-    if stage.zero == 3 and base.zero_layout is not None and base.zero_layout.precision != "fp32":
-        raise ProfileError(f"{where}: ZeRO-3 of a data x tensor stage is not predicted from a"
+    if stage.zero >= 2 and base.zero_layout is not None and base.zero_layout.precision != "fp32":
+        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage is not predicted from a"
                            f" {base.zero_layout.precision} profile: it is composed from the tensor{t} stage with rules"
                            " that count the gathered shards at their recorded fp32 sizes, and FSDP's mixed precision"
                            " gathers low-precision copies", fix=instead)
-    if stage.zero == 3 and base.recompute:
-        raise ProfileError(f"{where}: ZeRO-3 of a recomputed data x tensor stage is not predicted from a profile: its"
-                           " rules were measured without recompute, under which FSDP gathers each layer again for its"
-                           " recomputation", fix="drop \"recompute\" from the stage, or " + instead)
-    if stage.zero == 3 and stage.stop == base.num_layers:
-        raise ProfileError(f"{where}: ZeRO-3 of a data x tensor stage holding the model's last layer is not predicted"
+    if stage.zero >= 2 and base.recompute:
+        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a recomputed data x tensor stage is not predicted from a"
+                           " profile: its rules were measured without recompute, under which FSDP gathers each layer"
+                           " again for its recomputation", fix="drop \"recompute\" from the stage, or " + instead)
+    if stage.zero >= 2 and stage.stop == base.num_layers:
+        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage holding the model's last layer is not predicted"
                            " from a profile: its loss runs outside every FSDP unit, and without a ZeRO-3 counterpart"
                            f" of the tensor{t} scenario the head's and the loss's phases cannot be told apart",
                            fix="end the stage before the last layer, or " + instead)

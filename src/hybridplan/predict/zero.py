@@ -47,9 +47,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   (every tensor rank's are equal: a split needs the degree to divide the dimension), which a profile records
   per tensor degree it profiles (profiling/campaign.py, built on fake tensors as the runtime splits them:
   a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
-  ZeRO-3 there: [Note: ZeRO-3 composed from an unsharded stage]. ZeRO-2 of a data x tensor stage is not
-  predicted: its rules rest on a ``data<d>-zero3`` scenario's backwards, which the ``tensor<t>`` scenario has no
-  counterpart of; the predictor says so, and the simulated devices count it exactly.
+  ZeRO-2 and ZeRO-3 there: [Note: ZeRO-3 composed from an unsharded stage].
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
   Predicted in fp32 only: its rules rest on the gathered bytes, which in mixed precision are FSDP2's
   low-precision copies, not measured here; the predictor refuses ZeRO-2 from a mixed-precision profile,
@@ -153,6 +151,17 @@ gathered bytes to the loss's phase (gpt-tiny layers 5-10 later backward 248,704 
 +1.24% on the device); and where a layer's reduce-scatter sets the backward (wresnet-tiny's layer 5, whose 298,240
 gathered bytes are held with its unsharded gradient of the same size and layer 4 prefetched: 685,272 measured
 against the floor's 512,064), the floor misses it, as it does for a data stage; there a scenario measured it.
+So a ZeRO-3 data x tensor stage holding the model's last layer is refused (measured as well: the MLP's layers 3-5
+(tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe), and so is a recomputed one (the rules
+were measured without recompute, under which FSDP gathers each layer again to recompute it), and mixed precision.
+
+ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] on the composed ZeRO-3
+stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the
+tensor stage's suffix), the gathered forward the tensor stage's. Measured the same way (data x tensor 2 x 2,
+ZeRO-2): gpt-tiny layers 0-5 and 5-10 exact to the byte under both schedules, moe-tiny 0-3 / 3-6 -0.59% / 0.00%
+(GPipe), wresnet-tiny 0-4 / 4-7 0.00% / -1.09% (1F1B); its peaks are set by the gathering forward and the gathered
+backward, which the floor's misses above do not reach. Refused where ZeRO-3 is: the MLP's layers 3-5 measure
+-3.1% and -5.9% (the same devices' peaks as ZeRO-3's), so a stage holding the model's last layer too.
 
 A ZeRO-3 *data* stage wider than the profiled ZeRO-3 degrees is still refused (predict/plan_checks.py): composed
 as the widest profiled ``data<d>-zero3`` stage at the global batch ``B*d/D`` with ``static`` and ``gradient`` moved to

@@ -31,7 +31,8 @@ from hybridplan.profiling.statistics import SpanStatistics
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks", "composed_zero3_quantities", "composed_zero3_peaks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks", "composed_zero3_quantities", "composed_zero3_peaks",
+           "composed_zero2_peaks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -51,18 +52,19 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
 
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
                       stages_after: int) -> list[float] | None:
-    """Each data-group rank's predicted peak of a ZeRO-1 or ZeRO-3 data x tensor stage of ``degree`` devices (every
+    """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
     tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] and [Note: ZeRO-3 composed from an unsharded stage]
-    in predict/zero.py), or None where the profile cannot say: ZeRO-2, ZeRO-3 in mixed precision, recomputed or holding
-    the model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    in predict/zero.py), or None where the profile cannot say: ZeRO-2/3 in mixed precision, recomputed or holding the
+    model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
-    if zero not in (1, 3) or layout is None or replica is None:
+    if zero not in (1, 2, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
-    if zero == 3:
-        if stop == predictor.num_layers or predictor.recompute:  # [Note: ZeRO-3 composed from an unsharded stage]
+    if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py
+        if stop == predictor.num_layers or predictor.recompute:
             return None
-        return composed_zero3_peaks(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
+        composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
+        return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
     shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
     return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
 
@@ -94,6 +96,47 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
     return q
+
+
+def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
+    """Each rank's peak of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
+    composed from an unsharded stage] in predict/zero.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
+    quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
+    scenario], each suffix's ZeRO-3 backward composed likewise; None where not predicted."""
+    q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
+    plain = predictor.span_quantities(start, stop, kind, degree)
+    table = predictor._scaled_table(kind, degree)
+    if q is None or plain is None or table is None:
+        return None
+    gathered = layout.gathered_bytes(start, stop, data)
+    total = sum(gathered)
+    prefixes = table[start, start + 1:stop + 1]
+    gathering = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                          prefixes[:, INDEX["activation"]].tolist(), gathered, keep=True)
+
+    def gathered_backward(name: str) -> float:  # each suffix's composed ZeRO-3 backward, its layers gathered
+        suffixes = [sharded_backward_floor(table[j:stop, stop, INDEX[name]].tolist(), gathered[j - start:])
+                    for j in range(start, stop)]
+        return min(gathered_backward_transient(suffixes, gathered, 0.0),
+                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data))
+
+    transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),
+                                 gathered_forward=float(plain[INDEX["forward_transient"]]),
+                                 first_backward=gathered_backward("first_backward_transient"),
+                                 gathered_backward=gathered_backward("backward_transient"))
+    if predictor.schedule != "gpipe":  # ZeRO-2's backward that finds the layers resharded follows a backward
+        q[INDEX["backward_transient"]] -= prefetched_bytes(table[start:stop, stop, INDEX["backward_transient"]].tolist(),
+                                                           gathered)
+    out = []
+    for r in range(data):
+        static, gradient, step = layout.unsharded_shift(start, stop, data, r)
+        v = q.copy()
+        v[INDEX["static"]] += static
+        v[INDEX["gradient"]] += gradient
+        v[INDEX["step_transient"]] += step
+        out.append(zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches))
+    return out
 
 
 def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
