@@ -138,8 +138,8 @@ reduce-scattered gradients and the AdamW state of its own chunks (``static`` and
 shapes: :meth:`ZeroLayout.unsharded_shift`), steps its largest chunk (two temporaries of its size), runs the
 forward as [Note: the sharded forward from the data stage] on the tensor stage's prefixes with the shards'
 gathered bytes, and its backward as [Note: the sharded backward's floor] on the tensor stage's suffixes (the floor
-*is* the value here: no scenario to take a maximum with), under GPipe less the prefetched layer ([Note: a backward
-after a backward]). Measured (``hybridplan run --backend sim``, 2x4, global batch 64 in 4 micro-batches, two data
+*is* the value here: no scenario to take a maximum with) raised to the reduce-scatter's floor below, under GPipe
+less the prefetched layer ([Note: a backward after a backward]). Measured (``hybridplan run --backend sim``, 2x4, global batch 64 in 4 micro-batches, two data
 x tensor 2 x 2 ZeRO-3 stages per plan, every rank of a data group; static, data, activation and gradient exact to
 the byte on every one): gpt-tiny layers 0-5 / 5-10, 1F1B -0.01% / +1.24%, GPipe 0.00% / +0.34%; moe-tiny 0-3 / 3-6
 1F1B -0.38% / +1.90%; wresnet-tiny 0-4 / 4-7 1F1B -0.19% / -4.59%, GPipe 0.00% / -0.23%. The forward is exact on
@@ -150,7 +150,14 @@ the head's and the loss's phases cannot be told apart, so the floor adds the hea
 gathered bytes to the loss's phase (gpt-tiny layers 5-10 later backward 248,704 predicted, 217,600 measured:
 +1.24% on the device); and where a layer's reduce-scatter sets the backward (wresnet-tiny's layer 5, whose 298,240
 gathered bytes are held with its unsharded gradient of the same size and layer 4 prefetched: 685,272 measured
-against the floor's 512,064), the floor misses it, as it does for a data stage; there a scenario measured it.
+against the floor's 512,064), the floor misses it, as it does for a data stage; there a scenario measured it. Here
+:func:`reduce_scatter_floor` takes it from the tensor stage's first-backward suffix, which holds layer ``j``'s
+whole gradients and the later layers' (ZeRO-3: their shards), plus the reduce-scatter's input and the prefetched
+layer: 310,612 - 6,168 + 3,084 + 298,240 + 75,392 = 681,160 (-0.6%); on gpt-tiny's blocks it gives the floor's
+value (332,800) at the stage's last block and less before it. Over benchmarks/extended_accuracy's 18 plans drawn
+with a ZeRO-3 data x tensor stage (72 devices of such stages) it took them from 72.2% to 94.4% within 2%, largest
+10.41% both times: wresnet-tiny's layers 4-5 under GPipe, whose first backward measures 903,296 bytes against its
+later ones' 620,416 (predicted to the byte), which no rule here explains yet.
 So a ZeRO-3 data x tensor stage holding the model's last layer is refused (measured as well: the MLP's layers 3-5
 (tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe), and so is a recomputed one (the rules
 were measured without recompute, under which FSDP gathers each layer again to recompute it), and mixed precision.
@@ -166,9 +173,11 @@ backward, which the floor's misses above do not reach. Refused where ZeRO-3 is: 
 A ZeRO-3 *data* stage wider than the profiled ZeRO-3 degrees is still refused (predict/plan_checks.py): composed
 as the widest profiled ``data<d>-zero3`` stage at the global batch ``B*d/D`` with ``static`` and ``gradient`` moved to
 ``D`` ranks' chunks, benchmarks/extended_accuracy's four stored data x8 ZeRO-3 plans measure wresnet-tiny +1.24%
-(GPipe) and -0.19% (1F1B) but gpt-tiny +6.17% and +6.61% (its first backward's floor, set by the data stage's
-gradients at 2 rows per replica, which ZeRO-3 holds sharded; the same stage as data x4 at the same rows is +2.29%
-from its own scenario), and composed from the unsharded data stage as above, -0.29% and -5.11% on wresnet-tiny.
+(GPipe) and -0.19% (1F1B) but gpt-tiny +6.17% and +6.61%: the whole model is a span the data4-zero3 scenario
+composes by M_a (its first backward composed 844,288 bytes at 2 rows per replica, 580,576 measured at x8 and
+609,728 at x4; the same stage as data x4 at the same rows is +2.29% from its own scenario, and +3.40% / +4.74% at
+x8 even with the scenario's values as they stand); composed from the unsharded data stage as above, gpt-tiny is
++6.17% / +6.61% too and wresnet-tiny -0.29% / -5.11%.
 
 [Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
 ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
@@ -209,7 +218,7 @@ from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
 __all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient", "loss_phases",
-           "zero2_peak", "prefetched_bytes", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
+           "zero2_peak", "prefetched_bytes", "reduce_scatter_floor", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -326,6 +335,10 @@ class ZeroLayout:
                 total += element * degree * fsdp_rows(dims[0], degree, 0) * math.prod(dims[1:])
             out.append(total)
         return out
+
+    def layer_bytes(self, start: int, stop: int) -> list[int]:
+        """Per layer of ``[start, stop)``: its parameters' bytes (its whole gradients' too)."""
+        return [sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]]
 
     def stored_bytes(self, start: int, stop: int, degree: int) -> int:
         """Parameter bytes each rank of a ``degree``-way FSDP2 stage ``[start, stop)`` stores (every rank's shard is
@@ -454,6 +467,26 @@ def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[
                     highest = loss[0]
             else:
                 best = max(best, suffix_backward[j] + gathered[j] + before)
+    return best
+
+
+def reduce_scatter_floor(first_suffix: Sequence[float], gathered: Sequence[int], whole: Sequence[int],
+                         shards: Sequence[int]) -> float:
+    """The least a ZeRO-3 backward holds above its level while a layer's gradients are reduce-scattered, from the
+    UNSHARDED stage's first-backward suffixes ([Note: ZeRO-3 composed from an unsharded stage]).
+
+    ``first_suffix[j]``: the unsharded stage's first-backward transient of the span's layers ``j..``, which holds
+    layer ``j``'s whole gradients and the later layers' (``whole``: each layer's parameter bytes). ZeRO-3 holds the
+    later layers' reduce-scattered ``shards`` instead, and beside layer ``j``'s whole gradients the reduce-scatter's
+    input (``gathered[j]``: every rank's padded chunk) and the layer before it, prefetched.
+
+    >>> reduce_scatter_floor([100, 80], [40, 20], [40, 20], [20, 10])  # layer 0: 100 - 20 + 10 + 40; layer 1: 80 + 20 + 40
+    140
+    """
+    best = -math.inf
+    for j in range(len(first_suffix)):
+        before = next((size for size in reversed(gathered[:j]) if size), 0)
+        best = max(best, first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + before)
     return best
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, span_in_units
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, loss_phases,
-                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
+                                     prefetched_bytes, reduce_scatter_floor, sharded_backward_floor, sharded_forward_transient,
                                      unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX
 from hybridplan.profiling.schedule_memory import peak_terms
@@ -91,8 +91,10 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
     q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                                               prefixes[:, INDEX["activation"]].tolist(), gathered,
                                                               keep=False)
+    scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,
+                                     layout.layer_bytes(start, stop), [g // data for g in gathered])
     for name, suffix in suffixes.items():
-        q[INDEX[name]] = sharded_backward_floor(suffix.tolist(), gathered)
+        q[INDEX[name]] = max(sharded_backward_floor(suffix.tolist(), gathered), scattered)
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
     return q
