@@ -70,16 +70,14 @@ OVERALL = ("every device", "devices of a new-kind stage", "devices of an old-kin
 @dataclass(frozen=True)
 class UnpredictedSpace(PlanSpace):
     """The sampled space plus the stage configs today's predictor refuses or the search leaves out
-    (``--with-unpredicted``): ZeRO-2 data stages and ZeRO-1 data x tensor stages, at every degree the space has,
-    recomputed or not (ZeRO-2/3 data x tensor stages are in the space since [Note: ZeRO-3 composed from an unsharded
-    stage])."""
+    (``--with-unpredicted``): ZeRO-2 data stages at every degree the space has, recomputed or not (ZeRO-1/2/3 data x
+    tensor stages are in the space since [Note: ZeRO-3 composed from an unsharded stage])."""
 
     @cached_property
     def configs(self) -> tuple[StageConfig, ...]:
         plain = tuple(c for c in PlanSpace.configs.func(self) if not c.recompute)  # type: ignore[attr-defined]
-        more = tuple(c._replace(zero=2) for c in plain if c.kind == "data" and not c.zero) + tuple(
-            c._replace(zero=1) for c in plain if c.kind == "data+tensor" and not c.zero)
-        out = plain + more
+        more = tuple(c._replace(zero=2) for c in plain if c.kind == "data" and not c.zero)
+        out = plain + tuple(c for c in more if c not in plain)  # the space has ZeRO-2 data stages now: no duplicates
         return out + tuple(c._replace(recompute=True) for c in out)
 
 

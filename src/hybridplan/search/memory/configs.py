@@ -78,7 +78,7 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
     powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
     adds the data stages sharded by ZeRO-1 and ZeRO-3 after those, then ZeRO-2, and with ``composite`` the data x
-    tensor stages sharded by ZeRO-3 and ZeRO-2 last (predict/zero.py; added later, so the indices of the others, and the plans
+    tensor stages sharded by ZeRO-3, ZeRO-2 and ZeRO-1 last (predict/zero.py; added later, so the indices of the others, and the plans
     drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
     (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
     degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms
@@ -107,8 +107,8 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
         + (tuple(StageConfig("data+tensor", d, t) for d in spans for t in degrees if k % t == 0) if composite else ())
         + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in spans) if zero else ())
         + (tuple(StageConfig("data", d, 0, 2) for d in degrees + spans) if zero else ())  # last: older draws stay
-        + (tuple(c._replace(zero=z) for z in (3, 2) for c in sorted(both, key=lambda c: (c.degree, c.tensor_degree)))
-           + tuple(StageConfig("data+tensor", d, t, z) for z in (3, 2) for d in spans for t in degrees if k % t == 0)
-           if zero and composite else ())  # ZeRO-3 and ZeRO-2 of data x tensor stages, later still
+        + (tuple(c._replace(zero=z) for z in (3, 2, 1) for c in sorted(both, key=lambda c: (c.degree, c.tensor_degree)))
+           + tuple(StageConfig("data+tensor", d, t, z) for z in (3, 2, 1) for d in spans for t in degrees if k % t == 0)
+           if zero and composite else ())  # ZeRO-3, ZeRO-2 and ZeRO-1 of data x tensor stages, later still
     )
     return plain + (tuple(c._replace(recompute=True) for c in plain) if recompute else ())
