@@ -56,6 +56,10 @@ from hybridplan.workflows.stage_cache import StageCache
 from benchmarks.extended_accuracy.profiles import HERE, MESH, MODELS, WORK, base_profile, recompute_profile
 
 SCHEDULES = ("gpipe", "1f1b")
+ZERO3_DT = "zero3 data x tensor"
+"""The stratum of ``--zero3-data-tensor``: plans with at least one ZeRO-3 data x tensor stage (keys ``.../z<i>``)."""
+ZERO2_DT = "zero2 data x tensor"
+"""The stratum of ``--zero2-data-tensor``: plans with at least one ZeRO-2 data x tensor stage (keys ``.../w<i>``)."""
 THRESHOLDS = (0.02, 0.05)
 OVERALL = ("every device", "devices of a new-kind stage", "devices of an old-kind stage",
            "every device but those of data stages across nodes", "... nor of ZeRO-3 or recomputed stages",
@@ -65,15 +69,15 @@ OVERALL = ("every device", "devices of a new-kind stage", "devices of an old-kin
 
 @dataclass(frozen=True)
 class UnpredictedSpace(PlanSpace):
-    """The sampled space plus the stage configs today's predictor refuses (``--with-unpredicted``): ZeRO-2 data
-    stages and ZeRO-1/2/3 data x tensor stages, at every degree the space has, recomputed or not."""
+    """The sampled space plus the stage configs today's predictor refuses or the search leaves out
+    (``--with-unpredicted``): ZeRO-2 data stages at every degree the space has, recomputed or not (ZeRO-1/2/3 data x
+    tensor stages are in the space since [Note: ZeRO-3 composed from an unsharded stage])."""
 
     @cached_property
     def configs(self) -> tuple[StageConfig, ...]:
         plain = tuple(c for c in PlanSpace.configs.func(self) if not c.recompute)  # type: ignore[attr-defined]
-        more = tuple(c._replace(zero=2) for c in plain if c.kind == "data" and not c.zero) + tuple(
-            c._replace(zero=z) for z in (1, 2, 3) for c in plain if c.kind == "data+tensor")
-        out = plain + more
+        more = tuple(c._replace(zero=2) for c in plain if c.kind == "data" and not c.zero)
+        out = plain + tuple(c for c in more if c not in plain)  # the space has ZeRO-2 data stages now: no duplicates
         return out + tuple(c._replace(recompute=True) for c in out)
 
 
@@ -126,6 +130,8 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
 
     def new_kind(plan: tuple[StageChoice, ...]) -> bool:
         cfgs = [space.configs[c.config] for c in plan]
+        if args.zero3_data_tensor or args.zero2_data_tensor:
+            return any(c.kind == "data+tensor" and c.zero == (3 if args.zero3_data_tensor else 2) for c in cfgs)
         if args.with_unpredicted:
             return any(c in unpredicted for c in cfgs)
         return any(c.kind == "data+tensor" or c.zero or c.recompute or c.degree > k for c in cfgs)
@@ -134,6 +140,10 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
     out = []
     strata: list[tuple[str, Callable[[StageChoice, int], bool], int]] = [("uniform", keep, args.plans),
                                                                          ("across nodes", across, args.cross)]
+    if args.zero3_data_tensor:  # only this stratum: the others' stored draws stay as they are
+        strata = [(ZERO3_DT, keep, args.zero3_data_tensor)]
+    elif args.zero2_data_tensor:
+        strata = [(ZERO2_DT, keep, args.zero2_data_tensor)]
     for stratum, admit, count in strata:
         if count == 0:
             continue
@@ -143,7 +153,8 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
         for i, choices in enumerate(chosen):
             plan = plan_from_choices(space, choices, schedule=schedule, global_batch_size=predictor.global_batch_size,
                                      num_microbatches=predictor.num_microbatches)
-            out.append((f"{prefix}{model}/{schedule}/{'x' if stratum != 'uniform' else ''}{i}", stratum, plan))
+            tag = {"uniform": "", ZERO3_DT: "z", ZERO2_DT: "w"}.get(stratum, "x")
+            out.append((f"{prefix}{model}/{schedule}/{tag}{i}", stratum, plan))
     return out
 
 
@@ -263,6 +274,8 @@ def score(stored: dict[str, ResultStore]) -> dict[str, Any]:
                     add("kind", {"zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}.get(tag, tag))
                     if tag.startswith("zero") and "across nodes" not in tags:
                         add("kind", f"ZeRO-{tag[4:]} inside a node")
+                    if tag.startswith("zero") and tags[0] == "data+tensor":
+                        add("kind", f"ZeRO-{tag[4:]} of data x tensor")
                 if not is_new(tags):
                     add("kind", "none of the new kinds")
         plans_out.append({"plan": rec["plan"], "devices": devices})
@@ -350,6 +363,10 @@ def main(argv: Iterable[str] | None = None) -> None:
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated subset of " + ", ".join(MODELS))
     ap.add_argument("--with-unpredicted", action="store_true",
                     help="draw plans with the kinds today's predictor refuses (ZeRO-2; ZeRO on data x tensor) instead")
+    ap.add_argument("--zero3-data-tensor", type=int, default=0, metavar="N",
+                    help="instead: N plans per model and schedule with a ZeRO-3 data x tensor stage (keys .../z<i>)")
+    ap.add_argument("--zero2-data-tensor", type=int, default=0, metavar="N",
+                    help="instead: N plans per model and schedule with a ZeRO-2 data x tensor stage (keys .../w<i>)")
     ap.add_argument("--rescore", action="store_true", help="measure nothing: predict the stored plans again and score")
     args = ap.parse_args(None if argv is None else list(argv))
     stored = stores()

@@ -66,6 +66,7 @@ def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, sc
 
 
 def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files):
+    """ZeRO-3 holding the model's last layer, ZeRO-2/3 recomputed, any level without the shards' shapes."""
     from hybridplan.errors import ProfileError
     from hybridplan.predict.zero import ZeroLayout
 
@@ -74,10 +75,84 @@ def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_f
         return _plan("1f1b", [{"layers": [0, 2], **DT, "zero": zero, "devices": [0, 1, 2, 3]},
                               {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}])
 
-    with pytest.raises(ProfileError, match="ZeRO-3 of a data x tensor stage is not predicted from a profile: FSDP"
-                                           " gathers each layer's tensor shards"):
-        predictor.predict(plan(3))
+    for zero in (2, 3):  # measured (simulated devices): ZeRO-2 -3.1% (1F1B) and -5.9% (GPipe) composed, as ZeRO-3
+        holding_the_loss = _plan("1f1b", [{"layers": [0, 3], "parallelism": "none", "degree": 1, "devices": [0]},
+                                          {"layers": [3, 5], **DT, "zero": zero, "devices": [1, 2, 3, 4]}])
+        with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a data x tensor stage holding the model's last layer"):
+            predictor.predict(holding_the_loss)
+    recomputed = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    recomputed.recompute = True  # as a profile taken with --activation-checkpointing
+    for zero in (2, 3):
+        with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a recomputed data x tensor stage is not predicted"):
+            recomputed.predict(plan(zero))
     assert predictor.zero_layout is not None
     predictor.zero_layout = ZeroLayout([[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes])  # none recorded
     with pytest.raises(ProfileError, match="does not record the tensor x2 parameter shards"):
         predictor.predict(plan(1))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b"])  # refused under GPipe: test_zero3_data_tensor_under_gpipe_is_refused
+@pytest.mark.parametrize(("stages", "tolerance"), [
+    ([{"layers": [0, 2], **DT, "zero": 3, "devices": [0, 1, 2, 3]},
+      {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}], 0.0),  # measured: to the byte
+    # measured: 14,056 predicted, 14,568 bytes (-3.51%): a 512-byte transient of this 2-layer span the rules miss
+    ([{"layers": [0, 1], "parallelism": "none", "degree": 1, "devices": [0]},
+      {"layers": [1, 3], **DT, "zero": 3, "devices": [1, 2, 3, 4]},
+      {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [5]}], 0.04),
+])
+def test_zero3_data_tensor_predictions_against_the_simulated_runtime(mlp_files, schedule, stages, tolerance):
+    """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero.py): the tensor x2 stage at the replica's batch,
+    its static and gradient moved to each rank's chunks of the shards (exact: the replicas' chunks of the
+    column-parallel Linear(16, 32)'s 16 x 16 weight and 16 bias shards are 8 rows each, even), its transients by
+    the ZeRO-3 rules with the shards' gathered bytes; the expectation is the simulated runtime's count."""
+    plan = _plan(schedule, stages)
+    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP,
+                           run_options={"backend": "sim"})
+    assert report.run.ok, report.run.reason
+    zero = [i for i, s in enumerate(plan.stages) if s.zero][0]
+    rows = [r for r in report.rows if r.stage == zero]
+    assert len(rows) == 4
+    for row in rows:
+        assert abs(row.predicted - row.measured) <= tolerance * row.measured, (row.device, row.predicted, row.measured)
+    measured = {d.device: d.static_memory_bytes for d in report.run.devices}
+    predicted = {d.device: d.quantities["static"] for d in report.prediction.devices}
+    assert all(predicted[r.device] == measured[r.device] for r in rows)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("layers", [[0, 2], [1, 3]])
+def test_zero2_data_tensor_predictions_against_the_simulated_runtime(mlp_files, schedule, layers):
+    """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero.py): the composed ZeRO-3 stage replayed with the
+    ZeRO-2 transients; the expectation is the simulated runtime's count."""
+    before = [{"layers": [0, layers[0]], "parallelism": "none", "degree": 1, "devices": [0]}] if layers[0] else []
+    after = [{"layers": [layers[1], 5], "parallelism": "none", "degree": 1}] if layers[1] < 5 else []
+    first = len(before)
+    stages = before + [{"layers": layers, **DT, "zero": 2, "devices": [first + i for i in range(4)]}] + [
+        {**s, "devices": [first + 4]} for s in after]
+    plan = _plan(schedule, stages)
+    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP,
+                           run_options={"backend": "sim"})
+    assert report.run.ok, report.run.reason
+    rows = [r for r in report.rows if r.stage == first]
+    assert len(rows) == 4
+    for row in rows:
+        assert abs(row.predicted - row.measured) <= 0.02 * row.measured, (row.device, row.predicted, row.measured)
+
+
+def test_zero3_data_tensor_under_gpipe_is_refused(mlp_files):
+    """[Note: ZeRO-3 composed from an unsharded stage]: no rule composes the first backward of a ZeRO-3 data x tensor
+    stage under GPipe (wresnet-tiny measured -10.41%), so the predictor refuses it, and the memory search leaves it
+    out (``allowed``); ZeRO-2 under GPipe and ZeRO-3 under 1F1B stay predicted."""
+    from hybridplan.errors import ProfileError
+
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    stages = [{"layers": [0, 2], **DT, "zero": 3, "devices": [0, 1, 2, 3]},
+              {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}]
+    with pytest.raises(ProfileError, match="ZeRO-3 of a data x tensor stage under GPipe is not predicted"):
+        predictor.predict(_plan("gpipe", stages))
+    predictor.predict(_plan("1f1b", stages))
+    predictor.predict(_plan("gpipe", [{**stages[0], "zero": 2}, stages[1]]))
+    gpipe = predictor.retargeted(schedule="gpipe")
+    assert not gpipe.allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=3)
+    assert gpipe.allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=2)
+    assert predictor.retargeted(schedule="1f1b").allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=3)

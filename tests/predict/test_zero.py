@@ -32,6 +32,17 @@ def test_zero1_partition_is_greedy_by_size():
     assert zero1_shares([5, 5, 5], 3) == [[0], [1], [2]]
 
 
+def test_a_zero3_rank_against_the_unsharded_stage_by_hand():
+    """[Note: ZeRO-3 composed from an unsharded stage]: one fp32 parameter of 5 x 3 over 2 ranks, chunks of 3 and 2
+    rows. Each rank stores the padded 3-row chunk (36 bytes, not 60) and its gradient shard likewise, the moments of
+    its own rows (72 and 48 bytes, not 120) and one step counter; it steps its own chunk (2 temporaries of 36 and 24
+    bytes, not 60)."""
+    layout = ZeroLayout([[[4, 5, 3]]])
+    assert layout.stored_bytes(0, 1, 2) == 36
+    assert layout.unsharded_shift(0, 1, 2, 0) == ((36 - 60) + (72 - 120), 36 - 60, 2 * (36 - 60))
+    assert layout.unsharded_shift(0, 1, 2, 1) == ((36 - 60) + (48 - 120), 36 - 60, 2 * (24 - 60))
+
+
 def test_fsdp_chunks_rows_like_torch_chunk():
     assert [fsdp_rows(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
     assert [fsdp_rows(2, 4, r) for r in range(4)] == [1, 1, 0, 0]

@@ -52,7 +52,8 @@ from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, rese
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
 from hybridplan.predict.zero import ZeroLayout
-from hybridplan.predict.zero_stage import zero_peaks, zero_ranks, zero_tensor_peaks
+from hybridplan.predict.zero_stage import (composed_zero3_quantities, tensor_shards, zero_peaks, zero_ranks,
+                                          zero_tensor_peaks)
 from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META
 from hybridplan.profiling.quantities import QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
@@ -496,6 +497,10 @@ class MemoryPredictor:
                     fix="profile the missing scenario (hybridplan profile ... --scenarios), or change the plan",
                 )
             q = source.span_quantities(stage.start, stage.stop, kind, degree)
+            composed = stage.kind == "data+tensor" and stage.zero >= 2  # [Note: ZeRO-3 composed from an unsharded stage]
+            shards = tensor_shards(base, stage.tensor_degree) if composed else None
+            if q is not None and shards is not None:
+                q = composed_zero3_quantities(source, stage.start, stage.stop, kind, degree, shards, stage.data_degree)
             breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:PEAK])}
             flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
             peaks = None
@@ -515,7 +520,11 @@ class MemoryPredictor:
                     peak = peaks[r]
                     if breakdown:
                         static, step = layout.shift(stage.start, stage.stop, stage.zero, world, r)
+                        gradient = 0
+                        if composed:  # the unsharded stage's static, gradient and step, moved to the rank's chunks
+                            static, gradient, step = layout.unsharded_shift(stage.start, stage.stop, world, r)
                         mine = {**breakdown, "static": breakdown["static"] + static,
+                                "gradient": breakdown["gradient"] + gradient,
                                 "step_transient": breakdown["step_transient"] + step}
                 rounded = int(round(peak))
                 outside = self.outside_bytes(plan, d)

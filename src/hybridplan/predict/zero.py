@@ -47,9 +47,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   (every tensor rank's are equal: a split needs the degree to divide the dimension), which a profile records
   per tensor degree it profiles (profiling/campaign.py, built on fake tensors as the runtime splits them:
   a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
-  ZeRO-2/3 of a data x tensor stage are not predicted: FSDP's transients there are the gathered *tensor
-  shards* of a layer, which neither the ``tensor<t>`` scenario (no FSDP) nor ``data<d>-zero3`` (whole layers
-  gathered) measures; the predictor says so, and the simulated devices count them exactly.
+  ZeRO-2 and ZeRO-3 there: [Note: ZeRO-3 composed from an unsharded stage].
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario].
   Predicted in fp32 only: its rules rest on the gathered bytes, which in mixed precision are FSDP2's
   low-precision copies, not measured here; the predictor refuses ZeRO-2 from a mixed-precision profile,
@@ -130,6 +128,58 @@ floor now 97,536 + 399,872 = 497,408 (the scenario's composed 441,600 before: -1
 is the loss's own value this over-counts by the layer's gathered and prefetched bytes; the scenario's value stays
 where it is higher, as for every floor.
 
+[Note: ZeRO-3 composed from an unsharded stage] A replica of a ZeRO-3 ``data+tensor`` stage (runtime/sharding.py:
+FSDP2 over the data dimension of a 2-D mesh) runs the ``t``-way tensor stage at the replica's batch with every
+tensor rank's *shards* sharded again over its data group of ``d`` ranks, and no profile measures it (no scenario
+shards the tensor stage). But the three fp32 rules above were found to hold as rules on the *unsharded* stage
+plus the gathered bytes, and they carry over with the shards' shapes (``tensor_shards``, [Note: ZeRO-1 of a data x
+tensor stage]) in place of the layers': each rank stores padded dim-0 chunks of the shards and of their
+reduce-scattered gradients and the AdamW state of its own chunks (``static`` and ``gradient`` exact from the
+shapes: :meth:`ZeroLayout.unsharded_shift`), steps its largest chunk (two temporaries of its size), runs the
+forward as [Note: the sharded forward from the data stage] on the tensor stage's prefixes with the shards'
+gathered bytes, and its backward as [Note: the sharded backward's floor] on the tensor stage's suffixes (the floor
+*is* the value here: no scenario to take a maximum with) raised to the reduce-scatter's floor below, under GPipe
+less the prefetched layer ([Note: a backward after a backward]). Measured (``hybridplan run --backend sim``, 2x4, global batch 64 in 4 micro-batches, two data
+x tensor 2 x 2 ZeRO-3 stages per plan, every rank of a data group; static, data, activation and gradient exact to
+the byte on every one): gpt-tiny layers 0-5 / 5-10, 1F1B -0.01% / +1.24%, GPipe 0.00% / +0.34%; moe-tiny 0-3 / 3-6
+1F1B -0.38% / +1.90%; wresnet-tiny 0-4 / 4-7 1F1B -0.19% / -4.59%, GPipe 0.00% / -0.23%. The forward is exact on
+gpt-tiny (1,389,696 unsharded + 2 x 100,736, a block's shards gathered, = 1,591,168 measured), as are its blocks'
+backward (131,328 + 2 x 100,736 = 332,800). What misses: at the model's last layer the loss runs outside every
+FSDP unit ([Note: the loss runs outside every FSDP unit]), and without a ZeRO-3 counterpart of the tensor scenario
+the head's and the loss's phases cannot be told apart, so the floor adds the head's and the prefetched block's
+gathered bytes to the loss's phase (gpt-tiny layers 5-10 later backward 248,704 predicted, 217,600 measured:
++1.24% on the device); and where a layer's reduce-scatter sets the backward (wresnet-tiny's layer 5, whose 298,240
+gathered bytes are held with its unsharded gradient of the same size and layer 4 prefetched: 685,272 measured
+against the floor's 512,064), the floor misses it, as it does for a data stage; there a scenario measured it. Here
+:func:`reduce_scatter_floor` takes it from the tensor stage's first-backward suffix, which holds layer ``j``'s
+whole gradients and the later layers' (ZeRO-3: their shards), plus the reduce-scatter's input and the prefetched
+layer: 310,612 - 6,168 + 3,084 + 298,240 + 75,392 = 681,160 (-0.6%); on gpt-tiny's blocks it gives the floor's
+value (332,800) at the stage's last block and less before it. Over benchmarks/extended_accuracy's 18 plans drawn
+with a ZeRO-3 data x tensor stage (72 devices of such stages) it took them from 72.2% to 94.4% within 2%, largest
+10.41% both times: wresnet-tiny's layers 4-5 under GPipe, whose first backward measures 903,296 bytes against its
+later ones' 620,416 (predicted to the byte), which no rule here explains yet. So the predictor refuses a ZeRO-3
+data x tensor stage under GPipe (its first backward follows every forward; under 1F1B the same stage is -1.20%),
+and a ZeRO-3 data x tensor stage holding the model's last layer is refused (measured as well: the MLP's layers 3-5
+(tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe), and so is a recomputed one (the rules
+were measured without recompute, under which FSDP gathers each layer again to recompute it), and mixed precision.
+
+ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] on the composed ZeRO-3
+stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the
+tensor stage's suffix), the gathered forward the tensor stage's. Measured the same way (data x tensor 2 x 2,
+ZeRO-2): gpt-tiny layers 0-5 and 5-10 exact to the byte under both schedules, moe-tiny 0-3 / 3-6 -0.59% / 0.00%
+(GPipe), wresnet-tiny 0-4 / 4-7 0.00% / -1.09% (1F1B); its peaks are set by the gathering forward and the gathered
+backward, which the floor's misses above do not reach. Refused where ZeRO-3 is: the MLP's layers 3-5 measure
+-3.1% and -5.9% (the same devices' peaks as ZeRO-3's), so a stage holding the model's last layer too.
+
+A ZeRO-3 *data* stage wider than the profiled ZeRO-3 degrees is still refused (predict/plan_checks.py): composed
+as the widest profiled ``data<d>-zero3`` stage at the global batch ``B*d/D`` with ``static`` and ``gradient`` moved to
+``D`` ranks' chunks, benchmarks/extended_accuracy's four stored data x8 ZeRO-3 plans measure wresnet-tiny +1.24%
+(GPipe) and -0.19% (1F1B) but gpt-tiny +6.17% and +6.61%: the whole model is a span the data4-zero3 scenario
+composes by M_a (its first backward composed 844,288 bytes at 2 rows per replica, 580,576 measured at x8 and
+609,728 at x4; the same stage as data x4 at the same rows is +2.29% from its own scenario, and +3.40% / +4.74% at
+x8 even with the scenario's values as they stand); composed from the unsharded data stage as above, gpt-tiny is
++6.17% / +6.61% too and wresnet-tiny -0.29% / -5.11%.
+
 [Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
 ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
 gradients), and differs only in WHEN a layer's parameters are gathered: a forward that finds them resharded
@@ -169,12 +219,16 @@ from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
 __all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient", "loss_phases",
-           "zero2_peak", "prefetched_bytes", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
+           "zero2_peak", "prefetched_bytes", "reduce_scatter_floor", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
 dtype is float64; torch/optim/adam.py ``_init_group``, not capturable/fused as the runtime builds it); counted as
 4 bytes per parameter tensor by the exact tracker (measured: static = 3P + 4n)."""
+
+_STEP_TEMPORARIES = 2
+"""AdamW's single-tensor step (the CPU runtime's, ``foreach=False``) holds two temporaries of one parameter's size at
+once (torch/optim/adam.py ``_single_tensor_adam``: ``exp_avg_sq.sqrt() / bias_correction2_sqrt``)."""
 
 _MOMENTS = 2
 """AdamW keeps ``exp_avg`` and ``exp_avg_sq``, each the parameter's size and dtype (torch/optim/adam.py)."""
@@ -283,6 +337,29 @@ class ZeroLayout:
             out.append(total)
         return out
 
+    def layer_bytes(self, start: int, stop: int) -> list[int]:
+        """Per layer of ``[start, stop)``: its parameters' bytes (its whole gradients' too)."""
+        return [sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]]
+
+    def stored_bytes(self, start: int, stop: int, degree: int) -> int:
+        """Parameter bytes each rank of a ``degree``-way FSDP2 stage ``[start, stop)`` stores (every rank's shard is
+        padded to the first rank's chunk; its reduce-scattered gradients too): :meth:`gathered_bytes` over ``degree``."""
+        return sum(self.gathered_bytes(start, stop, degree)) // degree
+
+    def unsharded_shift(self, start: int, stop: int, degree: int, rank: int) -> tuple[int, int, int]:
+        """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the same stage unsharded, in ``static``,
+        ``gradient`` and the step transient ([Note: ZeRO-3 composed from an unsharded stage]): it stores padded
+        chunks of the parameters and of their reduce-scattered gradients, the AdamW state of its own chunks, and
+        steps its largest chunk, where the unsharded stage holds and steps whole parameters."""
+        params = self._params(start, stop)
+        whole = sum(e * math.prod(shape) for e, shape in params)
+        stored = self.stored_bytes(start, stop, degree)
+        static = stored - whole + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
+            start, stop, 0, 1, 0)
+        chunks = [e * fsdp_rows((shape or (1,))[0], degree, rank) * math.prod(shape[1:]) for e, shape in params]
+        largest = max((e * math.prod(shape) for e, shape in params), default=0)
+        return static, stored - whole, _STEP_TEMPORARIES * (max(chunks, default=0) - largest)
+
     def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
         parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
@@ -292,7 +369,7 @@ class ZeroLayout:
         sizes = [e * math.prod(shape) for e, shape in params]
         share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
         # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
-        temporaries = 2 if self.precision == "fp32" else 3
+        temporaries = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
         return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
 
 
@@ -391,6 +468,26 @@ def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[
                     highest = loss[0]
             else:
                 best = max(best, suffix_backward[j] + gathered[j] + before)
+    return best
+
+
+def reduce_scatter_floor(first_suffix: Sequence[float], gathered: Sequence[int], whole: Sequence[int],
+                         shards: Sequence[int]) -> float:
+    """The least a ZeRO-3 backward holds above its level while a layer's gradients are reduce-scattered, from the
+    UNSHARDED stage's first-backward suffixes ([Note: ZeRO-3 composed from an unsharded stage]).
+
+    ``first_suffix[j]``: the unsharded stage's first-backward transient of the span's layers ``j..``, which holds
+    layer ``j``'s whole gradients and the later layers' (``whole``: each layer's parameter bytes). ZeRO-3 holds the
+    later layers' reduce-scattered ``shards`` instead, and beside layer ``j``'s whole gradients the reduce-scatter's
+    input (``gathered[j]``: every rank's padded chunk) and the layer before it, prefetched.
+
+    >>> reduce_scatter_floor([100, 80], [40, 20], [40, 20], [20, 10])  # layer 0: 100 - 20 + 10 + 40; layer 1: 80 + 20 + 40
+    140
+    """
+    best = -math.inf
+    for j in range(len(first_suffix)):
+        before = next((size for size in reversed(gathered[:j]) if size), 0)
+        best = max(best, first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + before)
     return best
 
 

@@ -22,7 +22,7 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
 from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, loss_phases,
-                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient,
+                                     prefetched_bytes, reduce_scatter_floor, sharded_backward_floor, sharded_forward_transient,
                                      unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX
 from hybridplan.profiling.schedule_memory import peak_terms
@@ -31,7 +31,8 @@ from hybridplan.profiling.statistics import SpanStatistics
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks", "composed_zero3_quantities", "composed_zero3_peaks",
+           "composed_zero2_peaks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -51,15 +52,113 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
 
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
                       stages_after: int) -> list[float] | None:
-    """Each data-group rank's predicted peak of a ZeRO-1 data x tensor stage of ``degree`` devices (every tensor
-    rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero.py), or None where the profile cannot
-    say: ZeRO-2/3, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
+    tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] and [Note: ZeRO-3 composed from an unsharded stage]
+    in predict/zero.py), or None where the profile cannot say: ZeRO-2/3 in mixed precision, recomputed or holding the
+    model's last layer, ZeRO-3 under GPipe, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
-    if zero != 1 or layout is None or replica is None:
+    if zero not in (1, 2, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
+    if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py
+        if stop == predictor.num_layers or predictor.recompute or (zero == 3 and predictor.schedule == "gpipe"):
+            return None  # refused with the reason by predict/plan_checks.py
+        composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
+        return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
     shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
     return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
+
+
+def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                              layout: ZeroLayout, data: int) -> np.ndarray | None:
+    """The quantities of a ZeRO-3 stage over ``data`` ranks composed from the unsharded stage ``kind`` x ``degree``
+    that each rank runs (a replica of a data x tensor stage: the tensor stage at the replica's batch), whose
+    parameters ``layout`` holds ([Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py): the unsharded
+    stage's, its forward by [Note: the sharded forward from the data stage] and its backwards by [Note: the sharded
+    backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
+    under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
+    profile does not predict the unsharded stage, its prefixes or its suffixes, or in mixed precision (the rules
+    count fp32 gathered bytes)."""
+    q = predictor.span_quantities(start, stop, kind, degree)
+    table = predictor._scaled_table(kind, degree)
+    if q is None or table is None or layout.precision != "fp32" or predictor.method == "capture":
+        return None
+    prefixes, q = table[start, start + 1:stop + 1], q[:PEAK].copy()
+    suffixes = {name: table[start:stop, stop, INDEX[name]] for name in ("first_backward_transient", "backward_transient")}
+    if np.isnan(prefixes[:, :PEAK]).any() or any(np.isnan(v).any() for v in suffixes.values()):
+        return None
+    gathered = layout.gathered_bytes(start, stop, data)
+    q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                                              prefixes[:, INDEX["activation"]].tolist(), gathered,
+                                                              keep=False)
+    scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,
+                                     layout.layer_bytes(start, stop), [g // data for g in gathered])
+    for name, suffix in suffixes.items():
+        q[INDEX[name]] = max(sharded_backward_floor(suffix.tolist(), gathered), scattered)
+    if predictor.schedule == "gpipe":
+        q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
+    return q
+
+
+def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
+    """Each rank's peak of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
+    composed from an unsharded stage] in predict/zero.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
+    quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
+    scenario], each suffix's ZeRO-3 backward composed likewise; None where not predicted."""
+    q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
+    plain = predictor.span_quantities(start, stop, kind, degree)
+    table = predictor._scaled_table(kind, degree)
+    if q is None or plain is None or table is None:
+        return None
+    gathered = layout.gathered_bytes(start, stop, data)
+    total = sum(gathered)
+    prefixes = table[start, start + 1:stop + 1]
+    gathering = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
+                                          prefixes[:, INDEX["activation"]].tolist(), gathered, keep=True)
+
+    def gathered_backward(name: str) -> float:  # each suffix's composed ZeRO-3 backward, its layers gathered
+        suffixes = [sharded_backward_floor(table[j:stop, stop, INDEX[name]].tolist(), gathered[j - start:])
+                    for j in range(start, stop)]
+        return min(gathered_backward_transient(suffixes, gathered, 0.0),
+                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data))
+
+    transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),
+                                 gathered_forward=float(plain[INDEX["forward_transient"]]),
+                                 first_backward=gathered_backward("first_backward_transient"),
+                                 gathered_backward=gathered_backward("backward_transient"))
+    if predictor.schedule != "gpipe":  # ZeRO-2's backward that finds the layers resharded follows a backward
+        q[INDEX["backward_transient"]] -= prefetched_bytes(table[start:stop, stop, INDEX["backward_transient"]].tolist(),
+                                                           gathered)
+    out = []
+    for r in range(data):
+        static, gradient, step = layout.unsharded_shift(start, stop, data, r)
+        v = q.copy()
+        v[INDEX["static"]] += static
+        v[INDEX["gradient"]] += gradient
+        v[INDEX["step_transient"]] += step
+        out.append(zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches))
+    return out
+
+
+def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
+    """Each rank's peak of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
+    (:func:`composed_zero3_quantities`), each rank's chunks moving its ``static`` and step; None where not
+    predicted."""
+    q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
+    if q is None:
+        return None
+    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
+    out = []
+    for r in range(data):
+        static, gradient, step = layout.unsharded_shift(start, stop, data, r)
+        v = q.copy()
+        v[INDEX["static"]] += static
+        v[INDEX["gradient"]] += gradient
+        v[INDEX["step_transient"]] += step
+        out.append(float(np.max(terms @ v)))
+    return out
 
 
 def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout | None:

@@ -33,7 +33,7 @@ class StageConfig(NamedTuple):
     degree: int
     tensor_degree: int = 0
     zero: int = 0
-    """ZeRO level of a "data" stage (0: unsharded; predict/zero.py)."""
+    """ZeRO level of a "data" or "data+tensor" stage (0: unsharded; predict/zero.py)."""
     recompute: bool = False
     """Every layer of the stage recomputes its activations (predicted from a recompute profile:
     [Note: recompute chosen per stage] in predict/memory.py)."""
@@ -54,7 +54,8 @@ class StageConfig(NamedTuple):
     def label(self) -> str:
         """E.g. ``none x1``, ``tensor x4``, ``data x2 + tensor x2``, ``data x2 ZeRO-1``, ``none x1 recompute``."""
         if self.kind == "data+tensor":
-            out = f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}"
+            out = f"data x{self.degree // self.tensor_degree} + tensor x{self.tensor_degree}" + (
+                f" ZeRO-{self.zero}" if self.zero else "")
         else:
             out = f"{self.kind} x{self.degree}" + (f" ZeRO-{self.zero}" if self.zero else "")
         return out + (" recompute" if self.recompute else "")
@@ -76,8 +77,9 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
     comparing config indices is comparing ``(kind, degree, tensor degree)``: the exact solver relies on it to
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
     powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
-    adds the data stages sharded by ZeRO-1 and ZeRO-3 after those, and ZeRO-2 last (predict/zero.py; added later,
-    so the indices of the others, and the plans drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
+    adds the data stages sharded by ZeRO-1 and ZeRO-3 after those, then ZeRO-2, and with ``composite`` the data x
+    tensor stages sharded by ZeRO-3, ZeRO-2 and ZeRO-1 last (predict/zero.py; added later, so the indices of the others, and the plans
+    drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
     (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
     degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms
     ([Note: stages across nodes] in packing.py). ``recompute`` then repeats every config so far with activation
@@ -105,5 +107,8 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
         + (tuple(StageConfig("data+tensor", d, t) for d in spans for t in degrees if k % t == 0) if composite else ())
         + (tuple(StageConfig("data", d, 0, z) for z in (1, 3) for d in spans) if zero else ())
         + (tuple(StageConfig("data", d, 0, 2) for d in degrees + spans) if zero else ())  # last: older draws stay
+        + (tuple(c._replace(zero=z) for z in (3, 2, 1) for c in sorted(both, key=lambda c: (c.degree, c.tensor_degree)))
+           + tuple(StageConfig("data+tensor", d, t, z) for z in (3, 2, 1) for d in spans for t in degrees if k % t == 0)
+           if zero and composite else ())  # ZeRO-3, ZeRO-2 and ZeRO-1 of data x tensor stages, later still
     )
     return plain + (tuple(c._replace(recompute=True) for c in plain) if recompute else ())

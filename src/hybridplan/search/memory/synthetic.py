@@ -112,10 +112,10 @@ class AdditiveStageModel:
         if kind == "none":
             return base + a * extra
         if kind == "data":
-            kept = {0: 1.0, 1: (1 + 2 / degree) / 3, 3: 1 / degree}.get(zero, 1.0)
-            return (base - a) * kept + a * (1 + extra) / degree
-        if kind == "data+tensor":  # tensor splits everything, the replicas split the activations further
-            return ((base - a) + a * (1 + extra) / (degree // tensor_degree)) / tensor_degree
+            return (base - a) * _kept(zero, degree) + a * (1 + extra) / degree
+        if kind == "data+tensor":  # tensor splits everything, the replicas split the activations (and ZeRO the rest)
+            data = degree // tensor_degree
+            return ((base - a) * _kept(zero, data) + a * (1 + extra) / data) / tensor_degree
         return (base + a * extra) / degree
 
 
@@ -172,3 +172,9 @@ class TableStageModel:
 def _key(kind: str, degree: int, tensor_degree: int, zero: int, recompute: bool) -> tuple[str, int, int]:
     """A :class:`TableStageModel` key: ZeRO and recompute ride on the kind (``data-zero1``, ``none-recompute``)."""
     return kind + (f"-zero{zero}" if zero else "") + ("-recompute" if recompute else ""), degree, tensor_degree
+
+
+def _kept(zero: int, replicas: int) -> float:
+    """The share of the non-activation bytes a device keeps at ZeRO ``zero`` over ``replicas`` (synthetic: ZeRO-1
+    shards two thirds of them, the optimizer state; ZeRO-2/3 all)."""
+    return {0: 1.0, 1: (1 + 2 / replicas) / 3, 3: 1 / replicas}.get(zero, 1.0)
