@@ -236,13 +236,13 @@ def assign_layers(
     m = dp * micro_batch_size
     layer_costs = [stage_layer_costs(profile, cluster, g, m) for g in groups]
     zeros = [0] * pp if options is None else [z for z, _ in options]
-    shard = [0.0] * pp  # ZeRO-2/3's collectives per micro-batch, per parameter byte of the stage
+    shard: list[np.ndarray | float] = [0.0] * pp  # ZeRO-2/3's collectives per micro-batch, per layer
     if any(zeros):
+        layer_bytes = np.array([layer.parameter_bytes for layer in profile.layers], dtype=float)
         shard = [ZERO_MICROBATCH_ALLREDUCES[z] * allreduce_seconds(1.0, dp, link_bandwidth(
-            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp
+            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp * layer_bytes
             for z, g in zip(zeros, groups)]
-    layer_bytes = np.array([layer.parameter_bytes for layer in profile.layers], dtype=float)
-    stage_costs = [(c.total + (c.forward if options is not None and options[j][1] else 0.0) + shard[j] * layer_bytes)
+    stage_costs = [(c.total + (c.forward if options is not None and options[j][1] else 0.0) + shard[j])
                    * (1.0 if weights is None else weights[j]) for j, c in enumerate(layer_costs)]
     cut_costs = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(groups, groups[1:])]
     gas = global_batch_size // m
