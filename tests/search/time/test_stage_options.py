@@ -247,12 +247,13 @@ def _random_case(seed: int) -> tuple[TimeProfile, Cluster, ToyMemory, tuple[int,
 
 
 def test_a_cut_other_than_the_plain_stages_one_is_found():
-    """Two random cases where the cut for the plain stages' times leaves a stage that fits under no option of
-    its stage (found by comparing the two searches on _random_case(0..79)): the search returns the fastest plan
-    that fits, as enumerating every strategy, cut and option combination finds it, where the search with the
-    plain cut alone (CUT_ROUNDS=1, the search before it cut for the options) returned a plan 8.7% slower
-    (_random_case(71)), or none (_random_case(22))."""
-    for seed in (71, 22):
+    """Three random cases where the cut for the plain stages' times leaves a stage that fits under no option
+    (found by comparing the two searches on _random_case(0..79)): the search returns the fastest plan that fits,
+    as enumerating every strategy, cut and option combination finds it, where the search with the plain cut
+    alone (CUT_ROUNDS=1, the search before it cut for the options) returned a plan 8.7% slower
+    (_random_case(71)), 31% slower (_random_case(63): a doubled weight moves two layers off the first stage, one
+    too many; the weight halfway back moves one), or none (_random_case(22))."""
+    for seed, slower in ((71, 1.08), (63, 1.3), (22, None)):
         profile, cluster, memory, zero_levels = _random_case(seed)
         want = _fastest_by_enumeration(profile, cluster, 8, memory, zero_levels)
         def search():  # type: ignore[no-untyped-def]
@@ -261,7 +262,7 @@ def test_a_cut_other_than_the_plain_stages_one_is_found():
         assert search().best.iteration_s == pytest.approx(want, rel=1e-9)
         with mock.patch.object(throughput, "CUT_ROUNDS", 1):
             plain = search().candidates
-        assert (plain[0].iteration_s > 1.08 * want) if seed == 71 else plain == ()
+        assert (plain[0].iteration_s > slower * want) if slower else plain == ()
 
 
 @settings(max_examples=15, deadline=None)
