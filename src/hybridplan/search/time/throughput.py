@@ -35,14 +35,17 @@ choice, for the frontier): first for the plain stages' times; then for the optio
 per parameter byte, a ZeRO-1 stage's sync 1.5 times: [Note: ZeRO and recompute in time] in
 predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
 the next cut is for the options saving the most memory with that stage's layer times weighted twice as much
-(again each round it does not fit), which moves layers off it; once a cut fits, the weights go halfway back to
+(again each round it does not fit; when another stage stops fitting instead, the step shrinks to its square
+root: layers moved back and forth), which moves layers off it; once a cut fits, the weights go halfway back to
 1 (in ratio), towards the least move that fits. It stops when a cut repeats with every stage fitting. The plain
 cut being the first, the result is never slower than the plain cut's. It is a heuristic, not the optimum over
-every cut and combination: of 300 random cases of 3 to 5 layers on 2 or 4 devices (the cases of the tests),
-enumerating found a faster plan in one (by 1.2%), and of 60 of 6 to 7 layers in one (by 11%: two stages whose
-weights doubled in turn). A memory-constrained cut (the bottleneck cut with each stage's largest range that
-fits, a window like its time caps' in [Note: bottleneck search]) would be exact, at a memory prediction per
-stage position and range.
+every cut and combination; of 300 random cases of 3 to 5 layers on 2 or 4 devices (the tests' cases) and 120
+of 6 or 7 layers, enumerating every strategy, cut and option combination found a faster plan in one, by 1.2%,
+where the plain cut itself fits and is not the time model's best: its bottleneck objective leaves out the
+round trip of 1F1B ([Note: the round trip of 1F1B] in predict/time_model.py), which binds there. A
+memory-constrained cut (the bottleneck cut with each stage's largest range that fits, a window like its time
+caps' in [Note: bottleneck search]) would be exact for memory, at a memory prediction per stage position and
+range.
 """
 
 from __future__ import annotations
@@ -405,7 +408,7 @@ def search_throughput(
         plans = [plan]
         if with_stage_options:
             plans = []
-            weights = np.ones(pp)
+            weights, step, last_unfit = np.ones(pp), 2.0, np.zeros(pp, dtype=bool)
             seen: dict[tuple[int, ...], tuple[list[tuple[Option, ...]], np.ndarray]] = {}
             for _ in range(CUT_ROUNDS):
                 if plan.boundaries not in seen:
@@ -421,7 +424,10 @@ def search_throughput(
                 # the next cut: for the options chosen here, or where some stage fits under no option, for the
                 # options saving the most memory, with that stage's layer times doubled; once a cut fits, the
                 # weights go halfway back to 1 (in ratio), towards the least move of layers that fits
-                weights = np.where(unfit, 2 * weights, weights) if unfit.any() else np.sqrt(weights)
+                if unfit.any() and last_unfit.any() and (unfit != last_unfit).any():
+                    step = np.sqrt(step)  # layers moved back and forth: a smaller step
+                weights = np.where(unfit, step * weights, weights) if unfit.any() else np.sqrt(weights)
+                last_unfit = unfit
                 options = fastest[0] if fastest else [stage_options(s, zero_levels, recompute)[-1] for s in plan.stages]
                 plan = cut(devices, pp, dp, tp, mbs, options, tuple(weights))
         kept = [ThroughputCandidate(p, predict_iteration_time(p, profile, cluster), pp, dp, tp, mbs)
