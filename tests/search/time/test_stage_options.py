@@ -289,3 +289,23 @@ def test_searching_more_cuts_is_never_slower_than_the_plain_cut(seed, pareto):
     if new:
         assert min(c.iteration_s for c in new) >= _fastest_by_enumeration(
             profile, cluster, 8, memory, zero_levels) * (1 - 1e-9)
+
+
+def test_layers_moved_back_and_forth_get_a_smaller_step():
+    """Seven layers on four devices (a random case, its numbers printed in full), no ZeRO. The fastest plan that
+    fits, by enumeration, is pp=2 x dp=2 cut (0, 3, 7), plain. Its strategy's plain cut (0, 4, 7) leaves the first
+    stage fitting under no option; doubling its layer times gives (0, 2, 7), where the second stage fits under
+    none; doubling both weights in turn only swaps the two cuts (the search found no plan for the strategy, and
+    11% slower overall, before the step shrank), a step of sqrt(2) gives (0, 3, 7)."""
+    fwd = [0.004291744489336719, 0.0011967861446658087, 0.0017360635594157632, 0.00247413990254324,
+           0.0029614732269282974, 0.0031487070835120447, 0.0019491539374380507]
+    params = [8250248.0, 1474443.0, 7664541.0, 8720231.0, 2108693.0, 6193424.0, 191326.0]
+    act = 168116.91366580228
+    profile = _profile(fwd, params, act=act)
+    cluster = Cluster.uniform(1, 4, device_type="A", intra_node_bandwidth=9130524352.463602)
+    memory = ToyMemory(profile, act, 74465023.75898838)
+    want = _fastest_by_enumeration(profile, cluster, 8, memory, ())
+    best = search_throughput(profile, cluster, 8, memory_ok=memory.fits, stage_peaks=memory.stage_peaks,
+                             recompute=True).best
+    assert best.iteration_s == pytest.approx(want, rel=1e-9)
+    assert (best.pipeline_degree, best.plan.boundaries) == (2, (0, 3, 7))
