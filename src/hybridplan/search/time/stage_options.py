@@ -25,8 +25,8 @@ over the ``(S, O)`` that occur (for the optimum ``c*``, the thresholds ``max s(c
 combination under each ``M`` includes every combination on the frontier of (plan peak, ``T``).
 tests/search/time/test_stage_options.py checks both against enumerating every combination.
 
-The cut of the layers stays the one AMP's search made for the plain stages (a recomputed stage's longer
-backward could move the best cut: not searched).
+The choice is for a given cut of the layers; the throughput search chooses for a few cuts, the plain stages' one
+first ([Note: cutting for the stage options] in search/time/throughput.py).
 """
 
 from __future__ import annotations

@@ -25,6 +25,27 @@ With ``zero_levels`` and/or ``recompute`` every stage of a strategy's plan may a
 (ZeRO) and recompute its activations: per stage, the fastest options that fit, chosen exactly
 (search/time/stage_options.py, [Note: choosing stage options by thresholds]; the per-stage peaks come from
 ``stage_peaks``); the Pareto objective keeps the fastest choice under every memory threshold.
+
+[Note: cutting for the stage options] The cut for the plain stages' times may leave a stage that fits only with
+an option that slows it, or under none, where another cut fits faster (tests/search/time/test_stage_options.py
+has three random cases: 8.7% and 31% slower, and no plan at all). So with stage options a strategy is cut up to
+:data:`CUT_ROUNDS` times, options chosen exactly for every cut, the fastest that fits kept (pareto: every
+choice, for the frontier): first for the plain stages' times; then for the options chosen on the previous cut
+(a recomputed stage's layers cost their forward once more, a ZeRO-2/3 stage's its per-micro-batch collectives
+per parameter byte, a ZeRO-1 stage's sync 1.5 times: [Note: ZeRO and recompute in time] in
+predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
+the next cut is for the options saving the most memory with that stage's layer times weighted twice as much
+(again each round it does not fit; when another stage stops fitting instead, the step shrinks to its square
+root: layers moved back and forth), which moves layers off it; once a cut fits, the weights go halfway back to
+1 (in ratio), towards the least move that fits. It stops when a cut repeats with every stage fitting. The plain
+cut being the first, the result is never slower than the plain cut's. It is a heuristic, not the optimum over
+every cut and combination; of 300 random cases of 3 to 5 layers on 2 or 4 devices (the tests' cases) and 120
+of 6 or 7 layers, enumerating every strategy, cut and option combination found a faster plan in one, by 1.2%,
+where the plain cut itself fits and is not the time model's best: its bottleneck objective leaves out the
+round trip of 1F1B ([Note: the round trip of 1F1B] in predict/time_model.py), which binds there. A
+memory-constrained cut (the bottleneck cut with each stage's largest range that fits, a window like its time
+caps' in [Note: bottleneck search]) would be exact for memory, at a memory prediction per stage position and
+range.
 """
 
 from __future__ import annotations
@@ -38,7 +59,14 @@ import numpy as np
 
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES, Cluster, Plan, StagePlan, as_schedule, spec
-from hybridplan.predict.communication import allreduce_seconds, link_bandwidth, p2p_seconds, slowest_link
+from hybridplan.predict.communication import (
+    ZERO_ITERATION_ALLREDUCES,
+    ZERO_MICROBATCH_ALLREDUCES,
+    allreduce_seconds,
+    link_bandwidth,
+    p2p_seconds,
+    slowest_link,
+)
 from hybridplan.predict.stage_compute import stage_layer_costs
 from hybridplan.predict.time_breakdown import TimeBreakdown
 from hybridplan.predict.time_model import predict_iteration_time
@@ -47,7 +75,15 @@ from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
 from hybridplan.search.time.sync_costs import SyncCosts, range_sums
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
-from hybridplan.search.time.stage_options import StagePeaks, choose_options, option_table, options_label, with_options
+from hybridplan.search.time.stage_options import (
+    Option,
+    StagePeaks,
+    choose_options,
+    option_table,
+    options_label,
+    stage_options,
+    with_options,
+)
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
 
 __all__ = [
@@ -65,6 +101,9 @@ __all__ = [
 MemoryOk = Callable[[Plan], bool]
 PeakMemory = Callable[[Plan], float]
 CutAlgorithm = Literal["bottleneck", "amp"]
+CUT_ROUNDS = 4
+"""At most this many cuts per strategy with stage options ([Note: cutting for the stage options]); each costs a
+cut and an option table (one prediction of time and peaks per option)."""
 """How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the whole
 predicted iteration time, gradient sync included, by branch and bound (search/time/bottleneck_cuts.py); "amp"
 is AMP's dynamic program on the pipeline term alone (stage_cuts.py), the reference it replaced: exact for that
@@ -180,6 +219,8 @@ def assign_layers(
     schedule: str = "1f1b",
     cuts: CutAlgorithm = "bottleneck",
     range_bytes: np.ndarray | None = None,
+    options: Sequence[Option] | None = None,
+    weights: Sequence[float] | None = None,
 ) -> Plan:
     """The plan of a strategy whose stages are cut to minimise its predicted iteration time on these devices
     (``cuts``, see :data:`CutAlgorithm`); for "2bw", which never flushes, by the min-max partition of the
@@ -188,13 +229,27 @@ def assign_layers(
     ``cache`` memoises the cut on its inputs: annealing mostly visits placements whose stage and boundary
     costs equal ones already solved (identical devices and links). ``range_bytes`` (:func:`range_sums` of the
     layers' parameter bytes) saves recomputing it per strategy.
+
+    ``options`` (per stage, its (ZeRO level, recompute)) cuts for the time of stages that take them (module
+    docstring, [Note: cutting for the stage options]), and ``weights`` (per stage) multiply the stages' layer
+    times, so as to move layers off a stage that fits in memory under no option; the plan returned is the plain
+    one, options unset.
     """
     pp, dp, tp = pipeline_degree, data_degree, tensor_degree
     size = dp * tp
     # the stages' device groups; their layers are what the dynamic program decides (costing reads only devices)
     groups = [StagePlan.of(0, 0, devices[j * size : (j + 1) * size], data_degree=dp, tensor_degree=tp) for j in range(pp)]
     m = dp * micro_batch_size
-    stage_costs = [stage_layer_costs(profile, cluster, g, m).total for g in groups]
+    layer_costs = [stage_layer_costs(profile, cluster, g, m) for g in groups]
+    zeros = [0] * pp if options is None else [z for z, _ in options]
+    shard: list[np.ndarray | float] = [0.0] * pp  # ZeRO-2/3's collectives per micro-batch, per layer
+    if any(zeros):
+        layer_bytes = np.array([layer.parameter_bytes for layer in profile.layers], dtype=float)
+        shard = [ZERO_MICROBATCH_ALLREDUCES[z] * allreduce_seconds(1.0, dp, link_bandwidth(
+            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp * layer_bytes
+            for z, g in zip(zeros, groups)]
+    stage_costs = [(c.total + (c.forward if options is not None and options[j][1] else 0.0) + shard[j])
+                   * (1.0 if weights is None else weights[j]) for j, c in enumerate(layer_costs)]
     cut_costs = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(groups, groups[1:])]
     gas = global_batch_size // m
     flush = spec(schedule).flushes
@@ -203,8 +258,9 @@ def assign_layers(
         # communication.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
         # capped by the measured bandwidth; its per-message latency (the stage's parameter tensors x 2(dp-1) x alpha)
         # is not in the cut's objective yet: the candidates' times (predict_iteration_time) hold it
-        factors = tuple(allreduce_seconds(1.0, dp, link_bandwidth(
-            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp for g in groups)
+        factors = tuple(ZERO_ITERATION_ALLREDUCES[z] * allreduce_seconds(1.0, dp, link_bandwidth(
+            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp
+            for z, g in zip(zeros, groups))
         if range_bytes is None:
             range_bytes = parameter_range_bytes(profile)
         sync = SyncCosts(range_bytes, factors)
@@ -337,23 +393,50 @@ def search_throughput(
     cache: dict[bytes, Assignment] = {}
     range_bytes = parameter_range_bytes(profile)
 
-    def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> list[ThroughputCandidate]:
-        """The strategy's candidates: its plan, or with stage options the fastest choice (pareto: under every
-        memory threshold); empty where none is kept."""
-        nonlocal evaluated, rejected
-        plan = assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
+    def cut(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int, options: Sequence[Option] | None = None,
+            weights: Sequence[float] | None = None) -> Plan:
+        return assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
                              micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
-                             cuts=cuts, range_bytes=range_bytes)
+                             cuts=cuts, range_bytes=range_bytes, options=options, weights=weights)
+
+    def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> list[ThroughputCandidate]:
+        """The strategy's candidates: its plan, or with stage options the fastest choice over the cuts of
+        [Note: cutting for the stage options] (pareto: under every memory threshold); empty where none is kept."""
+        nonlocal evaluated, rejected
+        plan = cut(devices, pp, dp, tp, mbs)
         evaluated += 1
         plans = [plan]
         if with_stage_options:
-            table = option_table(plan, profile, cluster, zero_levels=zero_levels, recompute=recompute,
-                                 stage_peaks=stage_peaks)
-            plans = [with_options(plan, c) for c in choose_options(table, pareto=objective == "pareto")]
-        kept = [p for p in plans if memory_ok is None or memory_ok(p)]
+            plans = []
+            weights, step, last_unfit = np.ones(pp), 2.0, np.zeros(pp, dtype=bool)
+            seen: dict[tuple[int, ...], tuple[list[tuple[Option, ...]], np.ndarray]] = {}
+            for _ in range(CUT_ROUNDS):
+                if plan.boundaries not in seen:
+                    table = option_table(plan, profile, cluster, zero_levels=zero_levels, recompute=recompute,
+                                         stage_peaks=stage_peaks)
+                    fastest = choose_options(table)
+                    chosen = choose_options(table, pareto=True) if objective == "pareto" else fastest
+                    plans.extend(with_options(plan, c) for c in chosen)
+                    seen[plan.boundaries] = fastest, ~np.isfinite(table.peak).any(axis=1)
+                elif not seen[plan.boundaries][1].any():
+                    break  # the cut for these options is one already chosen for
+                fastest, unfit = seen[plan.boundaries]
+                # the next cut: for the options chosen here, or where some stage fits under no option, for the
+                # options saving the most memory, with that stage's layer times doubled; once a cut fits, the
+                # weights go halfway back to 1 (in ratio), towards the least move of layers that fits
+                if unfit.any() and last_unfit.any() and (unfit != last_unfit).any():
+                    step = np.sqrt(step)  # layers moved back and forth: a smaller step
+                weights = np.where(unfit, step * weights, weights) if unfit.any() else np.sqrt(weights)
+                last_unfit = unfit
+                options = fastest[0] if fastest else [stage_options(s, zero_levels, recompute)[-1] for s in plan.stages]
+                plan = cut(devices, pp, dp, tp, mbs, options, tuple(weights))
+        kept = [ThroughputCandidate(p, predict_iteration_time(p, profile, cluster), pp, dp, tp, mbs)
+                for p in plans if memory_ok is None or memory_ok(p)]
         if not kept:
             rejected += 1
-        return [ThroughputCandidate(p, predict_iteration_time(p, profile, cluster), pp, dp, tp, mbs) for p in kept]
+        if objective == "time" and kept:
+            kept = [min(kept, key=lambda c: c.iteration_s)]  # one candidate per strategy (the first of equals)
+        return kept
 
     found: list[ThroughputCandidate] = []
     strategies = enumerate_degrees(cluster.num_devices, profile.num_layers, supported_tensor_degrees(profile, cluster),
