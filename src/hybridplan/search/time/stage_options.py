@@ -52,18 +52,20 @@ its capacity), or ``None`` where the plan cannot run or be predicted (search/tim
 
 
 def stage_options(stage: StagePlan, zero_levels: Sequence[int], recompute: bool) -> tuple[Option, ...]:
-    """The options of a stage, the plain one first: ZeRO levels only with data replicas (ZeRO-2/3 only without
-    tensor parallelism, which the runtime does not shard yet: runtime/config.py), each with and without recompute
-    when ``recompute``.
+    """The options of a stage, the plain one first: ZeRO levels only with data replicas (on a data x tensor stage
+    too: the runtime shards each tensor rank's shards over its data group, the time model times the collectives
+    on them, predict/communication.py, and the memory predictor refuses the ones it cannot predict, which then
+    never fit), each with and without recompute when ``recompute``.
 
     >>> replicas = StagePlan.of(0, 2, (0, 1), data_degree=2, tensor_degree=1)
     >>> stage_options(replicas, (1, 2, 3), True)
     ((0, False), (1, False), (2, False), (3, False), (0, True), (1, True), (2, True), (3, True))
     >>> stage_options(StagePlan.of(0, 2, (0, 1, 2, 3), data_degree=2, tensor_degree=2), (1, 2, 3), False)
-    ((0, False), (1, False))
+    ((0, False), (1, False), (2, False), (3, False))
+    >>> stage_options(StagePlan.of(0, 2, (0, 1), data_degree=1, tensor_degree=2), (1, 2, 3), False)
+    ((0, False),)
     """
-    zeros = [0] + sorted({z for z in zero_levels
-                          if z > 0 and stage.data_degree > 1 and (z == 1 or stage.tensor_degree == 1)})
+    zeros = [0] + sorted({z for z in zero_levels if z > 0 and stage.data_degree > 1})
     return tuple((z, r) for r in ((False, True) if recompute else (False,)) for z in zeros)
 
 
