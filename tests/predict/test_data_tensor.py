@@ -91,7 +91,7 @@ def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_f
         predictor.predict(plan(1))
 
 
-@pytest.mark.parametrize("schedule", ["1f1b"])  # refused under GPipe: test_zero3_data_tensor_under_gpipe_is_refused
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 @pytest.mark.parametrize(("stages", "tolerance"), [
     ([{"layers": [0, 2], **DT, "zero": 3, "devices": [0, 1, 2, 3]},
       {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}], 0.0),  # measured: to the byte
@@ -99,6 +99,11 @@ def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_f
     ([{"layers": [0, 1], "parallelism": "none", "degree": 1, "devices": [0]},
       {"layers": [1, 3], **DT, "zero": 3, "devices": [1, 2, 3, 4]},
       {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [5]}], 0.04),
+    # two layers with parameters, the first backward after two forwards under both schedules (measured: 15,856 bytes;
+    # predicted +3.03% under 1F1B, -0.61% under GPipe): layer 0 does not set its suffix's first backward, so
+    # [Note: a first backward after several forwards] does not apply
+    ([{"layers": [0, 3], **DT, "zero": 3, "devices": [0, 1, 2, 3]},
+      {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [4]}], 0.04),
 ])
 def test_zero3_data_tensor_predictions_against_the_simulated_runtime(mlp_files, schedule, stages, tolerance):
     """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero.py): the tensor x2 stage at the replica's batch,
@@ -139,20 +144,12 @@ def test_zero2_data_tensor_predictions_against_the_simulated_runtime(mlp_files, 
         assert abs(row.predicted - row.measured) <= 0.02 * row.measured, (row.device, row.predicted, row.measured)
 
 
-def test_zero3_data_tensor_under_gpipe_is_refused(mlp_files):
-    """[Note: ZeRO-3 composed from an unsharded stage]: no rule composes the first backward of a ZeRO-3 data x tensor
-    stage under GPipe (wresnet-tiny measured -10.41%), so the predictor refuses it, and the memory search leaves it
-    out (``allowed``); ZeRO-2 under GPipe and ZeRO-3 under 1F1B stay predicted."""
-    from hybridplan.errors import ProfileError
-
+def test_zero3_data_tensor_under_gpipe_is_predicted_and_searched(mlp_files):
+    """[Note: a first backward after several forwards] (predict/zero.py): ZeRO-3 of a data x tensor stage under GPipe
+    is predicted (against the simulated runtime in
+    :func:`test_zero3_data_tensor_predictions_against_the_simulated_runtime`), so the memory search keeps it."""
     predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
     stages = [{"layers": [0, 2], **DT, "zero": 3, "devices": [0, 1, 2, 3]},
               {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}]
-    with pytest.raises(ProfileError, match="ZeRO-3 of a data x tensor stage under GPipe is not predicted"):
-        predictor.predict(_plan("gpipe", stages))
-    predictor.predict(_plan("1f1b", stages))
-    predictor.predict(_plan("gpipe", [{**stages[0], "zero": 2}, stages[1]]))
-    gpipe = predictor.retargeted(schedule="gpipe")
-    assert not gpipe.allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=3)
-    assert gpipe.allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=2)
-    assert predictor.retargeted(schedule="1f1b").allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=3)
+    assert predictor.predict(_plan("gpipe", stages)).devices[0].peak_memory_bytes > 0
+    assert predictor.retargeted(schedule="gpipe").allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=3)

@@ -5,6 +5,7 @@ stages come from a profiled ``data<d>-zero3`` scenario; what cannot be predicted
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
 import numpy as np
 
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, fsdp_rows, gathered_backward_transient, loss_phases,
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, first_backward_prefetch_floor, fsdp_rows, gathered_backward_transient, loss_phases,
                                      prefetched_bytes, sharded_backward_floor, sharded_forward_transient, zero1_shares,
                                      zero2_peak)
 from hybridplan.predict.zero_stage import zero_peaks
@@ -149,6 +150,18 @@ def test_prefetched_layer_by_hand():
     assert prefetched_bytes([50, 70, 40], [0, 20, 5]) == 0  # nothing before it to prefetch
     assert prefetched_bytes([50, 30, 40], [10, 20, 5]) == 0  # layer 0 raises it to 50: nothing before layer 0
     assert prefetched_bytes([60, 60, 60], [10, 20, 5]) == 20  # the last layer sets it, the others add nothing
+
+
+def test_first_backward_prefetch_floor_of_wresnet_tiny_as_measured():
+    """[Note: a first backward after several forwards]: wresnet-tiny's layers 4-5 as data 2 x tensor 2, ZeRO-3,
+    global batch 64 in 4 micro-batches (simulated devices): the first backward measured 903,296 bytes above its
+    level under GPipe and 1F1B alike, while layer 4 ran with layer 5 gathered again (traced op by op). From the
+    tensor x2 stage's first-backward suffixes at the replica's batch (380,544 from layer 4, 322,176 from layer 5),
+    the shards' gathered bytes (75,392 and 298,240) and their halves: 380,544 - 298,240 + 149,120 + 75,392 +
+    2 x 298,240 = 903,296."""
+    assert first_backward_prefetch_floor([380544, 322176], [75392, 298240], [75392, 298240], [37696, 149120]) == 903296
+    # one layer with parameters: nothing to prefetch again
+    assert first_backward_prefetch_floor([380544, 322176], [0, 298240], [0, 298240], [0, 149120]) == -math.inf
 
 
 def test_sharded_backward_floor_by_hand():

@@ -93,12 +93,6 @@ def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, inst
         raise ProfileError(f"{where}: ZeRO-{stage.zero} of a recomputed data x tensor stage is not predicted from a"
                            " profile: its rules were measured without recompute, under which FSDP gathers each layer"
                            " again for its recomputation", fix="drop \"recompute\" from the stage, or " + instead)
-    if stage.zero == 3 and base.schedule == "gpipe":
-        raise ProfileError(f"{where}: ZeRO-3 of a data x tensor stage under GPipe is not predicted from a profile: its"
-                           " first backward, after every forward, is not composed by the rules from the tensor"
-                           f"{t} scenario (measured on wresnet-tiny's layers 4-5 as data 2 x tensor 2: 903,296 bytes"
-                           " against its later backwards' 620,416, the device -10.41%; benchmarks/extended_accuracy)",
-                           fix="use the 1F1B schedule, ZeRO-1 or ZeRO-2, or " + instead)
     if stage.zero >= 2 and stage.stop == base.num_layers:
         raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage holding the model's last layer is not predicted"
                            " from a profile: its loss runs outside every FSDP unit, and without a ZeRO-3 counterpart"

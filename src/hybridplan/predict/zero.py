@@ -157,11 +157,32 @@ layer: 310,612 - 6,168 + 3,084 + 298,240 + 75,392 = 681,160 (-0.6%); on gpt-tiny
 value (332,800) at the stage's last block and less before it. Over benchmarks/extended_accuracy's 18 plans drawn
 with a ZeRO-3 data x tensor stage (72 devices of such stages) it took them from 72.2% to 94.4% within 2%, largest
 10.41% both times: wresnet-tiny's layers 4-5 under GPipe, whose first backward measures 903,296 bytes against its
-later ones' 620,416 (predicted to the byte), which no rule here explains yet. So the predictor refuses a ZeRO-3
-data x tensor stage under GPipe (its first backward follows every forward; under 1F1B the same stage is -1.20%),
-and a ZeRO-3 data x tensor stage holding the model's last layer is refused (measured as well: the MLP's layers 3-5
+later ones' 620,416 (predicted to the byte); [Note: a first backward after several forwards] composes it. A
+ZeRO-3 data x tensor stage holding the model's last layer is refused (measured: the MLP's layers 3-5
 (tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe), and so is a recomputed one (the rules
 were measured without recompute, under which FSDP gathers each layer again to recompute it), and mixed precision.
+
+[Note: a first backward after several forwards] FSDP2's backward prefetch (torch/distributed/fsdp/_fully_shard/
+_fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward, the layer recorded before it in
+the forward order, and that order holds every forward run since the last backward. So the first backward after
+two forwards or more (GPipe's first backward; 1F1B's where the stage has a stage after it), at the span's first
+layer with parameters, finds "before" it the previous micro-batch's LAST layer, resharded by its own backward a
+moment ago, and gathers it again (the all-gather's buffer and the gathered copy, both held until the backward's
+end: nothing runs that layer again). Traced op by op (wresnet-tiny's layers 4-5 as data 2 x tensor 2, ZeRO-3,
+global batch 64 in 4 micro-batches, simulated devices): the first backward measures 903,296 bytes above its level
+under GPipe and 1F1B alike, at layer 4's convolution backward, with layer 5's 298,240 gathered bytes held twice
+(``_prefetch_unshard`` of layer 5 in layer 4's ``pre_backward``) and layer 5's reduce-scattered gradient (149,120),
+where the later backwards (one forward since the last backward, or none) measure 620,416 (GPipe) and 695,808
+(1F1B), as composed. The rule (:func:`first_backward_prefetch_floor`) is :func:`reduce_scatter_floor`'s value at
+the span's first layer with parameters plus twice the last one's gathered bytes: 380,544 (the tensor stage's
+first-backward suffix from layer 4) - 298,240 + 149,120 + 75,392 + 2 x 298,240 = 903,296, to the byte; the
+device's peak, 1,993,248 under GPipe and 1,728,544 under 1F1B, is then predicted to the byte (it was -10.41% and
+-1.20%). It applies only where that layer sets its suffix's first backward (a suffix larger than the next one's):
+otherwise the suffix's value is a later layer's phase and the first layer's own is not known, and adding the
+prefetch to it over-counts (the MLP's layers 0-2, Linear, ReLU, Linear, as data 2 x tensor 2: 15,856 bytes
+measured, +9.28% with the rule, +3.03% (1F1B) and -0.61% (GPipe) without). Over benchmarks/extended_accuracy it
+lifted the refusal of ZeRO-3 data x tensor stages under GPipe: 146 plans scored (9 more), 72 devices of such
+stages, all within 2% (largest 0.69%).
 
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] on the composed ZeRO-3
 stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the
@@ -219,7 +240,7 @@ from hybridplan.plan.schedule import stage_actions
 from hybridplan.profiling.quantities import INDEX
 
 __all__ = ["ZeroLayout", "Zero2Transients", "zero1_shares", "fsdp_rows", "gathered_backward_transient", "loss_phases",
-           "zero2_peak", "prefetched_bytes", "reduce_scatter_floor", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
+           "zero2_peak", "prefetched_bytes", "reduce_scatter_floor", "first_backward_prefetch_floor", "sharded_backward_floor", "sharded_forward_transient", "unsharded_backward_bound", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
 """AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
@@ -489,6 +510,27 @@ def reduce_scatter_floor(first_suffix: Sequence[float], gathered: Sequence[int],
         before = next((size for size in reversed(gathered[:j]) if size), 0)
         best = max(best, first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + before)
     return best
+
+
+def first_backward_prefetch_floor(first_suffix: Sequence[float], gathered: Sequence[int], whole: Sequence[int],
+                                  shards: Sequence[int]) -> float:
+    """The least a ZeRO-3 backward that follows two forwards or more holds above its level while the span's first
+    layer with parameters runs ([Note: a first backward after several forwards]): :func:`reduce_scatter_floor`'s
+    value at that layer, with the span's last layer with parameters gathered again beside it (its all-gather's
+    buffer and the gathered copy: twice its gathered bytes); -inf where one layer holds the span's parameters, or
+    where that layer's suffix is no larger than the next one's (the suffix's value is then a later layer's phase,
+    and the first layer's own is not known).
+
+    >>> first_backward_prefetch_floor([100, 80], [40, 20], [40, 20], [20, 10])  # 100 - 20 + 10 + 40 + 2 x 20
+    170
+    >>> first_backward_prefetch_floor([80, 80], [40, 20], [40, 20], [20, 10])  # layer 1's phase sets both suffixes
+    -inf
+    """
+    layers = [j for j, size in enumerate(gathered) if size]
+    if len(layers) < 2 or first_suffix[layers[0]] <= first_suffix[layers[0] + 1]:
+        return -math.inf
+    j, last = layers[0], layers[-1]
+    return first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + 2 * gathered[last]
 
 
 def loss_phases(sizes: Sequence[int], data: Sequence[float], zero3: Sequence[float], added: float,

@@ -21,7 +21,7 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, gathered_backward_transient, loss_phases,
+from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, first_backward_prefetch_floor, gathered_backward_transient, loss_phases,
                                      prefetched_bytes, reduce_scatter_floor, sharded_backward_floor, sharded_forward_transient,
                                      unsharded_backward_bound, zero2_peak)
 from hybridplan.profiling.quantities import INDEX
@@ -55,13 +55,13 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
     """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
     tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] and [Note: ZeRO-3 composed from an unsharded stage]
     in predict/zero.py), or None where the profile cannot say: ZeRO-2/3 in mixed precision, recomputed or holding the
-    model's last layer, ZeRO-3 under GPipe, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
     if zero not in (1, 2, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
     if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py
-        if stop == predictor.num_layers or predictor.recompute or (zero == 3 and predictor.schedule == "gpipe"):
+        if stop == predictor.num_layers or predictor.recompute:
             return None  # refused with the reason by predict/plan_checks.py
         composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
         return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
@@ -144,11 +144,20 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
 def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
                          layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
     """Each rank's peak of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
-    (:func:`composed_zero3_quantities`), each rank's chunks moving its ``static`` and step; None where not
-    predicted."""
+    (:func:`composed_zero3_quantities`), its first backward raised to FSDP2's spurious prefetch where it follows two
+    forwards or more ([Note: a first backward after several forwards] in predict/zero.py), each rank's chunks moving
+    its ``static`` and step; None where not predicted."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
-    if q is None:
+    table = predictor._scaled_table(kind, degree)
+    if q is None or table is None:
         return None
+    forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
+                                                                                     stages_after + 1)
+    if forwards >= 2:  # [Note: a first backward after several forwards] in predict/zero.py
+        gathered = layout.gathered_bytes(start, stop, data)
+        q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
+            table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
+            [g // data for g in gathered]))
     terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
     out = []
     for r in range(data):
