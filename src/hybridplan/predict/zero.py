@@ -184,6 +184,16 @@ measured, +9.28% with the rule, +3.03% (1F1B) and -0.61% (GPipe) without). Over 
 lifted the refusal of ZeRO-3 data x tensor stages under GPipe: 146 plans scored (9 more), 72 devices of such
 stages, all within 2% (largest 0.69%).
 
+The refusal of a ZeRO-2/3 data x tensor stage holding the model's last layer stays: the loss's backward measured
+alone (``loss_backward``) gives the loss's phase ``S``, but where it sets the tensor stage's suffixes the head's
+own phase ``M`` is unknown, and ZeRO-3's backwards follow from ``M``. Measured (simulated devices, global batch 64
+in 4 micro-batches, the stage data 2 x tensor 2 ZeRO-3 after one pipeline-only stage, the composition above
+applied as it stands): gpt-tiny layers 5-10 +4.23% (1F1B) / +1.47% (GPipe), moe-tiny 3-6 +9.24% / +3.43%,
+wresnet-tiny 4-7 -0.19% / -0.23%, the MLP's 3-5 -3.09% / -5.88%. On gpt-tiny every tensor suffix is the loss's
+131,072 (S), and the measured backwards read as ``M`` = 99,968: after a forward M + the head's 16,896 gathered
+bytes + the prefetched block's 100,736 = 217,600; after a backward S; the first backward that plus the head's
+reduce-scattered gradient (8,448) = 226,048; the floor gives 324,096 (the loss's phase with the gathered bytes).
+
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] on the composed ZeRO-3
 stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the
 tensor stage's suffix), the gathered forward the tensor stage's. Measured the same way (data x tensor 2 x 2,
