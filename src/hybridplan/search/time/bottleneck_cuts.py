@@ -85,8 +85,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hybridplan.errors import PlanError
+from hybridplan.predict.time_model import pipeline_seconds_from
 from hybridplan.search.time.cut_problem import _Problem
-from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check, assignment_objective
+from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check
 from hybridplan.search.time.sync_costs import SyncCosts
 
 __all__ = ["bottleneck_assignment", "bottleneck_min_max"]
@@ -97,6 +98,10 @@ SWEEP_AFTER = 64
 note): about three times what the search needs on the plan search's cases (benchmarks/search_time: about 20
 per cut), so that the sweep only takes over where corners are many. A choice of speed, not of result: both
 are exact: tests/search/time/test_bottleneck_cuts.py sets it to 0, 4 and 64 and finds AMP's optimum each time."""
+
+Pipeline = Callable[[np.ndarray | float, np.ndarray | float], np.ndarray]
+"""The pipeline term of cuts from their bottleneck ``max u`` and round trip ``sum (t + e)``: the time model's
+(:func:`~hybridplan.predict.time_model.pipeline_seconds_from`), non-decreasing in both (module note)."""
 
 _SWEEP_ELEMENTS = 1 << 18
 """Caps per sweep batch times ``L + 2``: a batch's arrays of about 2 MB each (the sparse table ``log w`` of
@@ -130,24 +135,24 @@ class _KnownCuts:
         return ph, qh
 
 
-def _sweep(problem: _Problem, caps: np.ndarray, g: float, least_sum: float, best_value: float,
+def _sweep(problem: _Problem, caps: np.ndarray, pipeline: Pipeline, least_sum: float, best_value: float,
            best_cut: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
     """The best cut among the incumbent and those of ``S(P)`` for every cap ``P`` in ``caps`` (sorted) with
-    ``g P + least_sum < best_value``: ``S`` of a batch of caps at once
+    ``pipeline(P, least_sum) < best_value``: ``S`` of a batch of caps at once
     (:meth:`~hybridplan.search.time.cut_problem._Problem.sums`), then the cut of the batch's best cap, which becomes
     the incumbent and prunes the later batches."""
     rows = max(1, _SWEEP_ELEMENTS // (problem.n + 2))
     for start in range(0, len(caps), rows):
         batch = caps[start : start + rows]
-        batch = batch[g * batch + least_sum < best_value]  # sorted: an empty batch ends the sweep
+        batch = batch[pipeline(batch, least_sum) < best_value]  # sorted: an empty batch ends the sweep
         if len(batch) == 0:
             break
-        values = g * batch + problem.sums(batch, 0.0)
+        values = pipeline(batch, problem.sums(batch, 0.0))
         r = int(np.argmin(values))
         if values[r] < best_value:
             total, cut = problem.evaluate(float(batch[r]), 0.0)
-            if cut is not None and problem.value(cut, g)[0] < best_value:
-                best_value, best_cut = problem.value(cut, g)[0], cut
+            if cut is not None and problem.value(cut, pipeline)[0] < best_value:
+                best_value, best_cut = problem.value(cut, pipeline)[0], cut
     return best_value, best_cut
 
 
@@ -157,6 +162,7 @@ def bottleneck_assignment(
     num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None,
     sync: SyncCosts | None = None,
+    in_flight: int | None = None,
 ) -> Assignment:
     """The boundaries minimising :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the
     optimum of :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), plus ``sync.seconds`` when
@@ -178,17 +184,27 @@ def bottleneck_assignment(
     if cut_floors is not None:
         _check(stage_costs, cut_floors)
     g = float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT
+
+    def exact(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """The time model's pipeline term of cuts of bottleneck ``u`` and round trip ``total``."""
+        return pipeline_seconds_from(u, total, num_microbatches, in_flight=in_flight)
+
+    def pipeline(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """What the search minimises: :func:`exact`, with gas = 1 the tie-break weight on ``u`` too."""
+        return exact(u, total) + (g - (num_microbatches - 1)) * np.asarray(u, dtype=float)
+
     # incumbents: the least sum without caps (its sum bounds every sum), and balanced stages
     least_sum, first = problem.evaluate(np.inf, np.inf)
     if first is None:
         raise PlanError("no cut of the layers into stages has a finite time",
                         fix="check the stage and boundary costs: they must be finite")
     best_cut = first
-    best_value = problem.value(best_cut, g)[0]
+    best_value = problem.value(best_cut, pipeline)[0]
     balanced = problem.balanced_cut()
-    if problem.value(balanced, g)[0] < best_value:
-        best_value, best_cut = problem.value(balanced, g)[0], balanced
-    # a better cut has g P + Q + S < best with S >= least_sum: only caps in these ranges can matter
+    if problem.value(balanced, pipeline)[0] < best_value:
+        best_value, best_cut = problem.value(balanced, pipeline)[0], balanced
+    # a better cut has g P + Q + S <= its objective < best with S >= least_sum (the round trip only adds):
+    # only caps in these ranges can matter
     # (the slack covers rounding of the sums, so that the optimum's own maxima stay inside)
     slack = 1e-9 * (abs(best_value) + abs(least_sum))
     p_floor = problem.bottleneck_floor() * (1 - 1e-9)
@@ -208,7 +224,7 @@ def bottleneck_assignment(
     def learn(cut: tuple[int, ...], total: float) -> tuple[int, int]:
         """Keep a cut found: as the incumbent if it is the best, and (always) for its dominance."""
         nonlocal best_value, best_cut
-        value = problem.value(cut, g)[0]
+        value = problem.value(cut, pipeline)[0]
         if value < best_value:
             best_value, best_cut = value, cut
         u, q = problem.maxima(cut)
@@ -217,7 +233,7 @@ def bottleneck_assignment(
         return pu, qu
 
     for cut in {best_cut, balanced}:
-        learn(cut, problem.value(cut, g)[1])
+        learn(cut, problem.value(cut, pipeline)[1])
     seen: dict[tuple[int, int], tuple[float, tuple[int, ...] | None]] = {}
 
     def least_feasible(count: int, caps: Callable[[int], tuple[int, int]]) -> int:
@@ -243,7 +259,7 @@ def bottleneck_assignment(
     while boxes:
         if not problem.sync and len(seen) > SWEEP_AFTER:
             # many corners (module note, worst case): every candidate left, in batches, instead of the boxes
-            best_value, best_cut = _sweep(problem, ps[first_p:], g, least_sum, best_value, best_cut)
+            best_value, best_cut = _sweep(problem, ps[first_p:], pipeline, least_sum, best_value, best_cut)
             break
         bound, _, pl, ph, ql, qh, total = heapq.heappop(boxes)
         if bound >= best_value:
@@ -253,7 +269,7 @@ def bottleneck_assignment(
         ph, qh = known.shrink(pl, ph, ql, qh, total)
         ql = max([ql] + [qi + 1 for pi, qi in dead if pi >= ph])
         pl = max([pl] + [pi + 1 for pi, qi in dead if qi >= qh])
-        if pl > ph or ql > qh or g * float(ps[pl]) + float(qs[ql]) + total >= best_value:
+        if pl > ph or ql > qh or float(pipeline(ps[pl], total)) + float(qs[ql]) >= best_value:
             continue
         if (ph, qh) not in seen:
             seen[ph, qh] = problem.evaluate(float(ps[ph]), float(qs[qh]))
@@ -273,21 +289,18 @@ def bottleneck_assignment(
         for a, b, c, d in rest:
             halves = [(a, b, c, d)]
             # halve the side along which the bound varies most (with one micro-batch, g is tiny: Q first)
-            if b > a and (d == c or g * float(ps[b] - ps[a]) >= float(qs[d] - qs[c])):
+            if b > a and (d == c or float(pipeline(ps[b], total) - pipeline(ps[a], total)) >= float(qs[d] - qs[c])):
                 mid = (a + b) // 2
                 halves = [(a, mid, c, d), (mid + 1, b, c, d)]
             elif d > c:
                 mid = (c + d) // 2
                 halves = [(a, b, c, mid), (a, b, mid + 1, d)]
             for a2, b2, c2, d2 in halves:
-                low = g * float(ps[a2]) + float(qs[c2]) + total
+                low = float(pipeline(ps[a2], total)) + float(qs[c2])
                 if low < best_value:
                     heapq.heappush(boxes, (low, serial, a2, b2, c2, d2, total))
                     serial += 1
-    objective = assignment_objective(best_cut, stage_costs, cut_costs, num_microbatches, cut_floors)
-    if sync is not None:
-        objective += sync.seconds(best_cut)
-    return Assignment(best_cut, objective)
+    return Assignment(best_cut, problem.value(best_cut, exact)[0])
 
 
 def bottleneck_min_max(

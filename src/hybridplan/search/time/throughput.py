@@ -69,7 +69,7 @@ from hybridplan.predict.communication import (
 )
 from hybridplan.predict.stage_compute import stage_layer_costs
 from hybridplan.predict.time_breakdown import TimeBreakdown
-from hybridplan.predict.time_model import predict_iteration_time
+from hybridplan.predict.time_model import first_stage_in_flight, predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
@@ -264,9 +264,12 @@ def assign_layers(
         if range_bytes is None:
             range_bytes = parameter_range_bytes(profile)
         sync = SyncCosts(range_bytes, factors)
+    # the cut is timed with the round trip of 1F1B as the model times the plan (predict/time_model.py)
+    in_flight = first_stage_in_flight(schedule, pp, gas) if flush and cuts == "bottleneck" else None
     key = b""
     if cache is not None:
-        key = np.concatenate([[gas, flush, cuts == "amp"], *stage_costs, *cut_costs, sync.factors if sync else []]).tobytes()
+        key = np.concatenate([[gas, flush, cuts == "amp", in_flight or 0], *stage_costs, *cut_costs,
+                              sync.factors if sync else []]).tobytes()
     assignment = cache.get(key) if cache is not None else None
     if assignment is None:
         # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
@@ -274,7 +277,7 @@ def assign_layers(
         if flush and cuts == "amp":
             assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
         elif flush:
-            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync)
+            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight)
         else:
             assignment = (bottleneck_min_max if cuts == "bottleneck" else min_max_assignment)(stage_costs, floors, cut_costs)
         if cache is not None:
