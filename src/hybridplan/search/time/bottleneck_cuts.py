@@ -1,17 +1,25 @@
 """Cutting a layer chain into pipeline stages fast: branch and bound on the bottleneck values.
 
-[Note: bottleneck search] The objective of :func:`~hybridplan.search.time.stage_cuts.assignment_objective`,
-``g max_j u_j + sum_j (t_j + e_j)`` (``g = gas - 1``, ``u_j`` the stage time or the floor of its incoming
-boundary), optionally plus the data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of
-stage ``j``'s layers, ``c_j`` seconds per byte of its ring all-reduce: time_model's eq. 4 term), has two max
-terms that do not decompose over stages. AMP's program (stage_cuts.py) carries the max as a tolerance index
-through the table, ``O(k L^2 |m|)``. Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q``
-(sync), ``S(P, Q)`` = the least ``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
+[Note: bottleneck search] The objective is the time model's pipeline term ``pipe(U, S)`` of a cut's
+bottleneck ``U = max_j u_j`` (``u_j`` the stage time or the floor of its incoming boundary) and round trip
+``S = sum_j (t_j + e_j)``: :func:`~hybridplan.predict.time_model.pipeline_seconds_from`, called, not copied, so
+that the cut is timed as the model times the plan. That is eq. 5, ``g U + S`` (``g = gas - 1``: the objective of
+:func:`~hybridplan.search.time.stage_cuts.assignment_objective`), or with ``in_flight = k`` micro-batches in flight
+(1F1B: [Note: the round trip of 1F1B] in predict/time_model.py) ``g max(U, S / k) + S``; optionally plus the
+data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of stage ``j``'s layers, ``c_j`` seconds
+per byte of its ring all-reduce: time_model's eq. 4 term). Its max terms do not decompose over stages. AMP's
+program (stage_cuts.py) carries the max as a tolerance index through the table, ``O(k L^2 |m|)`` (and knows no
+round trip). Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q`` (sync), ``S(P, Q)`` = the least
+``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
 
-    optimum = min over (P, Q) of  g P + Q + S(P, Q),
+    optimum = min over (P, Q) of  pipe(P, S(P, Q)) + Q,
 
-and it suffices to try the values ``P`` and ``Q`` that some stage can take (the candidates). Three facts make
-this fast:
+and it suffices to try the values ``P`` and ``Q`` that some stage can take (the candidates). What the search
+needs of ``pipe`` is only that it is non-decreasing in ``U`` and in ``S`` (the least-sum cut under the optimum's
+own maxima is then no slower than the optimum) and at least ``g U + S`` (the ranges of the caps below): both hold
+with the round trip, whose ``S / k`` only adds to the period. A bound ``pipe(P_lo, S_lo) + Q_lo`` of a box is
+therefore still a lower bound of every objective inside, tighter than ``g P_lo + S_lo + Q_lo`` where the round
+trip binds. Three facts make this fast:
 
 1. ``S(P, Q)`` is a shortest path over (stage, layer) in which stage ``j`` may hold ``[a, i)`` only when
    ``a >= lo_j(i)``: layer times and bytes are non-negative, so a range's time and bytes grow with it and the
@@ -26,10 +34,10 @@ this fast:
    of sum ``S_c`` dominates the quadrant above its maxima in any box whose sums are all ``>= S_c``, and an
    infeasible evaluation kills the quadrant below its caps.
 3. Within a box of candidates ``[P_lo, P_hi] x [Q_lo, Q_hi]`` cut out of a parent whose sum was ``S``, no
-   objective is below ``g P_lo + Q_lo + S``. Boxes are searched best bound first and halved along the side over
-   which that bound varies most before evaluation (a binary search on the bottleneck; with one micro-batch
-   ``g`` is tiny and the sync side goes first), so the search stops as soon as the best bound left cannot beat
-   the best cut found.
+   objective is below ``pipe(P_lo, S) + Q_lo`` (``>= g P_lo + Q_lo + S``). Boxes are searched best bound
+   first and halved along the side over which that bound varies most before evaluation (a binary search on
+   the bottleneck; with one micro-batch ``g`` is tiny and the sync side goes first), so the search stops as
+   soon as the best bound left cannot beat the best cut found.
 
 Before the boxes: two incumbents (the least sum without caps, whose sum bounds every sum, and stages of equal
 time) bound the caps a better cut can have, so only candidates in that range are built; then a binary search
@@ -53,9 +61,9 @@ box is either dropped or evaluated at its top corner ``(ph, qh)``, and the boxes
 ``Q < qs[qu]``, with ``pu <= ph`` and ``qu <= qh``) lie inside it without that corner. Without a sync term
 (``|C_Q| = 1``) the search stops after :data:`SWEEP_AFTER` evaluations and computes ``S(P)`` of every
 candidate ``P`` left, ascending, in batches of caps (one numpy pass per stage for the batch,
-:meth:`~hybridplan.search.time.cut_problem._Problem.sums`; batches past ``g P + least sum >= best`` are skipped, and
-each batch's best cap is evaluated for its cut): again each candidate at most once, with numpy instead of Python
-setting the pace.
+:meth:`~hybridplan.search.time.cut_problem._Problem.sums`; batches past ``pipe(P, least sum) >= best`` are
+skipped, and each batch's best cap is evaluated for its cut): again each candidate at most once, with numpy
+instead of Python setting the pace.
 ``|C_P| <= L + D L (L + 1) / 2`` with ``D`` the distinct (stage cost vector, boundary floors) pairs of stages
 1 .. k-1 (stage 0 only holds prefixes), and ``|C_Q| <= 1 + F L (L + 1) / 2`` with ``F`` the distinct sync
 factors. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term (``O(k L^3 log L)`` on
@@ -164,13 +172,18 @@ def bottleneck_assignment(
     sync: SyncCosts | None = None,
     in_flight: int | None = None,
 ) -> Assignment:
-    """The boundaries minimising :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the
-    optimum of :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), plus ``sync.seconds`` when
-    ``sync`` is given, by branch and bound on the bottleneck values (module note).
+    """The boundaries minimising the time model's pipeline term (module note): without ``in_flight``
+    :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the optimum of
+    :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), with it the round trip of 1F1B too; plus
+    ``sync.seconds`` when ``sync`` is given; by branch and bound on the bottleneck values.
 
     Args: as :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`; ``sync``: the data-parallel
     gradient all-reduce per stage (:class:`~hybridplan.search.time.sync_costs.SyncCosts`), so that the cut
-    minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term.
+    minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term;
+    ``in_flight``: the micro-batches the first stage holds at once
+    (:func:`~hybridplan.predict.time_model.first_stage_in_flight`; None: as many as there are, GPipe), whose
+    round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py). The objective
+    returned is the time model's pipeline term (with one micro-batch, without the tie-break weight) plus the sync.
 
     Raises:
         PlanError: for more stages than layers, mismatched vector lengths or negative layer times.

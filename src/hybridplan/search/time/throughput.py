@@ -2,11 +2,12 @@
 
 For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
 dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
-cut the layers into ``pp`` stages so as to minimise the predicted iteration time, gradient sync included
-(:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of :mod:`hybridplan.search.time.stage_cuts`
-minimises the pipeline term alone, and stays as ``cuts="amp"``), and predict the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by
-simulated annealing over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is
-the candidates by predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
+cut the layers into ``pp`` stages so as to minimise the predicted iteration time, the round trip of 1F1B and the
+gradient sync included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of
+:mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict the
+iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
+over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is the candidates by
+predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
 
 [Note: uniform strategies as Plans] A strategy is the plan of :meth:`~hybridplan.plan.plan.Plan.uniform`:
 AMP's ``dp`` replicas of ``mbs`` samples become a plan whose micro-batch is ``dp * mbs`` samples, split ``dp``
@@ -100,14 +101,15 @@ __all__ = [
 
 MemoryOk = Callable[[Plan], bool]
 PeakMemory = Callable[[Plan], float]
-CutAlgorithm = Literal["bottleneck", "amp"]
 CUT_ROUNDS = 4
 """At most this many cuts per strategy with stage options ([Note: cutting for the stage options]); each costs a
 cut and an option table (one prediction of time and peaks per option)."""
+CutAlgorithm = Literal["bottleneck", "amp"]
 """How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the whole
-predicted iteration time, gradient sync included, by branch and bound (search/time/bottleneck_cuts.py); "amp"
-is AMP's dynamic program on the pipeline term alone (stage_cuts.py), the reference it replaced: exact for that
-term but O(k L^4) and blind to the sync."""
+predicted iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the
+gradient sync, by branch and bound (search/time/bottleneck_cuts.py); "amp" is AMP's dynamic program on eq. 5
+alone (stage_cuts.py), the reference it replaced: exact for that term but O(k L^4), blind to the sync and to the
+round trip of 1F1B."""
 
 
 @dataclass(frozen=True)
