@@ -121,6 +121,32 @@ def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, nu
     assert found.objective == pytest.approx(total(found.boundaries, 0.0), rel=1e-12, abs=1e-12)
 
 
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans())
+def test_min_max_with_the_round_trip_the_least_period_of_every_cut(data: st.DataObject, num_layers: int, gas: int,
+                                                                   integers: bool) -> None:
+    """PipeDream-2BW's period with the round trip (time_model's [Note: the round trip of 1F1B]): max(max t, max e / 2,
+    (sum t + sum e) / in_flight) written out again; the least over every cut, the fill breaking ties."""
+    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+
+    k = data.draw(st.integers(1, num_layers))
+    in_flight = data.draw(st.integers(1, k + 1))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) * data.draw(st.sampled_from([0.25, 1.0, 4.0])) for _ in range(k - 1)]
+    found = bottleneck_min_max(stage_costs, [c / 2 for c in cut_costs], cut_costs, gas, in_flight)
+
+    def period_and_fill(b: tuple[int, ...]) -> tuple[float, float]:
+        t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
+        e = [float(cut_costs[j - 1][b[j] - 1]) for j in range(1, k)]
+        return max(t + [x / 2 for x in e] + ([(sum(t) + sum(e)) / in_flight] if in_flight < gas else [])), sum(t) + sum(e)
+
+    period, fill = period_and_fill(found.boundaries)
+    best = min(period_and_fill(b)[0] for b in all_cuts(num_layers, k))
+    assert period == pytest.approx(best, rel=1e-9, abs=1e-12) and found.objective == pytest.approx(period, rel=1e-12)
+    # the fill breaks ties (a weight of 1e-9 of it: a period within that of the best may win by a smaller fill)
+    assert fill <= min(f for p, f in map(period_and_fill, all_cuts(num_layers, k)) if p <= period * (1 + 1e-9) + 1e-12) + 1e-9
+
+
 def test_a_long_chain_matches_the_reference() -> None:
     # 40 layers of a transformer-like chain (heavy first and last layers, 5% jitter) on 2 to 8 stages: the
     # pruned search must still reach AMP's optimum where its incumbents and bounds are far from it

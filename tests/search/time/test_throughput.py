@@ -213,8 +213,9 @@ def test_the_cut_minds_the_round_trip_of_1f1b(schedule: str, boundaries: tuple[i
 
 
 @settings(max_examples=100, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), schedule=st.sampled_from(["1f1b", "gpipe"]))
-@example(seed=1365, schedule="1f1b")  # the case of test_the_cut_minds_the_round_trip_of_1f1b, 10% slower once
+@given(seed=st.integers(0, 2**32 - 1), schedule=st.sampled_from(["1f1b", "gpipe", "2bw"]))
+@example(seed=18, schedule="1f1b")  # cases the cut once missed, leaving out the round trip (14 of seeds 0-599 under
+@example(seed=451, schedule="2bw")  # 1F1B, 13 under PipeDream-2BW, whose min-max cut left it out too)
 def test_the_cut_is_the_best_of_every_cut_under_the_time_model(seed: int, schedule: str) -> None:
     """3 to 7 random layers on 2 to 4 devices (pp x dp, no parameters: the cut's objective leaves out the sync's
     per-message latency), links from 100 MB/s to 100 GB/s, so that compute, transfers or the round trip bind."""

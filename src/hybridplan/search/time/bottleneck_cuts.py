@@ -317,12 +317,22 @@ def bottleneck_assignment(
 
 
 def bottleneck_min_max(
-    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
+    num_microbatches: int = 1, in_flight: int | None = None,
 ) -> Assignment:
     """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
     ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
     ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
     ``S(P, inf)``. ``objective`` of the result is ``P``.
+
+    With ``in_flight`` fewer than ``num_microbatches`` (PipeDream-2BW holds one micro-batch per stage) the period is
+    the time model's, at least the round trip ``sum t + sum e`` over ``in_flight`` ([Note: the round trip of 1F1B]
+    in predict/time_model.py): ``max(P, S / in_flight)``, the time model's
+    :func:`~hybridplan.predict.time_model.pipeline_seconds_from` without a flush, over gas. Its least value over the caps, ``pipe(P, S(P))`` per candidate ``P``,
+    is the optimum (the least-sum cut under an optimum's own ``P`` is no slower), found by the sweep of the module
+    note over the candidates from the least feasible one while ``pipe(P, least sum)`` can still beat the min-max
+    cut (one candidate where the round trip does not bind); the fill still breaks ties (1e-9 of it added).
+    ``objective`` is then that period.
 
     Example:
         >>> ones = np.ones(4)
@@ -343,4 +353,17 @@ def bottleneck_min_max(
     if cut is None:
         raise PlanError("no cut of the layers into stages has a finite period",
                         fix="check the stage and boundary costs: they must be finite")
-    return Assignment(cut, problem.maxima(cut)[0])
+    if in_flight is None or in_flight >= num_microbatches or cut_costs is None:
+        return Assignment(cut, problem.maxima(cut)[0])
+
+    def period(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """The time model's steady-state period of cuts of bottleneck ``u`` and round trip ``total``."""
+        return pipeline_seconds_from(u, total, num_microbatches, flush=False, in_flight=in_flight) / num_microbatches
+
+    def pipeline(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """What the sweep minimises: the period, the fill breaking ties."""
+        return period(u, total) + _SINGLE_MICROBATCH_WEIGHT * np.asarray(total, dtype=float)
+
+    least_sum, _ = problem.evaluate(np.inf, np.inf)
+    _, cut = _sweep(problem, ps[lo:], pipeline, least_sum, problem.value(cut, pipeline)[0], cut)
+    return Assignment(cut, problem.value(cut, period)[0])

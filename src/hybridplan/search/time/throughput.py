@@ -270,7 +270,7 @@ def assign_layers(
             range_bytes = parameter_range_bytes(profile)
         sync = SyncCosts(range_bytes, factors)
     # the cut is timed with the round trip of 1F1B as the model times the plan (predict/time_model.py)
-    in_flight = first_stage_in_flight(schedule, pp, gas) if flush and cuts == "bottleneck" else None
+    in_flight = first_stage_in_flight(schedule, pp, gas) if cuts == "bottleneck" else None
     key = b""
     if cache is not None:
         key = np.concatenate([[gas, flush, cuts == "amp", in_flight or 0], *stage_costs, *cut_costs,
@@ -284,7 +284,8 @@ def assign_layers(
         elif flush:
             assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight)
         else:
-            assignment = (bottleneck_min_max if cuts == "bottleneck" else min_max_assignment)(stage_costs, floors, cut_costs)
+            assignment = (bottleneck_min_max(stage_costs, floors, cut_costs, gas, in_flight)
+                          if cuts == "bottleneck" else min_max_assignment(stage_costs, floors, cut_costs))
         if cache is not None:
             cache[key] = assignment
     b = assignment.boundaries
