@@ -100,7 +100,7 @@ from hybridplan.predict.stage_compute import (
 from hybridplan.predict.time_breakdown import StageTime, TimeBreakdown
 from hybridplan.profiling.time_profile import TimeProfile
 
-__all__ = ["pipeline_seconds", "pipeline_seconds_of", "first_stage_in_flight", "predict_iteration_time"]
+__all__ = ["pipeline_seconds", "pipeline_seconds_of", "pipeline_seconds_from", "first_stage_in_flight", "predict_iteration_time"]
 
 
 def pipeline_seconds(
@@ -124,13 +124,33 @@ def pipeline_seconds_of(
     that a search that times choices in bulk (search/time/stage_options.py) times them as the model does."""
     t = np.asarray(compute_s, dtype=float)
     e = np.asarray(p2p_s, dtype=float)
-    steady = np.maximum(t.max(axis=-1), float(e.max()) / 2 if e.size else 0.0)
+    bottleneck = np.maximum(t.max(axis=-1), float(e.max()) / 2 if e.size else 0.0)
+    return pipeline_seconds_from(bottleneck, t.sum(axis=-1) + float(e.sum()), num_microbatches, flush=flush,
+                                 in_flight=in_flight)
+
+
+def pipeline_seconds_from(
+    bottleneck: np.ndarray | float, round_trip: np.ndarray | float, num_microbatches: int, *, flush: bool = True,
+    in_flight: int | None = None,
+) -> np.ndarray:
+    """The pipeline term from its two parts: the ``bottleneck`` ``max(max t_i, max e_i / 2)`` (the slowest stage
+    or one-way transfer) and the ``round_trip`` ``sum t_i + sum e_i`` (a micro-batch through every stage and
+    back: the fill and drain, and [Note: the round trip of 1F1B]). The steady-state period is the bottleneck,
+    or ``round_trip / in_flight`` where that is more; the term is non-decreasing in both parts. Arrays broadcast:
+    the stage-cut search (search/time/bottleneck_cuts.py) times many (bottleneck, round trip) pairs of cuts by it,
+    so that a cut is timed as the model times the plan.
+
+    >>> float(pipeline_seconds_from(2.0, 9.0, 4)), float(pipeline_seconds_from(2.0, 9.0, 4, in_flight=3))
+    (15.0, 18.0)
+    """
+    steady = np.asarray(bottleneck, dtype=float)
+    total = np.asarray(round_trip, dtype=float)
     if in_flight is not None and in_flight < num_microbatches:
-        steady = np.maximum(steady, (t.sum(axis=-1) + float(e.sum())) / in_flight)
+        steady = np.maximum(steady, total / in_flight)
     if not flush:
         out: np.ndarray = num_microbatches * steady
         return out
-    out = (num_microbatches - 1) * steady + t.sum(axis=-1) + float(e.sum())
+    out = (num_microbatches - 1) * steady + total
     return out
 
 

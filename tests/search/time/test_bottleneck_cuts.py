@@ -75,6 +75,78 @@ def test_with_the_sync_the_least_total_of_every_cut(data: st.DataObject, num_lay
     assert found.objective == pytest.approx(eq5 + sync.seconds(found.boundaries), rel=1e-12)
 
 
+def test_the_round_trip_of_1f1b_decides_the_cut() -> None:
+    """Three layers of 9.3, 7.5 and 5.1 ms on two stages, boundaries of 15 and 6.2 ms (both ways), gas 16; 1F1B
+    holds 2 micro-batches in flight. Cut (0, 1, 3): stages 9.3 and 12.6, round trip 21.9 + 15 = 36.9, period
+    max(12.6, 7.5, 36.9 / 2) = 18.45: 15 x 18.45 + 36.9 = 313.65. Cut (0, 2, 3): stages 16.8 and 5.1, round trip
+    28.1, period max(16.8, 3.1, 14.05) = 16.8: 15 x 16.8 + 28.1 = 280.1. Without the round trip (eq. 5, GPipe) the
+    first costs 15 x 12.6 + 36.9 = 225.9 and wins; the cut once left the round trip out and took it under 1F1B too."""
+    stage_costs = [np.array([9.3, 7.5, 5.1])] * 2
+    cut_costs = [np.array([15.0, 6.2])]
+    floors = [cut_costs[0] / 2]
+    with_trip = bottleneck_assignment(stage_costs, cut_costs, 16, floors, in_flight=2)
+    assert with_trip.boundaries == (0, 2, 3) and with_trip.objective == pytest.approx(280.1, rel=1e-12)
+    without = bottleneck_assignment(stage_costs, cut_costs, 16, floors)
+    assert without.boundaries == (0, 1, 3) and without.objective == pytest.approx(225.9, rel=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans(),
+       with_sync=st.booleans(), sweep=st.booleans())
+def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, num_layers: int, gas: int,
+                                                         integers: bool, with_sync: bool, sweep: bool) -> None:
+    """Against every cut, timed by the pipeline term written out again with the round trip of 1F1B
+    (time_model's [Note: the round trip of 1F1B]): a period of at least (sum t + sum e) / in_flight."""
+    k = data.draw(st.integers(1, num_layers))
+    in_flight = data.draw(st.integers(1, k + 1))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) * data.draw(st.sampled_from([0.25, 1.0, 4.0])) for _ in range(k - 1)]
+    cut_floors = [c / 2 for c in cut_costs]
+    sync = SyncCosts(range_sums(_costs(data, num_layers, integers)),
+                     tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0])) for _ in range(k))) if with_sync else None
+    with pytest.MonkeyPatch.context() as patch:
+        if sweep:
+            patch.setattr(bottleneck_cuts, "SWEEP_AFTER", 0)
+        found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight)
+
+    def total(b: tuple[int, ...], tie: float) -> float:
+        t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
+        e = [float(cut_costs[j - 1][b[j] - 1]) for j in range(1, k)]
+        period = max(t + [x / 2 for x in e] + ([(sum(t) + sum(e)) / in_flight] if in_flight < gas else []))
+        w = [sync.factors[j] * float(sync.range_bytes[b[j], b[j + 1]]) for j in range(k)] if sync else [0.0]
+        return (gas - 1 or tie) * period + sum(t) + sum(e) + max(w)
+
+    best = min(total(b, 1e-9) for b in all_cuts(num_layers, k))
+    assert total(found.boundaries, 1e-9) == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert found.objective == pytest.approx(total(found.boundaries, 0.0), rel=1e-12, abs=1e-12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans())
+def test_min_max_with_the_round_trip_the_least_period_of_every_cut(data: st.DataObject, num_layers: int, gas: int,
+                                                                   integers: bool) -> None:
+    """PipeDream-2BW's period with the round trip (time_model's [Note: the round trip of 1F1B]): max(max t, max e / 2,
+    (sum t + sum e) / in_flight) written out again; the least over every cut, the fill breaking ties."""
+    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+
+    k = data.draw(st.integers(1, num_layers))
+    in_flight = data.draw(st.integers(1, k + 1))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) * data.draw(st.sampled_from([0.25, 1.0, 4.0])) for _ in range(k - 1)]
+    found = bottleneck_min_max(stage_costs, [c / 2 for c in cut_costs], cut_costs, gas, in_flight)
+
+    def period_and_fill(b: tuple[int, ...]) -> tuple[float, float]:
+        t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
+        e = [float(cut_costs[j - 1][b[j] - 1]) for j in range(1, k)]
+        return max(t + [x / 2 for x in e] + ([(sum(t) + sum(e)) / in_flight] if in_flight < gas else [])), sum(t) + sum(e)
+
+    period, fill = period_and_fill(found.boundaries)
+    best = min(period_and_fill(b)[0] for b in all_cuts(num_layers, k))
+    assert period == pytest.approx(best, rel=1e-9, abs=1e-12) and found.objective == pytest.approx(period, rel=1e-12)
+    # the fill breaks ties (a weight of 1e-9 of it: a period within that of the best may win by a smaller fill)
+    assert fill <= min(f for p, f in map(period_and_fill, all_cuts(num_layers, k)) if p <= period * (1 + 1e-9) + 1e-12) + 1e-9
+
+
 def test_a_long_chain_matches_the_reference() -> None:
     # 40 layers of a transformer-like chain (heavy first and last layers, 5% jitter) on 2 to 8 stages: the
     # pruned search must still reach AMP's optimum where its incumbents and bounds are far from it

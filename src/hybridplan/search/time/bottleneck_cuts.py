@@ -1,17 +1,25 @@
 """Cutting a layer chain into pipeline stages fast: branch and bound on the bottleneck values.
 
-[Note: bottleneck search] The objective of :func:`~hybridplan.search.time.stage_cuts.assignment_objective`,
-``g max_j u_j + sum_j (t_j + e_j)`` (``g = gas - 1``, ``u_j`` the stage time or the floor of its incoming
-boundary), optionally plus the data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of
-stage ``j``'s layers, ``c_j`` seconds per byte of its ring all-reduce: time_model's eq. 4 term), has two max
-terms that do not decompose over stages. AMP's program (stage_cuts.py) carries the max as a tolerance index
-through the table, ``O(k L^2 |m|)``. Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q``
-(sync), ``S(P, Q)`` = the least ``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
+[Note: bottleneck search] The objective is the time model's pipeline term ``pipe(U, S)`` of a cut's
+bottleneck ``U = max_j u_j`` (``u_j`` the stage time or the floor of its incoming boundary) and round trip
+``S = sum_j (t_j + e_j)``: :func:`~hybridplan.predict.time_model.pipeline_seconds_from`, called, not copied, so
+that the cut is timed as the model times the plan. That is eq. 5, ``g U + S`` (``g = gas - 1``: the objective of
+:func:`~hybridplan.search.time.stage_cuts.assignment_objective`), or with ``in_flight = k`` micro-batches in flight
+(1F1B: [Note: the round trip of 1F1B] in predict/time_model.py) ``g max(U, S / k) + S``; optionally plus the
+data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of stage ``j``'s layers, ``c_j`` seconds
+per byte of its ring all-reduce: time_model's eq. 4 term). Its max terms do not decompose over stages. AMP's
+program (stage_cuts.py) carries the max as a tolerance index through the table, ``O(k L^2 |m|)`` (and knows no
+round trip). Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q`` (sync), ``S(P, Q)`` = the least
+``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
 
-    optimum = min over (P, Q) of  g P + Q + S(P, Q),
+    optimum = min over (P, Q) of  pipe(P, S(P, Q)) + Q,
 
-and it suffices to try the values ``P`` and ``Q`` that some stage can take (the candidates). Three facts make
-this fast:
+and it suffices to try the values ``P`` and ``Q`` that some stage can take (the candidates). What the search
+needs of ``pipe`` is only that it is non-decreasing in ``U`` and in ``S`` (the least-sum cut under the optimum's
+own maxima is then no slower than the optimum) and at least ``g U + S`` (the ranges of the caps below): both hold
+with the round trip, whose ``S / k`` only adds to the period. A bound ``pipe(P_lo, S_lo) + Q_lo`` of a box is
+therefore still a lower bound of every objective inside, tighter than ``g P_lo + S_lo + Q_lo`` where the round
+trip binds. Three facts make this fast:
 
 1. ``S(P, Q)`` is a shortest path over (stage, layer) in which stage ``j`` may hold ``[a, i)`` only when
    ``a >= lo_j(i)``: layer times and bytes are non-negative, so a range's time and bytes grow with it and the
@@ -26,10 +34,10 @@ this fast:
    of sum ``S_c`` dominates the quadrant above its maxima in any box whose sums are all ``>= S_c``, and an
    infeasible evaluation kills the quadrant below its caps.
 3. Within a box of candidates ``[P_lo, P_hi] x [Q_lo, Q_hi]`` cut out of a parent whose sum was ``S``, no
-   objective is below ``g P_lo + Q_lo + S``. Boxes are searched best bound first and halved along the side over
-   which that bound varies most before evaluation (a binary search on the bottleneck; with one micro-batch
-   ``g`` is tiny and the sync side goes first), so the search stops as soon as the best bound left cannot beat
-   the best cut found.
+   objective is below ``pipe(P_lo, S) + Q_lo`` (``>= g P_lo + Q_lo + S``). Boxes are searched best bound
+   first and halved along the side over which that bound varies most before evaluation (a binary search on
+   the bottleneck; with one micro-batch ``g`` is tiny and the sync side goes first), so the search stops as
+   soon as the best bound left cannot beat the best cut found.
 
 Before the boxes: two incumbents (the least sum without caps, whose sum bounds every sum, and stages of equal
 time) bound the caps a better cut can have, so only candidates in that range are built; then a binary search
@@ -53,9 +61,9 @@ box is either dropped or evaluated at its top corner ``(ph, qh)``, and the boxes
 ``Q < qs[qu]``, with ``pu <= ph`` and ``qu <= qh``) lie inside it without that corner. Without a sync term
 (``|C_Q| = 1``) the search stops after :data:`SWEEP_AFTER` evaluations and computes ``S(P)`` of every
 candidate ``P`` left, ascending, in batches of caps (one numpy pass per stage for the batch,
-:meth:`~hybridplan.search.time.cut_problem._Problem.sums`; batches past ``g P + least sum >= best`` are skipped, and
-each batch's best cap is evaluated for its cut): again each candidate at most once, with numpy instead of Python
-setting the pace.
+:meth:`~hybridplan.search.time.cut_problem._Problem.sums`; batches past ``pipe(P, least sum) >= best`` are
+skipped, and each batch's best cap is evaluated for its cut): again each candidate at most once, with numpy
+instead of Python setting the pace.
 ``|C_P| <= L + D L (L + 1) / 2`` with ``D`` the distinct (stage cost vector, boundary floors) pairs of stages
 1 .. k-1 (stage 0 only holds prefixes), and ``|C_Q| <= 1 + F L (L + 1) / 2`` with ``F`` the distinct sync
 factors. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term (``O(k L^3 log L)`` on
@@ -85,8 +93,9 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from hybridplan.errors import PlanError
+from hybridplan.predict.time_model import pipeline_seconds_from
 from hybridplan.search.time.cut_problem import _Problem
-from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check, assignment_objective
+from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check
 from hybridplan.search.time.sync_costs import SyncCosts
 
 __all__ = ["bottleneck_assignment", "bottleneck_min_max"]
@@ -97,6 +106,10 @@ SWEEP_AFTER = 64
 note): about three times what the search needs on the plan search's cases (benchmarks/search_time: about 20
 per cut), so that the sweep only takes over where corners are many. A choice of speed, not of result: both
 are exact: tests/search/time/test_bottleneck_cuts.py sets it to 0, 4 and 64 and finds AMP's optimum each time."""
+
+Pipeline = Callable[[np.ndarray | float, np.ndarray | float], np.ndarray]
+"""The pipeline term of cuts from their bottleneck ``max u`` and round trip ``sum (t + e)``: the time model's
+(:func:`~hybridplan.predict.time_model.pipeline_seconds_from`), non-decreasing in both (module note)."""
 
 _SWEEP_ELEMENTS = 1 << 18
 """Caps per sweep batch times ``L + 2``: a batch's arrays of about 2 MB each (the sparse table ``log w`` of
@@ -130,24 +143,24 @@ class _KnownCuts:
         return ph, qh
 
 
-def _sweep(problem: _Problem, caps: np.ndarray, g: float, least_sum: float, best_value: float,
+def _sweep(problem: _Problem, caps: np.ndarray, pipeline: Pipeline, least_sum: float, best_value: float,
            best_cut: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
     """The best cut among the incumbent and those of ``S(P)`` for every cap ``P`` in ``caps`` (sorted) with
-    ``g P + least_sum < best_value``: ``S`` of a batch of caps at once
+    ``pipeline(P, least_sum) < best_value``: ``S`` of a batch of caps at once
     (:meth:`~hybridplan.search.time.cut_problem._Problem.sums`), then the cut of the batch's best cap, which becomes
     the incumbent and prunes the later batches."""
     rows = max(1, _SWEEP_ELEMENTS // (problem.n + 2))
     for start in range(0, len(caps), rows):
         batch = caps[start : start + rows]
-        batch = batch[g * batch + least_sum < best_value]  # sorted: an empty batch ends the sweep
+        batch = batch[pipeline(batch, least_sum) < best_value]  # sorted: an empty batch ends the sweep
         if len(batch) == 0:
             break
-        values = g * batch + problem.sums(batch, 0.0)
+        values = pipeline(batch, problem.sums(batch, 0.0))
         r = int(np.argmin(values))
         if values[r] < best_value:
             total, cut = problem.evaluate(float(batch[r]), 0.0)
-            if cut is not None and problem.value(cut, g)[0] < best_value:
-                best_value, best_cut = problem.value(cut, g)[0], cut
+            if cut is not None and problem.value(cut, pipeline)[0] < best_value:
+                best_value, best_cut = problem.value(cut, pipeline)[0], cut
     return best_value, best_cut
 
 
@@ -157,14 +170,20 @@ def bottleneck_assignment(
     num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None,
     sync: SyncCosts | None = None,
+    in_flight: int | None = None,
 ) -> Assignment:
-    """The boundaries minimising :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the
-    optimum of :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), plus ``sync.seconds`` when
-    ``sync`` is given, by branch and bound on the bottleneck values (module note).
+    """The boundaries minimising the time model's pipeline term (module note): without ``in_flight``
+    :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the optimum of
+    :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), with it the round trip of 1F1B too; plus
+    ``sync.seconds`` when ``sync`` is given; by branch and bound on the bottleneck values.
 
     Args: as :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`; ``sync``: the data-parallel
     gradient all-reduce per stage (:class:`~hybridplan.search.time.sync_costs.SyncCosts`), so that the cut
-    minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term.
+    minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term;
+    ``in_flight``: the micro-batches the first stage holds at once
+    (:func:`~hybridplan.predict.time_model.first_stage_in_flight`; None: as many as there are, GPipe), whose
+    round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py). The objective
+    returned is the time model's pipeline term (with one micro-batch, without the tie-break weight) plus the sync.
 
     Raises:
         PlanError: for more stages than layers, mismatched vector lengths or negative layer times.
@@ -178,17 +197,27 @@ def bottleneck_assignment(
     if cut_floors is not None:
         _check(stage_costs, cut_floors)
     g = float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT
+
+    def exact(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """The time model's pipeline term of cuts of bottleneck ``u`` and round trip ``total``."""
+        return pipeline_seconds_from(u, total, num_microbatches, in_flight=in_flight)
+
+    def pipeline(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """What the search minimises: :func:`exact`, with gas = 1 the tie-break weight on ``u`` too."""
+        return exact(u, total) + (g - (num_microbatches - 1)) * np.asarray(u, dtype=float)
+
     # incumbents: the least sum without caps (its sum bounds every sum), and balanced stages
     least_sum, first = problem.evaluate(np.inf, np.inf)
     if first is None:
         raise PlanError("no cut of the layers into stages has a finite time",
                         fix="check the stage and boundary costs: they must be finite")
     best_cut = first
-    best_value = problem.value(best_cut, g)[0]
+    best_value = problem.value(best_cut, pipeline)[0]
     balanced = problem.balanced_cut()
-    if problem.value(balanced, g)[0] < best_value:
-        best_value, best_cut = problem.value(balanced, g)[0], balanced
-    # a better cut has g P + Q + S < best with S >= least_sum: only caps in these ranges can matter
+    if problem.value(balanced, pipeline)[0] < best_value:
+        best_value, best_cut = problem.value(balanced, pipeline)[0], balanced
+    # a better cut has g P + Q + S <= its objective < best with S >= least_sum (the round trip only adds):
+    # only caps in these ranges can matter
     # (the slack covers rounding of the sums, so that the optimum's own maxima stay inside)
     slack = 1e-9 * (abs(best_value) + abs(least_sum))
     p_floor = problem.bottleneck_floor() * (1 - 1e-9)
@@ -208,7 +237,7 @@ def bottleneck_assignment(
     def learn(cut: tuple[int, ...], total: float) -> tuple[int, int]:
         """Keep a cut found: as the incumbent if it is the best, and (always) for its dominance."""
         nonlocal best_value, best_cut
-        value = problem.value(cut, g)[0]
+        value = problem.value(cut, pipeline)[0]
         if value < best_value:
             best_value, best_cut = value, cut
         u, q = problem.maxima(cut)
@@ -217,7 +246,7 @@ def bottleneck_assignment(
         return pu, qu
 
     for cut in {best_cut, balanced}:
-        learn(cut, problem.value(cut, g)[1])
+        learn(cut, problem.value(cut, pipeline)[1])
     seen: dict[tuple[int, int], tuple[float, tuple[int, ...] | None]] = {}
 
     def least_feasible(count: int, caps: Callable[[int], tuple[int, int]]) -> int:
@@ -243,7 +272,7 @@ def bottleneck_assignment(
     while boxes:
         if not problem.sync and len(seen) > SWEEP_AFTER:
             # many corners (module note, worst case): every candidate left, in batches, instead of the boxes
-            best_value, best_cut = _sweep(problem, ps[first_p:], g, least_sum, best_value, best_cut)
+            best_value, best_cut = _sweep(problem, ps[first_p:], pipeline, least_sum, best_value, best_cut)
             break
         bound, _, pl, ph, ql, qh, total = heapq.heappop(boxes)
         if bound >= best_value:
@@ -253,7 +282,7 @@ def bottleneck_assignment(
         ph, qh = known.shrink(pl, ph, ql, qh, total)
         ql = max([ql] + [qi + 1 for pi, qi in dead if pi >= ph])
         pl = max([pl] + [pi + 1 for pi, qi in dead if qi >= qh])
-        if pl > ph or ql > qh or g * float(ps[pl]) + float(qs[ql]) + total >= best_value:
+        if pl > ph or ql > qh or float(pipeline(ps[pl], total)) + float(qs[ql]) >= best_value:
             continue
         if (ph, qh) not in seen:
             seen[ph, qh] = problem.evaluate(float(ps[ph]), float(qs[qh]))
@@ -273,30 +302,37 @@ def bottleneck_assignment(
         for a, b, c, d in rest:
             halves = [(a, b, c, d)]
             # halve the side along which the bound varies most (with one micro-batch, g is tiny: Q first)
-            if b > a and (d == c or g * float(ps[b] - ps[a]) >= float(qs[d] - qs[c])):
+            if b > a and (d == c or float(pipeline(ps[b], total) - pipeline(ps[a], total)) >= float(qs[d] - qs[c])):
                 mid = (a + b) // 2
                 halves = [(a, mid, c, d), (mid + 1, b, c, d)]
             elif d > c:
                 mid = (c + d) // 2
                 halves = [(a, b, c, mid), (a, b, mid + 1, d)]
             for a2, b2, c2, d2 in halves:
-                low = g * float(ps[a2]) + float(qs[c2]) + total
+                low = float(pipeline(ps[a2], total)) + float(qs[c2])
                 if low < best_value:
                     heapq.heappush(boxes, (low, serial, a2, b2, c2, d2, total))
                     serial += 1
-    objective = assignment_objective(best_cut, stage_costs, cut_costs, num_microbatches, cut_floors)
-    if sync is not None:
-        objective += sync.seconds(best_cut)
-    return Assignment(best_cut, objective)
+    return Assignment(best_cut, problem.value(best_cut, exact)[0])
 
 
 def bottleneck_min_max(
-    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
+    num_microbatches: int = 1, in_flight: int | None = None,
 ) -> Assignment:
     """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
     ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
     ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
     ``S(P, inf)``. ``objective`` of the result is ``P``.
+
+    With ``in_flight`` fewer than ``num_microbatches`` (PipeDream-2BW holds one micro-batch per stage) the period is
+    the time model's, at least the round trip ``sum t + sum e`` over ``in_flight`` ([Note: the round trip of 1F1B]
+    in predict/time_model.py): ``max(P, S / in_flight)``, the time model's
+    :func:`~hybridplan.predict.time_model.pipeline_seconds_from` without a flush, over gas. Its least value over the caps, ``pipe(P, S(P))`` per candidate ``P``,
+    is the optimum (the least-sum cut under an optimum's own ``P`` is no slower), found by the sweep of the module
+    note over the candidates from the least feasible one while ``pipe(P, least sum)`` can still beat the min-max
+    cut (one candidate where the round trip does not bind); the fill still breaks ties (1e-9 of it added).
+    ``objective`` is then that period.
 
     Example:
         >>> ones = np.ones(4)
@@ -317,4 +353,17 @@ def bottleneck_min_max(
     if cut is None:
         raise PlanError("no cut of the layers into stages has a finite period",
                         fix="check the stage and boundary costs: they must be finite")
-    return Assignment(cut, problem.maxima(cut)[0])
+    if in_flight is None or in_flight >= num_microbatches or cut_costs is None:
+        return Assignment(cut, problem.maxima(cut)[0])
+
+    def period(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """The time model's steady-state period of cuts of bottleneck ``u`` and round trip ``total``."""
+        return pipeline_seconds_from(u, total, num_microbatches, flush=False, in_flight=in_flight) / num_microbatches
+
+    def pipeline(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
+        """What the sweep minimises: the period, the fill breaking ties."""
+        return period(u, total) + _SINGLE_MICROBATCH_WEIGHT * np.asarray(total, dtype=float)
+
+    least_sum, _ = problem.evaluate(np.inf, np.inf)
+    _, cut = _sweep(problem, ps[lo:], pipeline, least_sum, problem.value(cut, pipeline)[0], cut)
+    return Assignment(cut, problem.value(cut, period)[0])

@@ -126,12 +126,12 @@ class _Problem:
             np.copyto(lo, mid + 1, where=~ok)
         return hi
 
-    def value(self, cut: tuple[int, ...], g: float) -> tuple[float, float]:
-        """The objective ``g max u + max sync + sum (t + e)`` of a cut, and its sum."""
+    def value(self, cut: tuple[int, ...], pipeline: Callable[[float, float], np.ndarray]) -> tuple[float, float]:
+        """The objective ``pipeline(max u, sum (t + e)) + max sync`` of a cut, and its sum."""
         total = sum(float(self.prefix[self.kind[j]][cut[j + 1]] - self.prefix[self.kind[j]][cut[j]]) for j in range(self.k))
         total += sum(float(self.cuts[j - 1][cut[j] - 1]) for j in range(1, self.k))
         u, q = self.maxima(cut)
-        return g * u + q + total, total
+        return float(pipeline(u, total)) + q, total
 
     def balanced_cut(self) -> tuple[int, ...]:
         """Stages of about equal time on the first stage's costs: a first incumbent for the search."""
