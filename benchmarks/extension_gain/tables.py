@@ -20,10 +20,11 @@ def _gib(value: Any) -> str:
 def print_tables(store: ResultStore) -> None:
     """The README's tables, from the results file."""
     models = sorted({k.split("/")[0] for k in store.records})
-    fewest_order = ["capture", "+ data x tensor", "extended", MEGATRON]
-    records = dict(sorted(store.records.items(), key=lambda kv: (
-        kv[0].split("/")[2] == MEGATRON,
-        fewest_order.index(kv[0].split("/")[2]) if kv[0].split("/")[1] == "fewest" and kv[0].split("/")[2] in fewest_order else 0)))
+    fewest_order = ["capture", "+ data x tensor", "extended"]  # then the ZeRO row (the whole extension)
+    records = dict(sorted(store.records.items(), key=lambda kv: (  # stable: otherwise in the order they were run
+        kv[0].split("/")[2].startswith(MEGATRON),
+        fewest_order.index(kv[0].split("/")[2]) if kv[0].split("/")[1] == "fewest" and kv[0].split("/")[2] in fewest_order
+        else len(fewest_order))))
     capacity = parse_bytes(CAPACITY)
     print("| model | space | plan of the lowest predicted peak | predicted peak | simulated peak | needs (predicted) |"
           " fits 40 GiB | search |")
