@@ -17,12 +17,13 @@ from hybridplan.workflows.plan_throughput import fits_at_target
 from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain.plans import label, needed, simulate
-from benchmarks.extension_gain.settings import MEGATRON, Setting
+from benchmarks.extension_gain.settings import Setting, uniform_baselines
 from benchmarks.paper_profiles import CAPACITY
 
 def fastest(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
     """The fastest plan that fits 40 GiB: AMP's search (CAPTURE's stages inside a node; extended: data x tensor
-    stages, replicas across nodes) and the fastest uniform 3D ZeRO-1 plan that fits, all timed by the AMP cost
+    stages, replicas across nodes) and the fastest uniform 3D plan that fits (without ZeRO, and with ZeRO-1 where
+    the setting searches it: from the lowest-peak column's rows), all timed by the AMP cost
     model from per-layer FLOPs (no GPU to measure layer times)."""
     c = s.case
     model = get_model(c.model)
@@ -51,24 +52,25 @@ def fastest(s: Setting, store: ResultStore, say: Callable[[str], None], validate
             r["simulated"] = simulate(s, Plan.from_dict(r["plan"]), cluster)
             store.put(key, r)
         say(f"{c.model} fastest {space}: {r.get('label', r.get('error'))} {r.get('seconds_per_iteration')}")
-    key = f"{c.model}/fastest/{MEGATRON}"
-    if key not in store:
-        rows = store[f"{c.model}/peak/{MEGATRON}"]["rows"]
-        timed = []
-        for row in rows:
-            ok = (row.get("needed_bytes", capacity + 1) <= capacity
-                  or row.get("simulated", {}).get("status") == "ok")
-            if "plan" in row and ok:
-                plan = Plan.from_dict(row["plan"])
-                timed.append((predict_iteration_time(plan, profile, cluster).total_s, row["shape"], row["label"],
-                              row.get("predicted_peak_bytes"), row.get("simulated", {}).get("measured_peak_bytes")))
-        unknown = [row["shape"] for row in rows if "bound_bytes" in row and "simulated" not in row]
-        best_t = min(timed, default=None)
-        store.put(key, {"seconds_per_iteration": None if best_t is None else best_t[0],
-                        "shape": None if best_t is None else best_t[1], "label": None if best_t is None else best_t[2],
-                        "predicted_peak_bytes": None if best_t is None else best_t[3],
-                        "simulated": {} if best_t is None or best_t[4] is None else {"measured_peak_bytes": best_t[4]},
-                        "fitting": len(timed), "not_known_to_fit": unknown})
-    say(f"{c.model} fastest megatron-3d: {store[key]}")
+    for space in uniform_baselines(s):
+        key = f"{c.model}/fastest/{space}"
+        if key not in store:
+            rows = store[f"{c.model}/peak/{space}"]["rows"]
+            timed = []
+            for row in rows:
+                ok = (row.get("needed_bytes", capacity + 1) <= capacity
+                      or row.get("simulated", {}).get("status") == "ok")
+                if "plan" in row and ok:
+                    plan = Plan.from_dict(row["plan"])
+                    timed.append((predict_iteration_time(plan, profile, cluster).total_s, row["shape"], row["label"],
+                                  row.get("predicted_peak_bytes"), row.get("simulated", {}).get("measured_peak_bytes")))
+            unknown = [row["shape"] for row in rows if "bound_bytes" in row and "simulated" not in row]
+            best_t = min(timed, default=None)
+            store.put(key, {"seconds_per_iteration": None if best_t is None else best_t[0],
+                            "shape": None if best_t is None else best_t[1], "label": None if best_t is None else best_t[2],
+                            "predicted_peak_bytes": None if best_t is None else best_t[3],
+                            "simulated": {} if best_t is None or best_t[4] is None else {"measured_peak_bytes": best_t[4]},
+                            "fitting": len(timed), "not_known_to_fit": unknown})
+        say(f"{c.model} fastest {space}: {store[key]}")
 
 

@@ -15,18 +15,20 @@ from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain.megatron import megatron
 from benchmarks.extension_gain.plans import cli, label, simulate
-from benchmarks.extension_gain.settings import MEGATRON, ROOT, Setting
+from benchmarks.extension_gain.settings import ROOT, Setting, uniform_baselines
 from benchmarks.paper_profiles import CAPACITY
 
 def fewest(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
-    """The fewest devices per space: ``hybridplan plan --fewest-devices`` (refused today with the extension's
-    zero, cross-node and recompute dimensions: the refusal is recorded), and the uniform 3D plans' by trying
-    the same sub-meshes in the same order."""
+    """The fewest devices per space: ``hybridplan plan --fewest-devices`` (a refusal is recorded; so is an answer
+    outside the setting's ZeRO levels: :meth:`Setting.unsearched_zero`), and the uniform 3D plans' (without ZeRO,
+    and with ZeRO-1 where searched) by trying the same sub-meshes in the same order."""
     c = s.case
     base = ["plan", "--db", str(s.db), "--cluster", c.mesh, "--device-memory", CAPACITY, "--fewest-devices"]
-    runs = {"capture": [], "+ data x tensor": ["--space", "extended"],
-            "extended": ["--space", "extended", "--allow-cross-node"] + (["--zero"] if s.zero else [])
-            + (["--recompute-db", str(s.recompute_db)] if s.recompute_db is not None else [])}
+    extended = (["--space", "extended", "--allow-cross-node"]
+                + (["--recompute-db", str(s.recompute_db)] if s.recompute_db is not None else []))
+    runs = {"capture": [], "+ data x tensor": ["--space", "extended"], "extended": extended}
+    if s.zero_space is not None:  # the whole extension (spaces()'s last row)
+        runs[s.zero_space] = extended + ["--zero"]
     for space, extra in runs.items():
         key = f"{c.model}/fewest/{space}"
         command = "hybridplan " + " ".join(base + extra).replace(f"{ROOT}/", "")  # the same in every checkout
@@ -37,27 +39,29 @@ def fewest(s: Setting, store: ResultStore, say: Callable[[str], None], validate:
             started = time.perf_counter()
             code, err = cli(base + extra + ["--out", str(out)])
             seconds = time.perf_counter() - started
-            if code == 0:
-                plan = Plan.from_dict(json.loads(out.read_text()))
+            plan = Plan.from_dict(json.loads(out.read_text())) if code == 0 else None
+            outside = None if plan is None else s.unsearched_zero(plan)
+            if plan is not None and outside is None:
                 store.put(key, {"devices": sum(st.degree for st in plan.stages), "mesh": plan.extra.get("cluster"),
                                 "label": label(plan), "plan": plan.to_dict(), "predicted_peak_bytes": plan.extra.get("predicted_peak_bytes"),
                                 "command": command, "seconds": seconds})
             else:
-                store.put(key, {"not run": " ".join(line.strip() for line in err.strip().splitlines()) or f"exit code {code}",
-                                "command": command})
+                why = outside or " ".join(line.strip() for line in err.strip().splitlines()) or f"exit code {code}"
+                store.put(key, {"not run": why, "command": command})
         say(f"{c.model} fewest {space}: {store[key]}")
-    key = f"{c.model}/fewest/{MEGATRON}"
-    if key not in store:
-        full = c.cluster()
-        for n, k in mesh_shapes(full.num_nodes, full.devices_per_node):
-            r = megatron(s, full.with_shape(n, k), say, by="fit")
-            if r["fits"]:
-                store.put(key, {"devices": n * k, "mesh": f"{n}x{k}", "best": r["best"],
-                                "row": next(row for row in r["rows"] if row["shape"] == r["best"])})
-                break
-        else:
-            store.put(key, {"devices": None, "why": f"no uniform 3D plan fits any sub-mesh of {full.shape}"})
-    say(f"{c.model} fewest megatron-3d: {store[key].get('mesh')}")
+    for space, zero in uniform_baselines(s).items():
+        key = f"{c.model}/fewest/{space}"
+        if key not in store:
+            full = c.cluster()
+            for n, k in mesh_shapes(full.num_nodes, full.devices_per_node):
+                r = megatron(s, full.with_shape(n, k), say, by="fit", zero=zero)
+                if r["fits"]:
+                    store.put(key, {"devices": n * k, "mesh": f"{n}x{k}", "best": r["best"],
+                                    "row": next(row for row in r["rows"] if row["shape"] == r["best"])})
+                    break
+            else:
+                store.put(key, {"devices": None, "why": f"no uniform 3D plan fits any sub-mesh of {full.shape}"})
+        say(f"{c.model} fewest {space}: {store[key].get('mesh')}")
     if validate:  # each answer run on its sub-mesh of 40 GiB devices
         for key, r in list(store.records.items()):
             plan_dict = r.get("plan") or r.get("row", {}).get("plan")

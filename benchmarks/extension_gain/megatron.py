@@ -14,9 +14,12 @@ from hybridplan.search.baselines import uniform_3d_plan, uniform_3d_shapes
 from benchmarks.extension_gain.plans import _optimizer_bytes, extrapolated, label, needed, peak_of, predictor_for, simulate
 from benchmarks.extension_gain.settings import Setting
 
-def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: str = "peak") -> dict[str, Any]:
+def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: str = "peak",
+             zero: int | None = None) -> dict[str, Any]:
     """Every uniform 3D plan on ``cluster`` (with its capacity) with its predicted peak, and the best ``by``
-    "peak" (the lowest) or "fit" (the first found that fits: for the fewest devices).
+    "peak" (the lowest) or "fit" (the first found that fits: for the fewest devices). ``zero``: the ZeRO level
+    over each stage's data group (0 or 1: Megatron's distributed optimizer); default ZeRO-1 where the setting
+    searches it (:attr:`Setting.zero`).
 
     ZeRO-1 of a data x tensor stage is predicted only from a profile that records the tensor shards (an older one:
     predict/plan_checks.py refuses it), so where it is refused such a plan is run on simulated devices when it could beat the best predicted one (or, ``by="fit"``, when none
@@ -31,7 +34,8 @@ def megatron(s: Setting, cluster: Cluster, say: Callable[[str], None], *, by: st
         try:
             plan = uniform_3d_plan(num_layers=model.num_layers, cluster=cluster, pipeline=pp, tensor=tp,
                                    schedule=c.schedule, global_batch_size=c.global_batch_size,
-                                   num_microbatches=c.num_microbatches, zero=1 if s.zero else 0)
+                                   num_microbatches=c.num_microbatches,
+                                   zero=(1 if 1 in s.zero else 0) if zero is None else zero)
             plan.validate(model=model, cluster=cluster)
         except HybridPlanError as e:
             row["invalid"] = e.message

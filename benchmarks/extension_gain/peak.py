@@ -14,7 +14,7 @@ from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain.megatron import megatron
 from benchmarks.extension_gain.plans import label, needed, simulate
-from benchmarks.extension_gain.settings import MEGATRON, Setting, spaces
+from benchmarks.extension_gain.settings import Setting, spaces, uniform_baselines
 
 def lowest_peak(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
     """Per space, the plan of the lowest predicted peak, and its run on simulated devices."""
@@ -28,6 +28,10 @@ def lowest_peak(s: Setting, store: ResultStore, say: Callable[[str], None], vali
                 found = plan_memory(s.db, unlimited, **options)
             except HybridPlanError as e:
                 store.put(key, {"error": str(e)})
+                continue
+            outside = s.unsearched_zero(found.plan)
+            if outside is not None:
+                store.put(key, {"error": outside})
                 continue
             store.put(key, {"plan": found.plan.to_dict(), "label": label(found.plan),
                             "predicted_peak_bytes": found.prediction.peak_memory_bytes,
@@ -43,19 +47,20 @@ def lowest_peak(s: Setting, store: ResultStore, say: Callable[[str], None], vali
 
 
 def megatron_lowest(s: Setting, store: ResultStore, say: Callable[[str], None], validate: bool) -> None:
-    key = f"{s.case.model}/peak/{MEGATRON}"
-    if key not in store:
-        started = time.perf_counter()
-        r = megatron(s, s.case.cluster(), say)
-        r["search_seconds"] = time.perf_counter() - started
-        store.put(key, r)
-    r = store[key]
-    best = next((row for row in r["rows"] if row["shape"] == r["best"]), None)
-    if validate and best is not None and "simulated" not in best:
-        best["simulated"] = simulate(s, Plan.from_dict(best["plan"]), s.case.cluster())
-        store.put(key, r)
-    if best is not None:
-        say(f"{s.case.model} megatron-3d: {best['label']}: predicted {format_bytes(best.get('predicted_peak_bytes'))},"
-            f" measured {format_bytes(best.get('simulated', {}).get('measured_peak_bytes'))}")
-
-
+    """The lowest uniform 3D plan, without ZeRO and with ZeRO-1 where the setting searches it, run on simulated
+    devices."""
+    for space, zero in uniform_baselines(s).items():
+        key = f"{s.case.model}/peak/{space}"
+        if key not in store:
+            started = time.perf_counter()
+            r = megatron(s, s.case.cluster(), say, zero=zero)
+            r["search_seconds"] = time.perf_counter() - started
+            store.put(key, r)
+        r = store[key]
+        best = next((row for row in r["rows"] if row["shape"] == r["best"]), None)
+        if validate and best is not None and "simulated" not in best:
+            best["simulated"] = simulate(s, Plan.from_dict(best["plan"]), s.case.cluster())
+            store.put(key, r)
+        if best is not None:
+            say(f"{s.case.model} {space}: {best['label']}: predicted {format_bytes(best.get('predicted_peak_bytes'))},"
+                f" measured {format_bytes(best.get('simulated', {}).get('measured_peak_bytes'))}")

@@ -5,12 +5,13 @@ For each model, on the 4x4 mesh of 40 GiB devices of CAPTURE's evaluation (``--b
 spaces are compared:
 
 - **CAPTURE**: stages pipeline-only, data- or tensor-parallel, each inside a node (``plan --space capture``);
-- **extended**: also data x tensor stages, ZeRO-1/ZeRO-3 data stages (fp32 settings only: ``Setting.zero``),
-  stages over whole nodes and, where a recompute profile exists, activation recompute per stage (``plan --space
-  extended --zero --allow-cross-node --recompute-db``); each dimension is also added alone, in that order, to
-  show what it contributes;
+- **extended**: also data x tensor stages, stages over whole nodes, where a recompute profile exists activation
+  recompute per stage, and ZeRO data stages at the setting's levels (``Setting.zero``: ZeRO-1 in the bf16
+  settings) (``plan --space extended --allow-cross-node --recompute-db --zero``); each dimension is added in
+  that order, to show what it contributes;
 - **Megatron-style 3D**: the best uniform plan (``search/baselines.py`` ``uniform_3d_plan``: equal layer counts
-  per stage, tensor inside a node, data across, ZeRO-1 in fp32 settings), over every (pp, tp, dp) of the mesh.
+  per stage, tensor inside a node, data across), over every (pp, tp, dp) of the mesh, without ZeRO and with
+  ZeRO-1 over each stage's data group where the setting searches ZeRO-1.
 
 Columns, a module each: the lowest peak per space (``peak.py``: each chosen plan also run on simulated devices),
 the fewest devices per space (``fewest.py``: ``plan --fewest-devices`` through the command line), the fastest

@@ -14,7 +14,9 @@ ROOT = HERE.parents[1]
 """The repository root (the results file names profiles relative to it)."""
 WORK = HERE / "work"
 MEGATRON = "megatron-3d"
-"""The uniform 3D baseline's key (with ZeRO-1 where the setting has ZeRO: :attr:`Setting.zero`)."""
+"""The uniform 3D baseline's key (without ZeRO; with ZeRO-1 it is ``"megatron-3d + ZeRO-1"``: :func:`uniform_baselines`)."""
+MIXED_PRECISION_ZERO = (1, 3)
+"""The ZeRO levels predicted from a bf16/fp16 profile: ZeRO-2 is refused there (predict/zero.py, "ZeRO-2")."""
 
 
 @dataclass(frozen=True)
@@ -22,10 +24,13 @@ class Setting:
     """A model's case, and which extra profiles it gets (ZeRO-3 scenarios; a recompute profile's scenarios)."""
 
     case: Case
-    zero: bool
-    """ZeRO stages in the extended space and the uniform 3D baseline (ZeRO-1), and the ZeRO-3 scenarios in the
-    profile. Only in fp32: when this benchmark first ran the runtime sharded in fp32 only, and the bf16 settings
-    have not been re-run with ZeRO since (README, "What was not run")."""
+    zero: tuple[int, ...]
+    """The ZeRO levels searched (of 1, 2, 3; none: ``()``): the extended space's last row adds the data stages
+    sharded at these levels (:func:`spaces`), and the uniform 3D baseline is also taken with ZeRO-1 where 1 is
+    among them (:func:`uniform_baselines`). ZeRO-2 and ZeRO-3 are predicted from the ``data<d>-zero3`` scenarios,
+    which the profile then gets (``profile --zero``: up to twice the runs); ZeRO-1 needs none (predict/zero.py).
+    The paper-size bf16 settings search ZeRO-1 only: their profiles were taken without those scenarios (doubling
+    them was not worth it) and ZeRO-2 is not predicted in mixed precision."""
     recompute: tuple[str, ...]
     """Recompute profiles, each "all" (every scenario) or its scenarios ("pipeline": recompute is then predicted
     for single-device stages only); the last is the extended space's."""
@@ -33,8 +38,30 @@ class Setting:
     """Where the profiles are (tests point it at a temporary folder)."""
 
     def __post_init__(self) -> None:
-        if self.zero and self.case.precision != "fp32":
-            raise SystemExit(f"{self.case.model}: ZeRO is searched in fp32 settings only (Setting.zero)")
+        if list(self.zero) != sorted(set(self.zero)) or not set(self.zero) <= {1, 2, 3}:
+            raise SystemExit(f"{self.case.model}: ZeRO levels {self.zero!r}: give distinct levels of 1, 2, 3 in order")
+        if self.case.precision != "fp32" and not set(self.zero) <= set(MIXED_PRECISION_ZERO):
+            raise SystemExit(f"{self.case.model}: ZeRO-2 is not predicted from a {self.case.precision} profile"
+                             f" (predict/zero.py); search ZeRO levels of {MIXED_PRECISION_ZERO}")
+
+    @property
+    def zero_space(self) -> str | None:
+        """The key of the extended space's ZeRO row (``"+ ZeRO-1"``, ``"+ ZeRO-1/2/3"``), None without ZeRO."""
+        return f"+ ZeRO-{'/'.join(map(str, self.zero))}" if self.zero else None
+
+    @property
+    def zero_scenarios(self) -> bool:
+        """Whether the profile gets the ``data<d>-zero3`` scenarios (``profile --zero``): ZeRO-2 and ZeRO-3 need them."""
+        return any(z >= 2 for z in self.zero)
+
+    def unsearched_zero(self, plan: Any) -> str | None:
+        """Why ``plan`` (a search's answer) lies outside this setting's space, or None. The memory search shards
+        data stages at every level the profile predicts (``--zero``); an answer is kept only at the setting's
+        levels. (MoE 1.3B's profile holds 12 ``data2-zero3`` runs taken before the runtime sharded in bf16: they
+        are not used.) The lowest answer of that larger space, if inside the setting's, is also its lowest."""
+        off = [f"stage [{st.start},{st.stop}) ZeRO-{st.zero}" for st in plan.stages if st.zero and st.zero not in self.zero]
+        return (f"the search chose {', '.join(off)}, outside this setting's ZeRO levels {list(self.zero)}"
+                if off else None)
 
     @property
     def db(self) -> Path:
@@ -63,15 +90,15 @@ class Setting:
 # is planned for 1F1B here like the others (CAPTURE planned it for GPipe), so that the uniform 3D baseline,
 # Megatron's 1F1B, is compared on the same schedule.
 SETTINGS: dict[str, Setting] = {
-    "moe-1.3b": Setting(Case("moe-1.3b", "4x4", 512, 16, "bf16"), zero=False, recompute=("pipeline", "all")),
-    "wresnet-1b": Setting(Case("wresnet-1b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=False,
+    "moe-1.3b": Setting(Case("moe-1.3b", "4x4", 512, 16, "bf16"), zero=(1,), recompute=("pipeline", "all")),
+    "wresnet-1b": Setting(Case("wresnet-1b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=(1,),
                           recompute=("pipeline", "all")),
-    "gpt3-2.6b": Setting(Case("gpt3-2.6b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=False,
+    "gpt3-2.6b": Setting(Case("gpt3-2.6b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=(1,),
                          recompute=("pipeline", "all")),
-    "gpt3-6.7b": Setting(Case("gpt3-6.7b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=False,
+    "gpt3-6.7b": Setting(Case("gpt3-6.7b", "4x4", 256, 16, "bf16", profile_capacity=CAPACITY), zero=(1,),
                          recompute=("pipeline", "all")),
     # a smoke run of the whole script in about a minute (not in the default --models)
-    "gpt-tiny": Setting(Case("gpt-tiny", "2x2", 32, 4, "fp32"), zero=True, recompute=("pipeline",)),
+    "gpt-tiny": Setting(Case("gpt-tiny", "2x2", 32, 4, "fp32"), zero=(1, 2, 3), recompute=("pipeline",)),
 }
 DEFAULT_MODELS = ("moe-1.3b", "wresnet-1b", "gpt3-2.6b", "gpt3-6.7b")
 
@@ -83,7 +110,7 @@ def profile_commands(s: Setting) -> list[list[str]]:
     base = ["profile", "--model", c.model, "--cluster", c.mesh, "--global-batch-size", str(c.global_batch_size),
             "--num-microbatches", str(c.num_microbatches), "--backend", "sim", "--device", "cuda",
             "--precision", c.precision] + (["--device-memory", c.profile_capacity] if c.profile_capacity else [])
-    out = [base + ["--db", str(s.db)] + (["--zero"] if s.zero else [])]
+    out = [base + ["--db", str(s.db)] + (["--zero"] if s.zero_scenarios else [])]
     for scenarios, db in zip(s.recompute, s.recompute_dbs):
         out.append(base + ["--activation-checkpointing"] + ([] if scenarios == "all" else ["--scenarios", scenarios])
                    + ["--db", str(db)])
@@ -122,12 +149,20 @@ def usable(s: Setting) -> tuple[Setting | None, list[str]]:
 
 def spaces(s: Setting) -> dict[str, dict[str, Any]]:
     """The memory searches, as :func:`~hybridplan.workflows.plan_memory.plan_memory` options, CAPTURE's first
-    and the whole extension last."""
-    out: dict[str, dict[str, Any]] = {"capture": {}, "+ data x tensor": {"composite": True}}
-    if s.zero:
-        out["+ ZeRO-1/3"] = {"composite": True, "zero": True}
-    out["+ across nodes"] = {"composite": True, "zero": s.zero, "cross_node": True}
+    and the whole extension last, each adding a dimension to the one before: data x tensor stages, stages across
+    nodes, recompute (each recompute profile), ZeRO (the setting's levels; last, as it came last to the bf16
+    runtime: the rows before it stay as they were measured)."""
+    out: dict[str, dict[str, Any]] = {"capture": {}, "+ data x tensor": {"composite": True},
+                                      "+ across nodes": {"composite": True, "cross_node": True}}
     for scenarios, db in zip(s.recompute, s.recompute_dbs):
         which = "every stage kind" if scenarios == "all" else "single-device stages" if scenarios == "pipeline" else scenarios
         out[f"+ recompute ({which})"] = {**out["+ across nodes"], "recompute_db": db}
+    if s.zero_space is not None:
+        out[s.zero_space] = {**list(out.values())[-1], "zero": True}
     return out
+
+
+def uniform_baselines(s: Setting) -> dict[str, int]:
+    """The uniform 3D baselines' keys and their ZeRO level: without ZeRO, and with ZeRO-1 over each stage's data
+    group (Megatron's distributed optimizer) where the setting searches ZeRO-1."""
+    return {MEGATRON: 0, **({f"{MEGATRON} + ZeRO-1": 1} if 1 in s.zero else {})}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from hybridplan.plan import Plan
@@ -9,7 +10,7 @@ from hybridplan.report.tables import md_cell
 from hybridplan.units import format_bytes, parse_bytes
 from hybridplan.workflows.runs import ResultStore
 
-from benchmarks.extension_gain.settings import MEGATRON
+from benchmarks.extension_gain.settings import MEGATRON, SETTINGS
 from benchmarks.paper_profiles import CAPACITY
 
 
@@ -20,10 +21,11 @@ def _gib(value: Any) -> str:
 def print_tables(store: ResultStore) -> None:
     """The README's tables, from the results file."""
     models = sorted({k.split("/")[0] for k in store.records})
-    fewest_order = ["capture", "+ data x tensor", "extended", MEGATRON]
-    records = dict(sorted(store.records.items(), key=lambda kv: (
-        kv[0].split("/")[2] == MEGATRON,
-        fewest_order.index(kv[0].split("/")[2]) if kv[0].split("/")[1] == "fewest" and kv[0].split("/")[2] in fewest_order else 0)))
+    fewest_order = ["capture", "+ data x tensor", "extended"]  # then the ZeRO row (the whole extension)
+    records = dict(sorted(store.records.items(), key=lambda kv: (  # stable: otherwise in the order they were run
+        kv[0].split("/")[2].startswith(MEGATRON),
+        fewest_order.index(kv[0].split("/")[2]) if kv[0].split("/")[1] == "fewest" and kv[0].split("/")[2] in fewest_order
+        else len(fewest_order))))
     capacity = parse_bytes(CAPACITY)
     print("| model | space | plan of the lowest predicted peak | predicted peak | simulated peak | needs (predicted) |"
           " fits 40 GiB | search |")
@@ -85,6 +87,7 @@ def print_tables(store: ResultStore) -> None:
             plan = r["label"] if "shape" not in r else f"{r['shape']}: {r['label']}"
             print(f"| {m} | {space} | {md_cell(plan)} | {t:.4g} | {rate} | {_gib(r.get('predicted_peak_bytes'))} |"
                   f" {_gib(r.get('simulated', {}).get('measured_peak_bytes'))} |")
+    zero1_savings(store)
     largest_rows = [(key, r) for key, r in records.items() if key.split("/")[1] == "largest"]
     if not largest_rows:
         return
@@ -102,3 +105,62 @@ def print_tables(store: ResultStore) -> None:
         print(f"| {m} | {space} | {width} | {params} | {md_cell(r.get('label') or '')} | {_gib(at.get('needed_bytes'))} |"
               f" {len(r['probes'])} |")
 
+
+
+ZERO1_BYTES_PER_PARAMETER = 12
+"""What ZeRO-1 shards in bf16 mixed precision with AdamW, per parameter: the fp32 master copy and the two fp32
+moments (runtime/sharding.py; predict/zero.py ``ZeroLayout._state``); a device keeps ``1/dp`` of them."""
+
+
+def _stage_parameters(model: str, plan: Plan) -> list[int] | None:
+    """Per stage, the parameters one device holds (a tensor rank's shards), from the profile's recorded shapes
+    (meta ``parameter_shapes``, ``tensor_shard_shapes``: ``[element size, *dims]`` per tensor); None without them."""
+    from hybridplan.profiling.store import ProfileStore
+
+    s = SETTINGS.get(model)
+    if s is None or not s.db.exists():
+        return None
+    with ProfileStore(s.db, create=False) as store:
+        whole, shards = store.get_meta("parameter_shapes"), store.get_meta("tensor_shard_shapes") or {}
+    out = []
+    for st in plan.stages:
+        layers = whole if st.tensor_degree <= 1 else shards.get(str(st.tensor_degree))
+        if layers is None:
+            return None
+        out.append(sum(math.prod(p[1:]) for layer in layers[st.start:st.stop] for p in layer or []))
+    return out
+
+
+def zero1_savings(store: ResultStore) -> None:
+    """Per uniform 3D shape with data parallelism, its peak without ZeRO and with ZeRO-1 (simulated where both
+    were run, else predicted), against ``12 B x parameters per device x (1 - 1/dp)`` (the stages' range)."""
+    rows = []
+    for key, with_zero in store.records.items():
+        m, column, space = key.split("/", 2)
+        if column != "peak" or space != f"{MEGATRON} + ZeRO-1" or f"{m}/peak/{MEGATRON}" not in store:
+            continue
+        without = {r["shape"]: r for r in store[f"{m}/peak/{MEGATRON}"]["rows"]}
+        for row in with_zero["rows"]:
+            old = without.get(row["shape"])
+            if old is None or "plan" not in row:
+                continue
+            plan = Plan.from_dict(row["plan"])
+            dp = max(st.data_degree for st in plan.stages)
+            ran = [r.get("simulated", {}) for r in (old, row)]
+            if all(sim.get("status") == "ok" for sim in ran):
+                peaks, how = [sim["measured_peak_bytes"] for sim in ran], "simulated"
+            else:
+                peaks, how = [r.get("predicted_peak_bytes") for r in (old, row)], "predicted"
+            if dp == 1 or None in peaks:
+                continue
+            params = _stage_parameters(m, plan)
+            expected = "" if params is None else " to ".join(dict.fromkeys(  # the smallest stage's, the largest's
+                _gib(ZERO1_BYTES_PER_PARAMETER * n * (1 - 1 / dp)) for n in (min(params), max(params))))
+            rows.append(f"| {m} | {row['shape']} | {how} | {_gib(peaks[0])} | {_gib(peaks[1])} | {_gib(peaks[0] - peaks[1])} |"
+                        f" {expected} |")
+    if not rows:
+        return
+    print()
+    print("| model | uniform shape | peaks | without ZeRO | with ZeRO-1 | less | 12 B x parameters per device x (1 - 1/dp) |")
+    print("|---|---|---|---:|---:|---:|---:|")
+    print("\n".join(rows))

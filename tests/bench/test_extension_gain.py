@@ -9,12 +9,13 @@ from typing import Any
 import pytest
 
 from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan, StagePlan
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain import largest as largest_module
 from benchmarks.extension_gain.largest import largest
-from benchmarks.extension_gain.settings import Setting, usable
+from benchmarks.extension_gain.settings import MEGATRON, SETTINGS, Setting, profile_commands, spaces, uniform_baselines, usable
 from benchmarks.extension_gain.widths import at_width, width_of
 from benchmarks.largest_model.search import widest
 from benchmarks.paper_profiles import Case
@@ -28,7 +29,7 @@ def gpt_tiny_parameters(h: int) -> int:
 
 
 def setting(tmp_path: Path, recompute: tuple[str, ...] = ("pipeline", "all")) -> Setting:
-    return Setting(Case("gpt-tiny", "1x2", 8, 2, "fp32"), zero=False, recompute=recompute, work=tmp_path)
+    return Setting(Case("gpt-tiny", "1x2", 8, 2, "fp32"), zero=(), recompute=recompute, work=tmp_path)
 
 
 def make_profile(db: Path, complete: bool) -> None:
@@ -97,6 +98,48 @@ def test_unfinished_recompute_profiles_leave_out_their_rows(tmp_path: Path) -> N
     ready, notes = usable(s)
     assert ready is not None and ready.recompute == ("pipeline",) and ready.recompute_db == pipeline
     assert len(notes) == 1 and "recompute (all) rows skipped" in notes[0]
+
+
+def test_the_paper_size_bf16_settings_search_zero1_last_and_the_uniform_plans_with_and_without_it() -> None:
+    """ZeRO-1 is the last row of the extended space (the whole extension with ZeRO-1 data stages), the rows before
+    it unchanged (no ZeRO); the uniform baseline is taken both ways; their profiles need no ZeRO-3 scenarios."""
+    for name in ("moe-1.3b", "wresnet-1b", "gpt3-2.6b", "gpt3-6.7b"):
+        s = SETTINGS[name]
+        rows = spaces(s)
+        assert list(rows) == ["capture", "+ data x tensor", "+ across nodes", "+ recompute (single-device stages)",
+                              "+ recompute (every stage kind)", "+ ZeRO-1"]
+        assert all("zero" not in options for options in list(rows.values())[:-1])
+        assert rows["+ ZeRO-1"] == {"composite": True, "cross_node": True, "recompute_db": s.recompute_dbs[1], "zero": True}
+        assert uniform_baselines(s) == {MEGATRON: 0, "megatron-3d + ZeRO-1": 1}
+        assert not any("--zero" in argv for argv in profile_commands(s))
+
+
+def test_zero_levels_of_a_setting(tmp_path: Path) -> None:
+    """No ZeRO: no ZeRO row, one uniform baseline; ZeRO-2/3 in fp32: the profile gets the ZeRO-3 scenarios;
+    ZeRO-2 is refused in bf16 (not predicted there), as are levels out of order or outside 1-3."""
+    plain = setting(tmp_path)
+    assert plain.zero_space is None and uniform_baselines(plain) == {MEGATRON: 0}
+    assert not any("zero" in options for options in spaces(plain).values())
+    every = Setting(Case("gpt-tiny", "1x2", 8, 2, "fp32"), zero=(1, 2, 3), recompute=(), work=tmp_path)
+    assert list(spaces(every))[-1] == "+ ZeRO-1/2/3" and spaces(every)["+ ZeRO-1/2/3"]["zero"] is True
+    assert profile_commands(every)[0][-1] == "--zero"
+    for precision, zero in (("bf16", (1, 2)), ("fp32", (3, 1)), ("fp32", (1, 1)), ("fp32", (4,)), ("fp32", (0,))):
+        with pytest.raises(SystemExit, match="ZeRO"):
+            Setting(Case("gpt-tiny", "1x2", 8, 2, precision), zero=zero, recompute=())
+    assert Setting(Case("gpt-tiny", "1x2", 8, 2, "bf16"), zero=(1, 3), recompute=()).zero_space == "+ ZeRO-1/3"
+
+
+def test_an_answer_outside_the_settings_zero_levels_is_named() -> None:
+    """The memory search shards at every level the profile predicts; an answer with a ZeRO-3 stage (MoE 1.3B's
+    profile has old data2-zero3 runs) is not a ZeRO-1 setting's."""
+    s = SETTINGS["moe-1.3b"]
+
+    def plan(zero: int) -> Plan:
+        return Plan(schedule="1f1b", global_batch_size=512, num_microbatches=16,
+                    stages=(StagePlan(0, 9, "data", 2, (0, 1), zero=zero), StagePlan(9, 18, "none", 1, (2,))))
+
+    assert s.unsearched_zero(plan(0)) is None and s.unsearched_zero(plan(1)) is None
+    assert s.unsearched_zero(plan(3)) == "the search chose stage [0,9) ZeRO-3, outside this setting's ZeRO levels [1]"
 
 
 def test_largest_searches_the_width_and_resumes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
