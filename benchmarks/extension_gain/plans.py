@@ -52,11 +52,13 @@ baseline's extrapolated degrees, minutes each at paper size) resumes after a cra
 def simulate(s: Setting, plan: Plan, cluster: Cluster, recompute_db: Path | None = None) -> dict[str, Any]:
     """The plan run on simulated devices of ``cluster``: per device, predicted (where the profile predicts it)
     and measured peaks. Kept in :data:`SIMULATED` under the profile, plan, cluster and recompute profile."""
-    store = ResultStore(SIMULATED)
+    if not any(st.recompute != "none" for st in plan.stages):
+        recompute_db = None  # not read (predictor_for)
     key = json.dumps({"db": str(s.db), "model": s.case.model, "plan": plan.to_dict(), "cluster": cluster.to_dict(),
                       "recompute_db": None if recompute_db is None else str(recompute_db)}, sort_keys=True)
-    if key not in store:
-        store.put(key, _simulate(s, plan, cluster, recompute_db))
+    if key not in (store := ResultStore(SIMULATED)):
+        result = _simulate(s, plan, cluster, recompute_db)
+        (store := ResultStore(SIMULATED)).put(key, result)  # read again: another run may have added its own since
     return dict(store[key])
 
 
