@@ -77,6 +77,9 @@ def fastest(s: Setting, store: ResultStore, say: Callable[[str], None], validate
         say(f"{c.model} fastest {space}: {r.get('label', r.get('error'))} {r.get('seconds_per_iteration')}")
     for space in uniform_baselines(s):
         key = f"{c.model}/fastest/{space}"
+        if key not in store and f"{c.model}/peak/{space}" not in store:
+            say(f"{c.model} fastest {space}: not yet (its plans are the lowest-peak column's: --columns peak)")
+            continue
         if key not in store:
             rows = store[f"{c.model}/peak/{space}"]["rows"]
             timed = []
