@@ -66,10 +66,12 @@ class _Problem:
         self.sync_kind: list[int] = []
         self.sync: list[np.ndarray] = []
         if sync is not None and any(f > 0 or lat > 0 for f, lat in sync.kinds):
-            shapes = {sync.range_bytes.shape} | ({sync.range_tensors.shape} if sync.range_tensors is not None else set())
+            shapes = {sync.range_bytes.shape} | ({sync.range_tensors.shape} if sync.range_tensors is not None
+                                                 else set())
             if (len(sync.factors) != self.k or shapes != {(n + 1, n + 1)}
                     or (sync.latencies is not None and len(sync.latencies) != self.k)):
-                raise PlanError(f"sync costs need {self.k} factors (and latencies) and {n + 1} x {n + 1} range matrices")
+                raise PlanError(f"sync costs need {self.k} factors (and latencies) and {n + 1} x {n + 1} range"
+                                " matrices")
             if min(min(sync.factors), min(sync.latencies or (0.0,))) < 0:
                 raise PlanError("sync factors and latencies must be non-negative")
             fkeys: dict[tuple[float, float], int] = {}

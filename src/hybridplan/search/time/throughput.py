@@ -3,9 +3,9 @@
 For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
 dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
 cut the layers into ``pp`` stages so as to minimise the predicted iteration time, the round trip of 1F1B and the
-gradient sync included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of
-:mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict the
-iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
+gradient sync (its per-message latency too) included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic
+program of :mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict
+the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
 over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is the candidates by
 predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
 
@@ -33,8 +33,8 @@ has three random cases: 8.7% and 31% slower, and no plan at all). So with stage 
 :data:`CUT_ROUNDS` times, options chosen exactly for every cut, the fastest that fits kept (pareto: every
 choice, for the frontier): first for the plain stages' times; then for the options chosen on the previous cut
 (a recomputed stage's layers cost their forward once more, a ZeRO-2/3 stage's its per-micro-batch collectives
-per parameter byte, a ZeRO-1 stage's sync 1.5 times: [Note: ZeRO and recompute in time] in
-predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
+per parameter byte, a ZeRO-1 stage's sync, bandwidth and latency, 1.5 times: [Note: ZeRO and recompute in
+time] in predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
 the next cut is for the options saving the most memory with that stage's layer times weighted twice as much
 (again each round it does not fit; when another stage stops fitting instead, the step shrinks to its square
 root: layers moved back and forth), which moves layers off it; once a cut fits, the weights go halfway back to
@@ -111,11 +111,12 @@ CUT_ROUNDS = 4
 """At most this many cuts per strategy with stage options ([Note: cutting for the stage options]); each costs a
 cut and an option table (one prediction of time and peaks per option)."""
 CutAlgorithm = Literal["bottleneck", "amp"]
-"""How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the whole
-predicted iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the
-gradient sync, by branch and bound (search/time/bottleneck_cuts.py); "amp" is AMP's dynamic program on eq. 5
-alone (stage_cuts.py), the reference it replaced: exact for that term but O(k L^4), blind to the sync and to the
-round trip of 1F1B."""
+"""How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the predicted
+iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the gradient sync
+(bandwidth and per-message latency), by branch and bound (search/time/bottleneck_cuts.py); not yet the slowest
+stage's optimizer step, which also grows with a stage's parameter bytes (0 for a profile that measured no step);
+"amp" is AMP's dynamic program on eq. 5 alone (stage_cuts.py), the reference it replaced: exact for that term but
+O(k L^4), blind to the sync and to the round trip of 1F1B."""
 
 
 @dataclass(frozen=True)
