@@ -51,21 +51,27 @@ def test_same_optimum_as_amps_program(data: st.DataObject, num_layers: int, gas:
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), num_layers=st.integers(1, 10), gas=st.integers(1, 9), integers=st.booleans(),
-       floors=st.booleans())
+       floors=st.booleans(), latency=st.booleans())
 def test_with_the_sync_the_least_total_of_every_cut(data: st.DataObject, num_layers: int, gas: int, integers: bool,
-                                                    floors: bool) -> None:
+                                                    floors: bool, latency: bool) -> None:
+    # latency: each stage's sync also pays seconds per parameter tensor (its ring steps' latency)
     k = data.draw(st.integers(1, num_layers))
     stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
     cut_costs = [_costs(data, num_layers, integers) / 4 for _ in range(k - 1)]
     cut_floors = [c * 2 for c in cut_costs] if floors else None
-    sync = SyncCosts(range_sums(_costs(data, num_layers, integers)),
-                     tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0, 3.0])) for _ in range(k)))
+    nbytes = _costs(data, num_layers, integers)
+    tensors = np.array(data.draw(st.lists(st.integers(0, 50), min_size=num_layers, max_size=num_layers)), dtype=float)
+    factors = tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0, 3.0])) for _ in range(k))
+    latencies = tuple(data.draw(st.sampled_from([0.0, 0.1, 0.5])) for _ in range(k))
+    sync = (SyncCosts(range_sums(nbytes), factors, range_sums(tensors), latencies) if latency
+            else SyncCosts(range_sums(nbytes), factors))
     found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync)
 
     def total(b: tuple[int, ...]) -> float:  # the objective written out again: eq. 5, floors, plus the slowest sync
         t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
         u = t + ([cut_floors[j - 1][b[j] - 1] for j in range(1, k)] if cut_floors else [])
-        w = [sync.factors[j] * float(sync.range_bytes[b[j], b[j + 1]]) for j in range(k)]
+        w = [factors[j] * float(nbytes[b[j]:b[j + 1]].sum())
+             + (latencies[j] * float(tensors[b[j]:b[j + 1]].sum()) if latency else 0.0) for j in range(k)]
         return (gas - 1 or 1e-9) * max(u) + sum(t) + sum(cut_costs[j - 1][b[j] - 1] for j in range(1, k)) + max(w)
 
     best = min(total(b) for b in all_cuts(num_layers, k))
@@ -181,6 +187,37 @@ def test_range_sums_count_shared_parameters_once_per_stage_as_the_time_model_doe
         for b in range(a + 1, 6):
             stage = StagePlan.of(a, b, (0, 1), data_degree=2, tensor_degree=1)
             assert factor * r[a, b] == pytest.approx(sync_seconds(profile, TOY_CLUSTER, stage))
+
+
+def test_the_sync_costs_with_latency_are_the_time_models_sync_of_every_range() -> None:
+    # the tied embedding again, its layers holding 2, 4, 3, 4 and 2 parameter tensors (layer 1's not recorded: the
+    # time model counts 1), on a 2-replica data-parallel stage whose links take 20 us per message
+    from hybridplan.predict.communication import sync_latency_per_tensor
+    from hybridplan.search.time.throughput import parameter_range_bytes, parameter_range_tensors
+
+    sizes, tensors = [3e6, 1e6, 2e6, 1e6, 3e6], [2, None, 3, 4, 2]
+    groups = ["emb", None, None, None, "emb"]
+    profile = TimeProfile(
+        model="toy",
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1.0, parameter_bytes=b, shared_parameters=s,
+                               parameter_tensors=c) for i, (b, s, c) in enumerate(zip(sizes, groups, tensors))),
+        timings=(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1e-3,) * 5,
+                             backward_s=(2e-3,) * 5),),
+    )
+    cluster = TOY_CLUSTER.with_latencies(2e-5, 1e-3)
+    r = parameter_range_tensors(profile)
+    # by hand: 2 + 1 + 3 + 4 (+ 2 of the tied layer, already counted) = 10; without layer 0 the tie is gone
+    assert r[0, 5] == 10 and r[1, 5] == 10 and r[1, 4] == 8 and r[4, 5] == 2 and r[2, 2] == 0
+    factor = 2 * (2 - 1) / (2 * TOY_CLUSTER.intra_node_bandwidth)  # ring all-reduce on 2 devices of node 0
+    latency = 2 * (2 - 1) * 2e-5  # a ring of 2 steps of 20 us per tensor
+    assert sync_latency_per_tensor(profile, cluster, StagePlan.of(0, 0, (0, 1), data_degree=2)) == pytest.approx(latency)
+    costs = SyncCosts(parameter_range_bytes(profile), (factor,), r, (latency,))
+    for a in range(5):
+        for b in range(a + 1, 6):
+            stage = StagePlan.of(a, b, (0, 1), data_degree=2, tensor_degree=1)
+            assert costs.seconds((a, b)) == pytest.approx(sync_seconds(profile, cluster, stage), rel=1e-12)
+    with pytest.raises(PlanError, match="together"):
+        SyncCosts(r, (factor,), r)
 
 
 def test_rejects_negative_layer_times_and_too_many_stages() -> None:

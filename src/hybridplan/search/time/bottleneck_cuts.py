@@ -6,11 +6,13 @@ bottleneck ``U = max_j u_j`` (``u_j`` the stage time or the floor of its incomin
 that the cut is timed as the model times the plan. That is eq. 5, ``g U + S`` (``g = gas - 1``: the objective of
 :func:`~hybridplan.search.time.stage_cuts.assignment_objective`), or with ``in_flight = k`` micro-batches in flight
 (1F1B: [Note: the round trip of 1F1B] in predict/time_model.py) ``g max(U, S / k) + S``; optionally plus the
-data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of stage ``j``'s layers, ``c_j`` seconds
-per byte of its ring all-reduce: time_model's eq. 4 term). Its max terms do not decompose over stages. AMP's
+data-parallel gradient sync ``max_j q_j`` with ``q_j = c_j w_j + l_j n_j`` (``w_j`` the gradient bytes of stage
+``j``'s layers, ``c_j`` seconds per byte of its ring all-reduce, ``n_j`` their parameter tensors, ``l_j`` the
+seconds each tensor's ring of messages adds, its per-message latency: the time model's sync term exactly,
+:class:`~hybridplan.search.time.sync_costs.SyncCosts`). Its max terms do not decompose over stages. AMP's
 program (stage_cuts.py) carries the max as a tolerance index through the table, ``O(k L^2 |m|)`` (and knows no
 round trip). Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q`` (sync), ``S(P, Q)`` = the least
-``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
+``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``q_j <= Q``. Then
 
     optimum = min over (P, Q) of  pipe(P, S(P, Q)) + Q,
 
@@ -22,8 +24,14 @@ therefore still a lower bound of every objective inside, tighter than ``g P_lo +
 trip binds. Three facts make this fast:
 
 1. ``S(P, Q)`` is a shortest path over (stage, layer) in which stage ``j`` may hold ``[a, i)`` only when
-   ``a >= lo_j(i)``: layer times and bytes are non-negative, so a range's time and bytes grow with it and the
-   allowed starts form a window ``[lo_j(i), i - 1]`` (boundaries whose floor exceeds ``P`` are masked). With
+   ``a >= lo_j(i)``: layer times, bytes and tensors are non-negative, so a range's time and sync grow with it
+   (the sync's two terms each do, and ``c_j, l_j >= 0``) and the allowed starts form a window ``[lo_j(i), i - 1]``
+   (boundaries whose floor exceeds ``P`` are masked). Shared parameters (tied embeddings) count once per range,
+   with the group's first layer in the range (as the time model counts them): the sync then still grows with
+   the range where a group's later layers hold no more bytes and tensors than its first, as tied copies do;
+   where a later one holds more, dropping the first from the range adds the difference, the windows' premise
+   fails, and the search may miss the optimum (the profiles the project writes tie no such layers:
+   ``profile --time`` ties none, AMP's GPT-2 importer ties a logits layer no larger than its embedding). With
    ``t_j(a, i) = p_j(i) - p_j(a)`` (prefix sums), ``f_j(i) = p_j(i) + min_{a in window} (f_{j-1}(a) - p_j(a)
    + e_j(a))``: a minimum over a window, for all ``i`` in one numpy pass (``reduceat`` or a sparse table);
    the windows come from a binary search over all ends at once. ``O(k L log L)`` per evaluation (cost note
@@ -48,10 +56,10 @@ The search is exact: every candidate pair is either evaluated, dominated or boun
 [Note: bottleneck search cost] What the search costs at worst, and why that is not ``O(k L^2)``.
 
 *One evaluation* of ``S(P, Q)`` costs ``O(k L log L)``: the windows' starts by a binary search over all ends,
-``O(L log L)`` per distinct stage cost vector and sync factor; per stage the window minima either by
-``reduceat`` (``O(L w)``) or by a sparse table (``O(L log w)``), whichever is cheaper for those windows (both
-give the same floats, a minimum being exact: :class:`~hybridplan.search.time.window_minima._WindowMinima`); the
-traceback ``O(k w)``.
+``O(L log L)`` per distinct stage cost vector and sync (factor, latency) pair; per stage the window minima
+either by ``reduceat`` (``O(L w)``) or by a sparse table (``O(L log w)``), whichever is cheaper for those
+windows (both give the same floats, a minimum being exact:
+:class:`~hybridplan.search.time.window_minima._WindowMinima`); the traceback ``O(k w)``.
 
 *The number of evaluations* ``E`` is at most ``1 + |C_P| |C_Q|``, with ``C_P`` the candidate bottlenecks in
 ``[p_floor, p_max]`` and ``C_Q`` the candidate syncs up to ``q_max`` (and 0). Proof: after the first
@@ -66,8 +74,9 @@ skipped, and each batch's best cap is evaluated for its cut): again each candida
 instead of Python setting the pace.
 ``|C_P| <= L + D L (L + 1) / 2`` with ``D`` the distinct (stage cost vector, boundary floors) pairs of stages
 1 .. k-1 (stage 0 only holds prefixes), and ``|C_Q| <= 1 + F L (L + 1) / 2`` with ``F`` the distinct sync
-factors. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term (``O(k L^3 log L)`` on
-one device type) and ``O(D F k L^5 log L)`` with one; on the plan search's inputs ``E`` is about 20.
+(factor, latency) pairs. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term
+(``O(k L^3 log L)`` on one device type) and ``O(D F k L^5 log L)`` with one; on the plan search's inputs ``E``
+is about 20.
 
 *Why not* ``O(k L^2)``. The tied-corners family (tests/search/time/test_bottleneck_cuts.py,
 benchmarks/search_time/worst_case.py) makes ``Theta(L^2)`` cuts tie up to noise: layer times about 1 (all range
@@ -178,7 +187,8 @@ def bottleneck_assignment(
     ``sync.seconds`` when ``sync`` is given; by branch and bound on the bottleneck values.
 
     Args: as :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`; ``sync``: the data-parallel
-    gradient all-reduce per stage (:class:`~hybridplan.search.time.sync_costs.SyncCosts`), so that the cut
+    gradient all-reduce per stage, bandwidth and per-message latency
+    (:class:`~hybridplan.search.time.sync_costs.SyncCosts`), so that the cut
     minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term;
     ``in_flight``: the micro-batches the first stage holds at once
     (:func:`~hybridplan.predict.time_model.first_stage_in_flight`; None: as many as there are, GPipe), whose

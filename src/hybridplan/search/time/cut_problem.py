@@ -61,18 +61,25 @@ class _Problem:
         link_keys: dict[bytes, int] = {}
         self.link_kind = [0] + [link_keys.setdefault(e.tobytes() + fl.tobytes(), len(link_keys))
                                 for e, fl in zip(self.cuts, self.floors)]
-        # sync: distinct factors share one matrix of seconds
+        # sync: stages of equal (factor, latency) share one matrix of seconds; each is non-negative and grows with
+        # the range (bytes and tensors both do), which is all the windows need ([Note: bottleneck search], fact 1)
         self.sync_kind: list[int] = []
         self.sync: list[np.ndarray] = []
-        if sync is not None and any(f > 0 for f in sync.factors):
-            if len(sync.factors) != self.k or sync.range_bytes.shape != (n + 1, n + 1):
-                raise PlanError(f"sync costs need {self.k} factors and a {n + 1} x {n + 1} range matrix")
-            fkeys: dict[float, int] = {}
-            for f in sync.factors:
-                if f not in fkeys:
-                    fkeys[f] = len(self.sync)
-                    self.sync.append(f * sync.range_bytes + below)
-                self.sync_kind.append(fkeys[f])
+        if sync is not None and any(f > 0 or lat > 0 for f, lat in sync.kinds):
+            shapes = {sync.range_bytes.shape} | ({sync.range_tensors.shape} if sync.range_tensors is not None
+                                                 else set())
+            if (len(sync.factors) != self.k or shapes != {(n + 1, n + 1)}
+                    or (sync.latencies is not None and len(sync.latencies) != self.k)):
+                raise PlanError(f"sync costs need {self.k} factors (and latencies) and {n + 1} x {n + 1} range"
+                                " matrices")
+            if min(min(sync.factors), min(sync.latencies or (0.0,))) < 0:
+                raise PlanError("sync factors and latencies must be non-negative")
+            fkeys: dict[tuple[float, float], int] = {}
+            for kind in sync.kinds:
+                if kind not in fkeys:
+                    fkeys[kind] = len(self.sync)
+                    self.sync.append(sync.matrix(*kind) + below)
+                self.sync_kind.append(fkeys[kind])
         self.upper = below == 0
         self._remembered: dict[tuple[str, int, float], np.ndarray] = {}  # window starts per single cap
         self.link_base: dict[tuple[int, int], np.ndarray] = {}  # e_j(a) - p_j(a) per (cost vector, link kind)

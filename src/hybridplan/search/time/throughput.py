@@ -3,9 +3,9 @@
 For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
 dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
 cut the layers into ``pp`` stages so as to minimise the predicted iteration time, the round trip of 1F1B and the
-gradient sync included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of
-:mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict the
-iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
+gradient sync (its per-message latency too) included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic
+program of :mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict
+the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
 over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is the candidates by
 predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
 
@@ -33,8 +33,8 @@ has three random cases: 8.7% and 31% slower, and no plan at all). So with stage 
 :data:`CUT_ROUNDS` times, options chosen exactly for every cut, the fastest that fits kept (pareto: every
 choice, for the frontier): first for the plain stages' times; then for the options chosen on the previous cut
 (a recomputed stage's layers cost their forward once more, a ZeRO-2/3 stage's its per-micro-batch collectives
-per parameter byte, a ZeRO-1 stage's sync 1.5 times: [Note: ZeRO and recompute in time] in
-predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
+per parameter byte, a ZeRO-1 stage's sync, bandwidth and latency, 1.5 times: [Note: ZeRO and recompute in
+time] in predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
 the next cut is for the options saving the most memory with that stage's layer times weighted twice as much
 (again each round it does not fit; when another stage stops fitting instead, the step shrinks to its square
 root: layers moved back and forth), which moves layers off it; once a cut fits, the weights go halfway back to
@@ -70,10 +70,12 @@ from hybridplan.predict.communication import (
     link_bandwidth,
     p2p_seconds,
     slowest_link,
+    sync_latency_per_tensor,
 )
 from hybridplan.predict.stage_compute import stage_layer_costs
 from hybridplan.predict.time_breakdown import TimeBreakdown
 from hybridplan.predict.time_model import first_stage_in_flight, predict_iteration_time
+from hybridplan.profiling.layer_info import parameter_tensors
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
 from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
@@ -98,6 +100,7 @@ __all__ = [
     "supported_tensor_degrees",
     "assign_layers",
     "parameter_range_bytes",
+    "parameter_range_tensors",
     "pareto_frontier",
     "search_throughput",
 ]
@@ -108,11 +111,12 @@ CUT_ROUNDS = 4
 """At most this many cuts per strategy with stage options ([Note: cutting for the stage options]); each costs a
 cut and an option table (one prediction of time and peaks per option)."""
 CutAlgorithm = Literal["bottleneck", "amp"]
-"""How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the whole
-predicted iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the
-gradient sync, by branch and bound (search/time/bottleneck_cuts.py); "amp" is AMP's dynamic program on eq. 5
-alone (stage_cuts.py), the reference it replaced: exact for that term but O(k L^4), blind to the sync and to the
-round trip of 1F1B."""
+"""How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the predicted
+iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the gradient sync
+(bandwidth and per-message latency), by branch and bound (search/time/bottleneck_cuts.py); not yet the slowest
+stage's optimizer step, which also grows with a stage's parameter bytes (0 for a profile that measured no step);
+"amp" is AMP's dynamic program on eq. 5 alone (stage_cuts.py), the reference it replaced: exact for that term but
+O(k L^4), blind to the sync and to the round trip of 1F1B."""
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,7 @@ def assign_layers(
     schedule: str = "1f1b",
     cuts: CutAlgorithm = "bottleneck",
     range_bytes: np.ndarray | None = None,
+    range_tensors: np.ndarray | None = None,
     options: Sequence[Option] | None = None,
     weights: Sequence[float] | None = None,
 ) -> Plan:
@@ -232,8 +237,8 @@ def assign_layers(
     steady-state period.
 
     ``cache`` memoises the cut on its inputs: annealing mostly visits placements whose stage and boundary
-    costs equal ones already solved (identical devices and links). ``range_bytes`` (:func:`range_sums` of the
-    layers' parameter bytes) saves recomputing it per strategy.
+    costs equal ones already solved (identical devices and links). ``range_bytes`` and ``range_tensors``
+    (:func:`parameter_range_bytes`, :func:`parameter_range_tensors`) save recomputing them per strategy.
 
     ``options`` (per stage, its (ZeRO level, recompute)) cuts for the time of stages that take them (module
     docstring, [Note: cutting for the stage options]), and ``weights`` (per stage) multiply the stages' layer
@@ -260,21 +265,28 @@ def assign_layers(
     flush = spec(schedule).flushes
     sync = None
     if flush and cuts == "bottleneck" and dp > 1:
-        # communication.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
-        # capped by the measured bandwidth; its per-message latency (the stage's parameter tensors x 2(dp-1) x alpha)
-        # is not in the cut's objective yet: the candidates' times (predict_iteration_time) hold it
+        # communication.sync_seconds, per range of layers: the ring all-reduce of the stage's gradient bytes / tp on
+        # its slowest data group capped by the measured bandwidth, plus its per-message latency (the stage's
+        # parameter tensors x 2(dp-1) x alpha: sync_latency_per_tensor), both times the ZeRO level's all-reduces
         factors = tuple(ZERO_ITERATION_ALLREDUCES[z] * allreduce_seconds(1.0, dp, link_bandwidth(
             profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp
             for z, g in zip(zeros, groups))
+        latencies = tuple(ZERO_ITERATION_ALLREDUCES[z] * sync_latency_per_tensor(profile, cluster, replace(g, zero=z))
+                          for z, g in zip(zeros, groups))
         if range_bytes is None:
             range_bytes = parameter_range_bytes(profile)
-        sync = SyncCosts(range_bytes, factors)
+        if any(latencies):
+            if range_tensors is None:
+                range_tensors = parameter_range_tensors(profile)
+            sync = SyncCosts(range_bytes, factors, range_tensors, latencies)
+        else:
+            sync = SyncCosts(range_bytes, factors)
     # the cut is timed with the round trip of 1F1B as the model times the plan (predict/time_model.py)
     in_flight = first_stage_in_flight(schedule, pp, gas) if cuts == "bottleneck" else None
     key = b""
     if cache is not None:
         key = np.concatenate([[gas, flush, cuts == "amp", in_flight or 0], *stage_costs, *cut_costs,
-                              sync.factors if sync else []]).tobytes()
+                              sync.factors if sync else [], (sync.latencies or []) if sync else []]).tobytes()
     assignment = cache.get(key) if cache is not None else None
     if assignment is None:
         # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
@@ -297,6 +309,14 @@ def parameter_range_bytes(profile: TimeProfile) -> np.ndarray:
     """Gradient bytes of every layer range ``[a, b)`` of the profile, shared parameters once per range (as
     communication.sync_seconds counts them)."""
     return range_sums([layer.parameter_bytes for layer in profile.layers],
+                      [layer.shared_parameters for layer in profile.layers])
+
+
+def parameter_range_tensors(profile: TimeProfile) -> np.ndarray:
+    """Parameter tensors of every layer range ``[a, b)`` of the profile, as
+    :func:`~hybridplan.profiling.layer_info.parameter_tensors` counts a stage's (shared parameters once per range:
+    the first layer of a group in the range holds them; 1 per layer with parameters where not recorded)."""
+    return range_sums([parameter_tensors([layer]) for layer in profile.layers],
                       [layer.shared_parameters for layer in profile.layers])
 
 
@@ -400,13 +420,13 @@ def search_throughput(
     report = Progress.of(progress)
     evaluated = rejected = 0
     cache: dict[bytes, Assignment] = {}
-    range_bytes = parameter_range_bytes(profile)
+    range_bytes, range_tensors = parameter_range_bytes(profile), parameter_range_tensors(profile)
 
     def cut(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int, options: Sequence[Option] | None = None,
             weights: Sequence[float] | None = None) -> Plan:
         return assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
                              micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
-                             cuts=cuts, range_bytes=range_bytes, options=options, weights=weights)
+                             cuts=cuts, range_bytes=range_bytes, range_tensors=range_tensors, options=options, weights=weights)
 
     def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> list[ThroughputCandidate]:
         """The strategy's candidates: its plan, or with stage options the fastest choice over the cuts of
