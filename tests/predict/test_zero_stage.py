@@ -1,11 +1,11 @@
-"""[Note: predicting ZeRO from a profile] (predict/zero.py): ZeRO-1 stages are the data stage's prediction with
-each device's share of the optimizer state, recomputed from the parameter shapes (byte-exact against the
-simulated runtime, which is byte-identical to the real CPU runtime: tests/runtime/test_sharding.py); ZeRO-3
-stages come from a profiled ``data<d>-zero3`` scenario; what cannot be predicted is refused, saying why."""
+"""[Note: predicting ZeRO from a profile] (predict/zero_layout.py), applied by predict/zero_stage.py: ZeRO-1 stages
+are the data stage's prediction with each device's share of the optimizer state, recomputed from the parameter
+shapes (byte-exact against the simulated runtime, which is byte-identical to the real CPU runtime:
+tests/runtime/test_sharding.py); ZeRO-3 stages come from a profiled ``data<d>-zero3`` scenario; what cannot be
+predicted is refused, saying why."""
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import pytest
@@ -13,53 +13,9 @@ import pytest
 from hybridplan.errors import ProfileError
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
-import numpy as np
-
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, first_backward_prefetch_floor, fsdp_rows, gathered_backward_transient, loss_phases,
-                                     prefetched_bytes, sharded_backward_floor, sharded_forward_transient, zero1_shares,
-                                     zero2_peak)
 from hybridplan.predict.zero_stage import zero_peaks
 from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
-
-# Linear(16, 32), ReLU, Linear(32, 32), ReLU, Linear(32, 10): parameters [32, 16], [32], [32, 32], [32], [10, 32], [10]
-MLP_SHAPES = [[[4, 32, 16], [4, 32]], [], [[4, 32, 32], [4, 32]], [], [[4, 10, 32], [4, 10]]]
-
-
-def test_zero1_partition_is_greedy_by_size():
-    # by hand: sizes 512, 32, 1024, 32 on 2 ranks: 1024 -> rank 0; 512 -> rank 1; 32 (first) -> rank 1; 32 -> rank 1
-    assert zero1_shares([512, 32, 1024, 32], 2) == [[2], [0, 1, 3]]
-    # ties go to the lowest rank, equal sizes keep their order
-    assert zero1_shares([5, 5, 5], 3) == [[0], [1], [2]]
-
-
-def test_a_zero3_rank_against_the_unsharded_stage_by_hand():
-    """[Note: ZeRO-3 composed from an unsharded stage]: one fp32 parameter of 5 x 3 over 2 ranks, chunks of 3 and 2
-    rows. Each rank stores the padded 3-row chunk (36 bytes, not 60) and its gradient shard likewise, the moments of
-    its own rows (72 and 48 bytes, not 120) and one step counter; it steps its own chunk (2 temporaries of 36 and 24
-    bytes, not 60)."""
-    layout = ZeroLayout([[[4, 5, 3]]])
-    assert layout.stored_bytes(0, 1, 2) == 36
-    assert layout.unsharded_shift(0, 1, 2, 0) == ((36 - 60) + (72 - 120), 36 - 60, 2 * (36 - 60))
-    assert layout.unsharded_shift(0, 1, 2, 1) == ((36 - 60) + (48 - 120), 36 - 60, 2 * (24 - 60))
-
-
-def test_fsdp_chunks_rows_like_torch_chunk():
-    assert [fsdp_rows(10, 4, r) for r in range(4)] == [3, 3, 3, 1]
-    assert [fsdp_rows(2, 4, r) for r in range(4)] == [1, 1, 0, 0]
-    assert [fsdp_rows(32, 2, r) for r in range(2)] == [16, 16]
-
-
-def test_optimizer_state_per_rank_by_hand():
-    layout = ZeroLayout(MLP_SHAPES)
-    # layers 2-4 on 2 ranks: parameters of 1024, 32, 320, 10 elements; moments 8 bytes per element, step 4 bytes
-    assert layout.optimizer_bytes(2, 5, 0, 2, 0) == 8 * (1024 + 32 + 320 + 10) + 4 * 4
-    # ZeRO-1: rank 0 takes the 1024, rank 1 the 320, 32 and 10
-    assert layout.optimizer_bytes(2, 5, 1, 2, 0) == 8 * 1024 + 4
-    assert layout.optimizer_bytes(2, 5, 1, 2, 1) == 8 * (320 + 32 + 10) + 3 * 4
-    # ZeRO-3 on 4 ranks: rows of [32, 32] -> 8 each; [32] -> 8; [10, 32] -> 3, 3, 3, 1; [10] -> 3, 3, 3, 1
-    assert layout.optimizer_bytes(2, 5, 3, 4, 3) == 8 * (8 * 32 + 8 + 1 * 32 + 1) + 4 * 4
-    assert layout.static_delta(2, 5, 3, 4, 3) == 8 * ((1 - 3) * 32 + (1 - 3))
 
 
 @pytest.fixture(scope="module")
@@ -119,85 +75,6 @@ def test_zero3_predictions_are_close_to_the_simulated_runtime(zero_db, schedule)
     rows = _validate(zero_db, _plan(schedule, [(0, 3, "data", [0, 1], 3), (3, 5, "none", [2], 0)]))
     for predicted, measured in rows[:2]:
         assert abs(predicted - measured) <= 0.05 * measured
-
-
-def test_gathered_bytes_pad_each_parameter_to_whole_chunks():
-    layout = ZeroLayout(MLP_SHAPES)
-    # 2 ranks: [32, 16] + [32] -> 4 * 544; the ReLU has none; [32, 32] + [32] -> 4 * 1056
-    assert layout.gathered_bytes(0, 3, 2) == [4 * 544, 0, 4 * 1056]
-    # 4 ranks: [10, 32] is gathered as 4 chunks of 3 rows (12 rows), [10] as 4 chunks of 3
-    assert layout.gathered_bytes(4, 5, 4) == [4 * (12 * 32 + 12)]
-
-
-def test_zero2_transients_by_hand():
-    # the data stage's prefixes: forward transients 10, 30, 25, activations 5, 12, 20; gathered 4, 8, 2 bytes.
-    # Layer 0: 10 + 2 * 4; layer 1 raises the transient: 30 + 2 * 8; layer 2 does not: at least the activations
-    # before it, 12 + 2 * 2. ZeRO-3: the largest, 46. ZeRO-2 keeps the earlier layers: 18, 46 + 4, 16 + 12 -> 50
-    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=False) == 46
-    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=True) == 50
-    # layer 2 would set it with a large all-gather: 12 + 2 * 40 (+ 12 kept)
-    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 40], keep=True) == 104
-    # suffixes' backward transients (layers 0.., 1.., 2..) 50, 70, 40: layer 2 sets 40 - 5, layer 1 70 - (20 + 5)
-    assert gathered_backward_transient([50, 70, 40], [10, 20, 5], 0) == 45
-    # 50, 30, 40: layer 1 raises nothing; layer 0 raises it to 50, which is 50 - 35 = 15 under ZeRO-2; layer 2's 35
-    assert gathered_backward_transient([50, 30, 40], [10, 20, 5], 0) == 35
-
-
-def test_prefetched_layer_by_hand():
-    # suffixes' backward transients 50, 70, 40: layer 1 sets it; the layer before it with parameters is prefetched
-    assert prefetched_bytes([50, 70, 40], [10, 20, 5]) == 10
-    assert prefetched_bytes([50, 70, 40], [10, 0, 5]) == 10  # layer 1 has no parameters: layer 0 still
-    assert prefetched_bytes([50, 70, 40], [0, 20, 5]) == 0  # nothing before it to prefetch
-    assert prefetched_bytes([50, 30, 40], [10, 20, 5]) == 0  # layer 0 raises it to 50: nothing before layer 0
-    assert prefetched_bytes([60, 60, 60], [10, 20, 5]) == 20  # the last layer sets it, the others add nothing
-
-
-def test_first_backward_prefetch_floor_of_wresnet_tiny_as_measured():
-    """[Note: a first backward after several forwards]: wresnet-tiny's layers 4-5 as data 2 x tensor 2, ZeRO-3,
-    global batch 64 in 4 micro-batches (simulated devices): the first backward measured 903,296 bytes above its
-    level under GPipe and 1F1B alike, while layer 4 ran with layer 5 gathered again (traced op by op). From the
-    tensor x2 stage's first-backward suffixes at the replica's batch (380,544 from layer 4, 322,176 from layer 5),
-    the shards' gathered bytes (75,392 and 298,240) and their halves: 380,544 - 298,240 + 149,120 + 75,392 +
-    2 x 298,240 = 903,296."""
-    assert first_backward_prefetch_floor([380544, 322176], [75392, 298240], [75392, 298240], [37696, 149120]) == 903296
-    # one layer with parameters: nothing to prefetch again
-    assert first_backward_prefetch_floor([380544, 322176], [0, 298240], [0, 298240], [0, 149120]) == -math.inf
-
-
-def test_sharded_backward_floor_by_hand():
-    # the data stage's suffixes 50, 70, 40; gathered 10, 20, 5: layer 2 sets 40 (+ its 5 + layer 1's 20 prefetched),
-    # layer 1 raises it to 70 (+ 20 + layer 0's 10), layer 0 raises nothing
-    assert sharded_backward_floor([50, 70, 40], [10, 20, 5]) == 100
-    assert sharded_backward_floor([90, 70, 40], [10, 20, 5]) == 100  # layer 0: 90 + 10, nothing before it
-
-
-def test_sharded_backward_floor_at_the_loss_by_hand():
-    """[Note: the loss runs outside every FSDP unit]: the data stage's suffixes 35, 40 (layer 1 the model's last),
-    gathered 10, 5; its head's phase 15 and its loss's 40. Layer 1: the loss holds nothing gathered (40), the head
-    its 5 and the prefetched layer 0's 10 (30): 40, where the old floor added both to the loss's 40 (55). Layer 0's
-    35 is above the head's 15, so its phase counts: 35 + 10 = 45. Without the head's phase known, layer 0 must
-    rise above the last layer's 40 as before: it does not."""
-    assert sharded_backward_floor([35, 40], [10, 5]) == 55
-    assert sharded_backward_floor([35, 40], [10, 5], loss=(15, 40)) == 45
-    assert sharded_backward_floor([35, 40], [10, 5], loss=(-np.inf, 40)) == 40
-    # the head's phase above the loss's: 40 + 5 + 10 = 55; layer 0's 35 is below the head's 40
-    assert sharded_backward_floor([35, 40], [10, 5], loss=(40, 20)) == 55
-
-
-def test_loss_phases_of_gpt_tiny_head_as_traced():
-    """[Note: the loss runs outside every FSDP unit]: gpt-tiny's last layer (final norm + head, 33,280 gathered bytes
-    over 2 ranks) measured alone in the data2 and data2-zero3 scenarios at micro-batches of 4 and 8 (2 and 4 rows
-    per replica; benchmarks/extended_accuracy's profile), and the phases at 16 (8 rows per replica) read off the
-    simulated runtime's op-by-op trace of that stage: forward, the head's matmul holds the received input 32,768,
-    the norm's output 33,792 and the logits 65,536 (= 132,096), the loss holds the logits and their log-softmax
-    with a few scalars (197,644); backward, the head's two matmul outputs (2 x 32,768) and the loss's two
-    logits-sized gradients (2 x 65,536)."""
-    forward = loss_phases([4, 8], [49_420, 98_828], [99_584, 132_608], 2 * 33_280, 16)
-    assert forward == (32_768 + 33_792 + 65_536, 197_644)
-    backward = loss_phases([4, 8], [40_960, 65_536], [74_240, 82_432], 33_280, 16)
-    assert backward == (2 * 32_768, 2 * 65_536)
-    # the loss never set the data stage's value (ZeRO-3 a whole 2G above it at both sizes): no loss phase
-    assert loss_phases([4, 8], [10, 20], [30, 40], 20, 16) == (40.0, -np.inf)
 
 
 WIDE = "tests.cli.user_models:wide_head"  # Linear(16, 32), ReLU, Linear(32, 4), Linear(4, 256): a loss-heavy head
@@ -263,19 +140,6 @@ def test_a_zero3_stage_ending_the_model_is_floored_by_the_loss_once_its_rules_ar
     for name in ("first_backward_transient", "backward_transient"):
         assert floored[INDEX[name]] == 64 * 10**6 > ruled[INDEX[name]] >= 64 * 2_048
     assert floored[INDEX["forward_transient"]] == ruled[INDEX["forward_transient"]]
-
-
-def test_zero2_replay_by_hand():
-    """static 100, activation 10, gradient 6, gathered 50; transients F 7 (gathering) / 3 (gathered), first B 4,
-    gathered B 2, B 8 (resharded), step 1."""
-    q = np.array([100, 0, 10, 6, 3, 20, 8, 1])
-    t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=4, gathered_backward=2)
-    # GPipe F0 F1 B0 B1: F0 gathers (107, level 160), F1 (163, 170), B0 frees them (174, 170 + 6 - 10 - 50 = 116),
-    # B1 finds them resharded (124, 106), step 107
-    assert zero2_peak(q, t, 50, "gpipe", 0, 2) == 174
-    # 1F1B, one stage after: F0 F1 B0 F2 B1 B2 (3 micro-batches): F0 107 -> 160, F1 163 -> 170, B0 174 -> 116,
-    # F2 gathers again 123 -> 176, B1 gathered 178 -> 116, B2 resharded 114 -> 96
-    assert zero2_peak(q, t, 50, "1f1b", 1, 3) == 178
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
