@@ -108,7 +108,7 @@ def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: l
                       zero: bool = False) -> list[Scenario]:
     """Pipeline, and data/tensor at 2 and 4 where a node has the devices, the micro-batches split, and
     (for tensor) at least one layer can be split; with ``zero``, data-parallel ZeRO-3 at each data degree too
-    (at most twice the runs: a ZeRO-3 scenario packs the same spans as its data scenario; predict/zero.py)."""
+    (at most twice the runs: a ZeRO-3 scenario packs the same spans as its data scenario; predict/zero_layout.py)."""
     out = [Scenario("none", 1)]
     for degree in (2, 4):
         if degree > cluster.devices_per_node:
@@ -304,7 +304,7 @@ class Campaign:
     def _record_shard_shapes(self) -> None:
         """Per tensor degree profiled, the parameter shards of a tensor rank, layer by layer (on fake tensors, once):
         what ZeRO-1 partitions over the data group of a data x tensor stage ([Note: predicting ZeRO from a
-        profile] in predict/zero.py)."""
+        profile] in predict/zero_layout.py)."""
         from hybridplan.profiling.split_layers import layer_shard_shapes
 
         have = dict(self.store.get_meta("tensor_shard_shapes") or {})
