@@ -18,19 +18,26 @@ from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
 
-@pytest.fixture(scope="module")
-def zero_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The MLP profiled on 1x4 simulated devices: pipeline, data x2 and data x2 with ZeRO-3 (a few seconds)."""
+def _profile(path: Path, model: str, global_batch_size: int, *, pipeline: bool = True,
+             run_options: dict[str, str] | None = None) -> Path:
+    """``model`` profiled on 1x4 simulated devices in 2 micro-batches: data x2 with and without ZeRO-3, and the
+    pipeline scenario where ``pipeline``."""
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
     from hybridplan.profiling.partitions import Scenario
     from hybridplan.profiling.store import ProfileStore
 
-    path = tmp_path_factory.mktemp("zero") / "p.sqlite"
+    scenarios = ((Scenario("none", 1),) if pipeline else ()) + (Scenario("data", 2), Scenario("data", 2, 3))
     with ProfileStore(path) as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
-                                scenarios=(Scenario("none", 1), Scenario("data", 2), Scenario("data", 2, 3)),
-                                run_options={"backend": "sim"}), store).run()
+        Campaign(CampaignConfig(model=model, cluster=Cluster.parse("1x4"), global_batch_size=global_batch_size,
+                                num_microbatches=2, scenarios=scenarios,
+                                run_options=run_options or {"backend": "sim"}), store).run()
     return path
+
+
+@pytest.fixture(scope="module")
+def zero_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The MLP profiled on 1x4 simulated devices: pipeline, data x2 and data x2 with ZeRO-3 (a few seconds)."""
+    return _profile(tmp_path_factory.mktemp("zero") / "p.sqlite", MLP, 32)
 
 
 def _plan(schedule: str, stages: list[tuple[int, int, str, list[int], int]]) -> Plan:
@@ -84,16 +91,7 @@ WIDE = "tests.cli.user_models:wide_head"  # Linear(16, 32), ReLU, Linear(32, 4),
 def wide_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``wide_head`` profiled on 1x4 simulated devices, data x2 with and without ZeRO-3, target batch 256 in 2
     micro-batches (64 rows per replica): its loss outweighs its head's gathered parameters."""
-    from hybridplan.profiling.campaign import Campaign, CampaignConfig
-    from hybridplan.profiling.partitions import Scenario
-    from hybridplan.profiling.store import ProfileStore
-
-    path = tmp_path_factory.mktemp("wide") / "p.sqlite"
-    with ProfileStore(path) as store:
-        Campaign(CampaignConfig(model=WIDE, cluster=Cluster.parse("1x4"), global_batch_size=256, num_microbatches=2,
-                                scenarios=(Scenario("data", 2), Scenario("data", 2, 3)),
-                                run_options={"backend": "sim"}), store).run()
-    return path
+    return _profile(tmp_path_factory.mktemp("wide") / "p.sqlite", WIDE, 256, pipeline=False)
 
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
@@ -189,16 +187,7 @@ BF16 = {"backend": "sim", "precision": "bf16"}
 @pytest.fixture(scope="module")
 def bf16_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The MLP profiled in bf16 on 1x4 simulated devices: pipeline, data x2 and data x2 with ZeRO-3."""
-    from hybridplan.profiling.campaign import Campaign, CampaignConfig
-    from hybridplan.profiling.partitions import Scenario
-    from hybridplan.profiling.store import ProfileStore
-
-    path = tmp_path_factory.mktemp("zero_bf16") / "p.sqlite"
-    with ProfileStore(path) as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
-                                scenarios=(Scenario("none", 1), Scenario("data", 2), Scenario("data", 2, 3)),
-                                run_options=BF16), store).run()
-    return path
+    return _profile(tmp_path_factory.mktemp("zero_bf16") / "p.sqlite", MLP, 32, run_options=BF16)
 
 
 @pytest.mark.parametrize("zero", [1, 3])
