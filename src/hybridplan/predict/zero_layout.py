@@ -49,7 +49,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   prediction at the replica's batch with ``static`` and the step transient moved exactly as for a data stage,
   by the ZeRO-1 partition of the shards' sizes over ``d`` ranks. The shards' shapes are the split layers'
   (every tensor rank's are equal: a split needs the degree to divide the dimension), which a profile records
-  per tensor degree it profiles (profiling/campaign.py, built on fake tensors as the runtime splits them:
+  per tensor degree it profiles (profiling/auxiliary_tables.py, built on fake tensors as the runtime splits them:
   a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
   ZeRO-2 and ZeRO-3 there: [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py.
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario] in
