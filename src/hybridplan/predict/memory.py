@@ -26,7 +26,8 @@ This module holds :class:`MemoryPredictor`: its construction from a profile, ste
 (data x tensor, wider data, recompute per stage) and a plan's prediction. Beside it, by concept: every span at
 once for the search (predict/span_tables.py), the batch scaling and its extrapolation warning
 (predict/batch_scaling.py), a ZeRO stage's per-rank peaks
-(predict/zero_stage.py, on predict/zero.py's layout and Notes), the plans a profile cannot predict and why
+(predict/zero_stage.py, on predict/zero_layout.py's layout and the rules of predict/zero3_transients.py and
+predict/zero2_replay.py), the plans a profile cannot predict and why
 (predict/plan_checks.py), the result types (predict/prediction.py) and the view on merged layers the search
 uses (predict/unit_view.py).
 """
@@ -51,7 +52,7 @@ from hybridplan.predict.span_tables import stage_memory_matrix
 from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
-from hybridplan.predict.zero import ZeroLayout
+from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.predict.zero_stage import (composed_zero3_quantities, tensor_shards, zero_peaks, zero_ranks,
                                           zero_tensor_peaks)
 from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META
@@ -132,7 +133,7 @@ class MemoryPredictor:
         model's shapes either way), so the two profiles compose stage by stage; profiling both doubles the runs."""
         self.zero_layout = zero_layout
         """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
-        profile] in predict/zero.py); None for a profile that did not record them."""
+        profile] in predict/zero_layout.py); None for a profile that did not record them."""
         self.reserved = reserved
         """CUDA: the excess the profile measured above the tensor peak, which predicts the allocator's reserved peak
         ([Note: predicting the reserved peak] in predict/reserved.py); None: not predicted."""
@@ -291,7 +292,7 @@ class MemoryPredictor:
         """The loss's backward bytes that floor a span ending the model ([Note: the loss's backward floor] in
         profiling/loss_memory.py), or None: not ``refined`` (the data scenario as ZeRO-3's rules read it: they
         separate the head's phase from the loss's themselves, [Note: the loss runs outside every FSDP unit] in
-        predict/zero.py, and a suffix raised to the loss's phase would hide the layers before the head from their
+        predict/zero3_transients.py, and a suffix raised to the loss's phase would hide the layers before the head from their
         floor), or the ZeRO-3 scenario, which predict/zero_stage.py floors once its rules are applied."""
         return self.loss_backward if refined and kind != "data-zero3" else None
 
@@ -484,7 +485,7 @@ class MemoryPredictor:
                                    fix="pass --recompute-db, a profile taken with --activation-checkpointing")
             source, degree = base, stage.degree
             kind: str = stage.kind
-            if stage.zero:  # [Note: predicting ZeRO from a profile] (predict/zero.py); refused by now if unpredictable
+            if stage.zero:  # [Note: predicting ZeRO from a profile] (predict/zero_layout.py); refused by now if unpredictable
                 kind = base._zero_source(kind, stage.zero) or kind
             if kind == "data+tensor":
                 replica = base._replica(stage.degree, stage.tensor_degree)

@@ -13,7 +13,7 @@ its data replicas on several nodes (its tensor groups stay inside one, so every 
 their tensor groups are; the time model syncs such a stage over the inter-node link). With ``zero`` every data
 stage may also be ZeRO-1, 2 or 3 sharded, with ``recompute_db`` every stage may recompute its activations: per
 stage, the fastest options that fit (search/time/stage_options.py), predicted by the memory predictor with its
-ZeRO rules (predict/zero.py: ZeRO-1 from the data scenario, ZeRO-2 and ZeRO-3 from ``profile --zero``'s) and the
+ZeRO rules (predict/zero_stage.py: ZeRO-1 from the data scenario, ZeRO-2 and ZeRO-3 from ``profile --zero``'s) and the
 recompute profile ([Note: recompute chosen per
 stage]), timed by the time model's terms ([Note: ZeRO and recompute in time]).
 """
