@@ -1,4 +1,4 @@
-"""[Note: a data x tensor stage is a tensor stage at a smaller batch] (predict/memory.py): a "data+tensor" stage is
+"""[Note: a data x tensor stage is a tensor stage at a smaller batch] (predict/plan_prediction.py): a "data+tensor" stage is
 predicted from the tensor scenario's statistics, and the prediction equals what the simulated runtime measures
 (byte-exact: simulated devices are byte-identical to the real CPU runtime, tests/runtime/test_sim_agreement.py)."""
 

@@ -44,7 +44,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   (applied in bf16 anyway, they predict 21,200 bytes where the MLP's layers 0-2 on 2 ranks measure 20,208).
 - [Note: ZeRO-1 of a data x tensor stage] Each of the ``d`` replicas of a ``data+tensor`` stage is a ``t``-way
   tensor stage at ``1/d`` of the batch ([Note: a data x tensor stage is a tensor stage at a smaller batch] in
-  predict/memory.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
+  predict/plan_prediction.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
   *shards* to a ``ZeroRedundancyOptimizer`` over that rank's data group. So the stage is the tensor stage's
   prediction at the replica's batch with ``static`` and the step transient moved exactly as for a data stage,
   by the ZeRO-1 partition of the shards' sizes over ``d`` ranks. The shards' shapes are the split layers'
