@@ -165,7 +165,7 @@ def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, nu
             patch.setattr(bottleneck_cuts, "SWEEP_AFTER", 0)
         fits = _memory(data, num_layers, k, memory == "monotone") if memory else None
         starts = None if fits is None else [fitting_starts(f) for f in fits]
-        found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight, starts)
+        found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight, starts=starts)
 
     def total(b: tuple[int, ...], tie: float = 1e-9) -> float:
         period, fill = _period_and_fill(b, stage_costs, cut_costs, gas, in_flight)

@@ -193,7 +193,7 @@ def bottleneck_assignment(
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
-    *, starts: Sequence[np.ndarray],
+    *, starts: Sequence[np.ndarray] | None,
 ) -> Assignment | None: ...
 
 
@@ -380,7 +380,7 @@ def bottleneck_min_max(
 @overload
 def bottleneck_min_max(
     stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
-    num_microbatches: int = 1, in_flight: int | None = None, *, starts: Sequence[np.ndarray],
+    num_microbatches: int = 1, in_flight: int | None = None, *, starts: Sequence[np.ndarray] | None,
 ) -> Assignment | None: ...
 
 

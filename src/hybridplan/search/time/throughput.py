@@ -57,7 +57,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, overload
 
 import numpy as np
 
@@ -104,6 +104,11 @@ __all__ = [
 
 MemoryOk = Callable[[Plan], bool]
 PeakMemory = Callable[[Plan], float]
+StageWindows = Callable[[Plan], Sequence[np.ndarray] | None]
+"""Per stage of a strategy's plan (its stages' kinds, degrees, devices, positions and options; the layers as cut),
+the least start of a range of layers that fits the stage's memory, per end ``i = 0 .. L`` (``i``: none does):
+the ``starts`` of search/time/bottleneck_cuts.py's [Note: cutting within memory]. ``None`` where the strategy
+cannot be predicted (search/time/feasibility.py ``Feasibility.stage_windows``)."""
 CUT_ROUNDS = 4
 """At most this many cuts per strategy with stage options ([Note: cutting for the stage options]); each costs a
 cut and an option table (one prediction of time and peaks per option)."""
@@ -210,6 +215,7 @@ def supported_tensor_degrees(profile: TimeProfile, cluster: Cluster) -> tuple[in
     return tuple(sorted(common))
 
 
+@overload
 def assign_layers(
     profile: TimeProfile,
     cluster: Cluster,
@@ -220,13 +226,55 @@ def assign_layers(
     tensor_degree: int,
     micro_batch_size: int,
     global_batch_size: int,
-    cache: dict[bytes, Assignment] | None = None,
+    cache: dict[bytes, Assignment | None] | None = None,
     schedule: str = "1f1b",
     cuts: CutAlgorithm = "bottleneck",
     range_bytes: np.ndarray | None = None,
     options: Sequence[Option] | None = None,
     weights: Sequence[float] | None = None,
-) -> Plan:
+    starts: None = None,
+) -> Plan: ...
+
+
+@overload
+def assign_layers(
+    profile: TimeProfile,
+    cluster: Cluster,
+    devices: Sequence[int],
+    *,
+    pipeline_degree: int,
+    data_degree: int,
+    tensor_degree: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    cache: dict[bytes, Assignment | None] | None = None,
+    schedule: str = "1f1b",
+    cuts: CutAlgorithm = "bottleneck",
+    range_bytes: np.ndarray | None = None,
+    options: Sequence[Option] | None = None,
+    weights: Sequence[float] | None = None,
+    starts: Sequence[np.ndarray] | None,
+) -> Plan | None: ...
+
+
+def assign_layers(
+    profile: TimeProfile,
+    cluster: Cluster,
+    devices: Sequence[int],
+    *,
+    pipeline_degree: int,
+    data_degree: int,
+    tensor_degree: int,
+    micro_batch_size: int,
+    global_batch_size: int,
+    cache: dict[bytes, Assignment | None] | None = None,
+    schedule: str = "1f1b",
+    cuts: CutAlgorithm = "bottleneck",
+    range_bytes: np.ndarray | None = None,
+    options: Sequence[Option] | None = None,
+    weights: Sequence[float] | None = None,
+    starts: Sequence[np.ndarray] | None = None,
+) -> Plan | None:
     """The plan of a strategy whose stages are cut to minimise its predicted iteration time on these devices
     (``cuts``, see :data:`CutAlgorithm`); for "2bw", which never flushes, by the min-max partition of the
     steady-state period.
@@ -238,7 +286,9 @@ def assign_layers(
     ``options`` (per stage, its (ZeRO level, recompute)) cuts for the time of stages that take them (module
     docstring, [Note: cutting for the stage options]), and ``weights`` (per stage) multiply the stages' layer
     times, so as to move layers off a stage that fits in memory under no option; the plan returned is the plain
-    one, options unset.
+    one, options unset. ``starts`` (per stage, :data:`StageWindows`) keeps to the cuts whose every stage fits its
+    memory ([Note: cutting within memory] in search/time/bottleneck_cuts.py; None where none does); the "bottleneck"
+    cuts only (not ``cuts="amp"``, whose program knows no windows).
     """
     pp, dp, tp = pipeline_degree, data_degree, tensor_degree
     size = dp * tp
@@ -274,20 +324,26 @@ def assign_layers(
     key = b""
     if cache is not None:
         key = np.concatenate([[gas, flush, cuts == "amp", in_flight or 0], *stage_costs, *cut_costs,
-                              sync.factors if sync else []]).tobytes()
-    assignment = cache.get(key) if cache is not None else None
-    if assignment is None:
+                              sync.factors if sync else [], *([[-1], *starts] if starts is not None else [])]).tobytes()
+    if cuts == "amp" and starts is not None:
+        raise UsageError("AMP's dynamic program cuts without memory windows", fix="use cuts='bottleneck'")
+    assignment: Assignment | None
+    if cache is not None and key in cache:
+        assignment = cache[key]
+    else:
         # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
         floors = [c / 2 for c in cut_costs]
         if flush and cuts == "amp":
             assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
         elif flush:
-            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight)
+            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight, starts=starts)
         else:
-            assignment = (bottleneck_min_max(stage_costs, floors, cut_costs, gas, in_flight)
+            assignment = (bottleneck_min_max(stage_costs, floors, cut_costs, gas, in_flight, starts=starts)
                           if cuts == "bottleneck" else min_max_assignment(stage_costs, floors, cut_costs))
         if cache is not None:
             cache[key] = assignment
+    if assignment is None:
+        return None
     b = assignment.boundaries
     stages = tuple(replace(groups[j], start=b[j], stop=b[j + 1]) for j in range(pp))
     return Plan(as_schedule(schedule), global_batch_size, global_batch_size // m, stages)
@@ -343,6 +399,7 @@ def search_throughput(
     zero_levels: Sequence[int] = (),
     recompute: bool = False,
     stage_peaks: StagePeaks | None = None,
+    stage_windows: StageWindows | None = None,
 ) -> ThroughputSearchResult:
     """AMP's search over ``(pp, dp, tp, mbs)`` (module docstring).
 
@@ -365,6 +422,9 @@ def search_throughput(
         recompute: each stage may recompute its activations.
         stage_peaks: per-stage predicted peaks for the choice of those options (default: every option fits;
             ``memory_ok`` still checks the chosen plan).
+        stage_windows: per stage, the ranges of layers that fit its memory (:data:`StageWindows`): a strategy whose
+            fastest cut ``memory_ok`` rejects is cut again within them ([Note: cutting within memory] in
+            search/time/bottleneck_cuts.py; ``cuts="bottleneck"`` only). Default: such a strategy is dropped.
         progress: receives a line now and then on a long search, e.g. ``"throughput search: strategy 3/12
             (pp 4, dp 2, tp 1), 40 evaluated, 3.0 s"`` (:mod:`~hybridplan.search.progress`); ``None``: silent.
 
@@ -399,7 +459,7 @@ def search_throughput(
     with_stage_options = bool(zero_levels) or recompute
     report = Progress.of(progress)
     evaluated = rejected = 0
-    cache: dict[bytes, Assignment] = {}
+    cache: dict[bytes, Assignment | None] = {}
     range_bytes = parameter_range_bytes(profile)
 
     def cut(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int, options: Sequence[Option] | None = None,
@@ -407,6 +467,16 @@ def search_throughput(
         return assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
                              micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
                              cuts=cuts, range_bytes=range_bytes, options=options, weights=weights)
+
+    def fitting_cut(plan: Plan, devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> Plan | None:
+        """The fastest cut of ``plan``'s strategy whose every stage fits (:data:`StageWindows`), None where no cut
+        does, or without windows."""
+        starts = stage_windows(plan) if stage_windows is not None and cuts == "bottleneck" else None
+        if starts is None:
+            return None
+        return assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
+                             micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
+                             cuts=cuts, range_bytes=range_bytes, starts=starts)
 
     def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> list[ThroughputCandidate]:
         """The strategy's candidates: its plan, or with stage options the fastest choice over the cuts of
@@ -441,6 +511,11 @@ def search_throughput(
                 plan = cut(devices, pp, dp, tp, mbs, options, tuple(weights))
         kept = [ThroughputCandidate(p, predict_iteration_time(p, profile, cluster), pp, dp, tp, mbs)
                 for p in plans if memory_ok is None or memory_ok(p)]
+        if not kept and not with_stage_options and memory_ok is not None:
+            # the fastest cut does not fit: the fastest that does ([Note: cutting within memory])
+            fitting = fitting_cut(plan, devices, pp, dp, tp, mbs)
+            if fitting is not None and fitting.boundaries != plan.boundaries and memory_ok(fitting):
+                kept = [ThroughputCandidate(fitting, predict_iteration_time(fitting, profile, cluster), pp, dp, tp, mbs)]
         if not kept:
             rejected += 1
         if objective == "time" and kept:
