@@ -307,15 +307,23 @@ def test_searching_more_cuts_is_never_slower_than_the_plain_cut(seed, pareto):
 def test_without_options_the_fastest_cut_that_fits(seed, schedule):
     """No stage options: with the memory windows, the fastest plan over every strategy and every cut that fits, as
     enumerating them finds it (this memory grows with a stage's range, so the windows hold every fitting range:
-    [Note: cutting within memory]; 2BW's min-max cut too); without them, no faster than that either."""
+    [Note: cutting within memory]); without them, no faster than that either. 2BW's cut minimises its period and
+    fill, not the whole iteration time (search/time/bottleneck_cuts.py ``bottleneck_min_max``: no gradient sync),
+    so there only: a plan that fits wherever one does, never slower than without the windows (seed 1: (0, 1, 4)
+    on pp 2 x dp 2, 0.21% slower than the enumeration's (0, 2, 4))."""
     profile, cluster, memory, _ = _random_case(seed, 6)
     want = _fastest_by_enumeration(profile, cluster, 8, memory, (), recompute=False, schedule=schedule)
     found = search_throughput(profile, cluster, 8, memory_ok=memory.fits, stage_windows=memory.stage_windows,
                               schedule=schedule)
-    assert min((c.iteration_s for c in found.candidates), default=float("inf")) == pytest.approx(want, rel=1e-9)
+    fastest = min((c.iteration_s for c in found.candidates), default=float("inf"))
     assert all(memory.fits(c.plan) for c in found.candidates)
     plain = search_throughput(profile, cluster, 8, memory_ok=memory.fits, schedule=schedule)
-    assert min((c.iteration_s for c in plain.candidates), default=float("inf")) >= want * (1 - 1e-12)
+    slowest = min((c.iteration_s for c in plain.candidates), default=float("inf"))
+    assert slowest >= want * (1 - 1e-12)
+    if schedule == "2bw":
+        assert (fastest < float("inf")) == (want < float("inf")) and want * (1 - 1e-12) <= fastest <= slowest
+    else:
+        assert fastest == pytest.approx(want, rel=1e-9)
 
 
 def test_without_options_a_strategy_whose_fastest_cut_does_not_fit_is_cut_again():
@@ -323,7 +331,7 @@ def test_without_options_a_strategy_whose_fastest_cut_does_not_fit_is_cut_again(
     search without the windows drops those strategies and returns a plan 31% slower than the fastest that fits
     (_random_case(63, 6): 4 layers on 4 devices) or none at all (_random_case(12, 6): 5 layers on 2 devices);
     with the windows it cuts them again and finds the enumeration's fastest plan. (Of seeds 0-299, the search
-    without windows missed in 17, 11 of them with no plan; with them none.)"""
+    without windows missed in 17, 10 of them with no plan; with them in none: the slow test below.)"""
     for seed, slower in ((63, 1.3), (12, None)):
         profile, cluster, memory, _ = _random_case(seed, 6)
         want = _fastest_by_enumeration(profile, cluster, 8, memory, (), recompute=False)
@@ -353,22 +361,24 @@ def test_with_windows_the_cut_where_every_stage_fits_under_its_most_saving_optio
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("seeds, most_layers, fewest_layers", [(range(300), 5, 3), (range(600), 7, 6),
-                                                                (range(600, 3000), 7, 3)])
-def test_with_windows_the_fastest_plan_that_fits_on_random_cases(seeds, most_layers, fewest_layers):
-    """With and without the memory windows, against enumerating every strategy, cut and option combination, on
-    the random cases of [Note: cutting for the stage options]: with them, never slower than without and (so far)
-    the enumeration's plan on every case; ``-s`` prints the cases the search without them misses."""
+@pytest.mark.parametrize("seeds, most_layers, fewest_layers, options", [
+    (range(300), 6, 3, False), (range(300), 5, 3, True), (range(600), 7, 6, True), (range(600, 3000), 7, 3, True)])
+def test_with_windows_the_fastest_plan_that_fits_on_random_cases(seeds, most_layers, fewest_layers, options):
+    """With and without the memory windows, against enumerating every strategy, cut and (``options``: ZeRO where
+    the case has it, recompute) option combination, on the random cases of [Note: cutting for the stage options]:
+    with them, never slower than without and (so far) the enumeration's plan on every case; ``-s`` prints the
+    cases the search without them misses (docs/time.md counts them)."""
     for seed in seeds:
         profile, cluster, memory, zero_levels = _random_case(seed, most_layers)
         if profile.num_layers < fewest_layers:
             continue
-        want = _fastest_by_enumeration(profile, cluster, 8, memory, zero_levels)
+        zero_levels = zero_levels if options else ()
+        want = _fastest_by_enumeration(profile, cluster, 8, memory, zero_levels, recompute=options)
 
         def best(**windows: object) -> float:
             return min((c.iteration_s for c in search_throughput(
                 profile, cluster, 8, memory_ok=memory.fits, stage_peaks=memory.stage_peaks, zero_levels=zero_levels,
-                recompute=True, **windows).candidates), default=float("inf"))  # type: ignore[arg-type]
+                recompute=options, **windows).candidates), default=float("inf"))  # type: ignore[arg-type]
 
         plain, windowed = best(), best(stage_windows=memory.stage_windows)
         if plain > want * (1 + 1e-9):

@@ -98,7 +98,10 @@ predicted memory does not fall as its range grows (a range's parameters and acti
 cut is then the fastest of the cuts that fit; where the prediction is not monotone (a loss head whose backward
 floor a longer range hides, measurement noise between spans), a fitting range beyond a non-fitting one is left
 out: the cut found then fits but may not be the fastest that does. tests/search/time/test_bottleneck_cuts.py
-checks it against every cut whose stages all fit.
+checks it against every cut whose stages all fit. :func:`bottleneck_min_max` (2BW's period) takes the same
+windows; AMP's program (``cuts="amp"``, the reference) does not, and the throughput search then cuts no strategy
+again (search/time/throughput.py: a strategy is cut within memory where its fastest cut does not fit, and with
+stage options where some stage fits under none).
 """
 
 from __future__ import annotations

@@ -169,14 +169,15 @@ class Feasibility:
         the least start of a range of layers that fits, per end: the ``stage_windows`` of
         search/time/throughput.py, by :func:`~hybridplan.search.time.bottleneck_cuts.fitting_starts` ([Note:
         cutting within memory] there). A range ``[a, i)`` fits stage ``j`` where the model can split its layers at
-        the stage's tensor degree (``Plan.validate``'s rule) and ``round(stage memory) + outside <= capacity``
-        on its devices, the stage memory from the predictor's matrix at the plan's schedule, batch and micro-batch
-        count and the stage's position (``stage_memory_matrix``, what :meth:`MemoryPredictor.predict` predicts
-        span by span), ``outside`` the bytes the device holds outside the allocator (CUDA; they do not depend on
-        the layers, ``MemoryPredictor.outside_bytes``), within a byte. That is a lower bound of what :meth:`__call__` checks
-        (``needed_bytes``: the reserved peak, at least the rounded tensor peak, plus outside), so no plan that
-        fits is left out; a window too loose costs only a plan that :meth:`__call__` then rejects. A ZeRO stage's
-        ranks differ: its largest rank against its roomiest device, again a lower bound.
+        the stage's tensor degree (``Plan.validate``'s rule) and ``stage memory + outside <= capacity + 1`` on its
+        devices, the stage memory from the predictor's matrix at the plan's schedule, batch and micro-batch count
+        and the stage's position (``stage_memory_matrix``, what :meth:`MemoryPredictor.predict` predicts span by
+        span, up to the last bits of a float: hence the byte), ``outside`` the bytes the device holds outside the
+        allocator (CUDA; they do not depend on the layers, ``MemoryPredictor.outside_bytes``). That is a lower
+        bound of what :meth:`__call__` checks (``needed_bytes``: the reserved peak, at least the rounded tensor
+        peak, plus outside), so no plan that fits is left out; a window too loose costs only a plan that
+        :meth:`__call__` then rejects. A ZeRO stage's ranks differ: its largest rank against its roomiest device,
+        again a lower bound.
 
         None without a predictor (every plan fits), where the plan's recompute differs from the profile's, or where
         its layers are not the profile's.
@@ -202,9 +203,8 @@ class Feasibility:
                 self._matrices[key] = predictor.stage_memory_matrix(
                     stage.kind, stage.degree, after, L, tensor_degree=stage.tensor_degree, zero=stage.zero,
                     recompute=recompute)
-            room = [math.inf if (c := self.cluster.memory_of(d)) is None else c - (predictor.outside_bytes(plan, d) or 0)
-                    for d in stage.devices]
-            # within a byte: the matrix and the span-by-span prediction may differ in their last bits
+            room = [math.inf if (c := self.cluster.memory_of(d)) is None
+                    else c - (predictor.outside_bytes(plan, d) or 0) for d in stage.devices]
             fits = self._matrices[key] <= (max(room) if stage.zero else min(room)) + 1
             if self.model is not None and stage.tensor_degree > 1:
                 bad = np.concatenate(([0], np.cumsum([self.model.tensor_parallel_problem(i, stage.tensor_degree)

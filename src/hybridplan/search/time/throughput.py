@@ -53,14 +53,16 @@ predict/time_model.py; the cut now minimises the time model's own pipeline term:
 With ``stage_windows`` one more cut closes that gap: where some cut left a stage that fits under no option, the
 fastest cut whose every stage fits under its option saving the most memory (the bottleneck cut within memory
 windows, [Note: cutting within memory] in search/time/bottleneck_cuts.py, timed for those options), its options
-then chosen exactly as for every cut. Some plan then fits wherever any does (the most saving option fitting
-wherever another does, and memory growing with a stage's range), and on the cases above it found the
-enumeration's plan in all 539, seed 461 included, and in all of seeds 600-2999 (/tmp script in the report of
-the change that added it: tests/search/time/test_stage_options.py ``_random_case(seed, 7)`` against
-``_fastest_by_enumeration``). Still not an exact search over every cut and combination: the window cut is the
-fastest for the most saving options, and faster options on another fitting cut may beat it. Without stage
-options the window cut is exact (a strategy's fastest plan that fits, where the windows hold every fitting
-range): it runs only when ``memory_ok`` rejects the fastest cut, so the common case costs nothing more.
+then chosen exactly as for every cut. Some plan of the strategy then fits wherever one does, as long as the
+last option of :func:`~hybridplan.search.time.stage_options.stage_options` (the highest ZeRO level, recomputed)
+needs no more than the others and memory grows with a stage's range; on the cases above it found the
+enumeration's plan in all 539, seed 461 included, and in all 2,400 of seeds 600-2999 (3 to 7 layers), where
+the re-cuts alone missed in 9: 5 with no plan, 4 slower by 0.47% to 42% (tests/search/time/test_stage_options.py
+``test_with_windows_the_fastest_plan_that_fits_on_random_cases``, marked slow; ``-s`` prints them). Still not an exact search over
+every cut and combination: the window cut is the fastest for the most saving options, and faster options on
+another fitting cut may beat it. Without stage options the window cut is exact (a strategy's fastest plan that
+fits, where the windows hold every fitting range); it runs only when ``memory_ok`` rejects the fastest cut, so
+the common case costs nothing more.
 """
 
 from __future__ import annotations
