@@ -3,8 +3,9 @@
 Throughput: AMP's search over (pp, dp, tp, mbs) (search/time/throughput.py) or, with ``mode="2bw"``,
 PipeDream-2BW's planner over (w, d, b, r) (search/time/pipedream_2bw.py), both keeping only plans the model can run
 whose every device's predicted peak fits its memory (search/time/feasibility.py; predictions from the memory
-statistics of the profile database). Pareto: the frontier of predicted peak memory against predicted
-iteration time over those plans, and, with memory statistics, the memory-minimal plan of the CAPTURE search
+statistics of the profile database; in AMP mode a strategy whose fastest cut does not fit is cut again within the
+ranges of layers each stage can hold: search/time/bottleneck_cuts.py's [Note: cutting within memory]). Pareto:
+the frontier of predicted peak memory against predicted iteration time over those plans, and, with memory statistics, the memory-minimal plan of the CAPTURE search
 (its lowest-memory end). The command line (``hybridplan plan --objective throughput|pareto``) and the
 benchmarks call :func:`plan_throughput`.
 
@@ -151,6 +152,7 @@ def plan_throughput(
                                    node_local_stages=True, schedule=targets.schedule, composite=True, progress=progress,
                                    cuts=cuts, zero_levels=(1, 2, 3) if zero else (),
                                    recompute=recompute_db is not None, stage_peaks=fit.stage_peaks,
+                                   stage_windows=fit.stage_windows,
                                    # with stage options each strategy gives the fastest plan under every memory
                                    # threshold for the frontier; without, every plan is a row, as before
                                    objective="pareto" if objective == "pareto" and (zero or recompute_db) else "time",

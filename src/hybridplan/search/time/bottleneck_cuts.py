@@ -92,12 +92,32 @@ are no cheaper at worst: AMP's carries the tolerance, ``O(k L^2 |C_P|) = O(k L^4
 Pareto set of (bottleneck, sum) per (stage, end) holds ``Theta(L)`` labels per state on this family and up to
 ``|C_P|`` in general, ``O(k L^2 |C_P|)`` as well. benchmarks/search_time (worst case) measures both searches
 on these families; the search stays exact on every one (the tests against AMP's program and brute force).
+
+[Note: cutting within memory] With ``starts`` (per stage ``j`` and end ``i``, the least start ``m_j(i)`` of the
+ranges ``[a, i)`` that stage may hold) the search keeps to the cuts whose every stage starts in its memory
+window ``[m_j(i), i - 1]``: fact 1's windows become ``[max(lo_j(i), m_j(i)), i - 1]`` (stage 0 still starts at
+0), so ``S(P, Q)`` is the least sum over the cuts that fit the caps *and* memory, still non-increasing in both
+caps, and the cut it returns still has its own maxima under the caps: facts 2 and 3, and the search's
+exactness, hold over that set of cuts (the incumbents are taken from it: the least sum without caps, and the
+balanced cut only where it fits). Nothing else changes, and without ``starts`` nothing at all. The windows are
+the caller's: search/time/feasibility.py ``Feasibility.stage_windows`` takes ``m_j(i)`` as the least ``a``
+whose every ``[a', i)``, ``a <= a' < i``, is predicted to fit stage ``j``'s devices (at its position in the
+pipeline), the largest contiguous window of fitting starts. That is every fitting start wherever a stage's
+predicted memory does not fall as its range grows (a range's parameters and activations only add), and so the
+cut is then the fastest of the cuts that fit; where the prediction is not monotone (a loss head whose backward
+floor a longer range hides, measurement noise between spans), a fitting range beyond a non-fitting one is left
+out: the cut found then fits but may not be the fastest that does. tests/search/time/test_bottleneck_cuts.py
+checks it against every cut whose stages all fit. :func:`bottleneck_min_max` (2BW's period) takes the same
+windows; AMP's program (``cuts="amp"``, the reference) does not, and the throughput search then cuts no strategy
+again (search/time/throughput.py: a strategy is cut within memory where its fastest cut does not fit, and with
+stage options where some stage fits under none).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from typing import overload
 
 import numpy as np
 
@@ -107,7 +127,7 @@ from hybridplan.search.time.cut_problem import _Problem
 from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check
 from hybridplan.search.time.sync_costs import SyncCosts
 
-__all__ = ["bottleneck_assignment", "bottleneck_min_max"]
+__all__ = ["bottleneck_assignment", "bottleneck_min_max", "fitting_starts"]
 
 
 SWEEP_AFTER = 64
@@ -173,6 +193,22 @@ def _sweep(problem: _Problem, caps: np.ndarray, pipeline: Pipeline, least_sum: f
     return best_value, best_cut
 
 
+@overload
+def bottleneck_assignment(
+    stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
+    cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
+    starts: None = None,
+) -> Assignment: ...
+
+
+@overload
+def bottleneck_assignment(
+    stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
+    cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
+    *, starts: Sequence[np.ndarray] | None,
+) -> Assignment | None: ...
+
+
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray],
     cut_costs: Sequence[np.ndarray],
@@ -180,7 +216,8 @@ def bottleneck_assignment(
     cut_floors: Sequence[np.ndarray] | None = None,
     sync: SyncCosts | None = None,
     in_flight: int | None = None,
-) -> Assignment:
+    starts: Sequence[np.ndarray] | None = None,
+) -> Assignment | None:
     """The boundaries minimising the time model's pipeline term (module note): without ``in_flight``
     :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the optimum of
     :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), with it the round trip of 1F1B too; plus
@@ -192,7 +229,9 @@ def bottleneck_assignment(
     minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term;
     ``in_flight``: the micro-batches the first stage holds at once
     (:func:`~hybridplan.predict.time_model.first_stage_in_flight`; None: as many as there are, GPipe), whose
-    round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py). The objective
+    round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py); ``starts``: per
+    stage, the least start of a range that fits its memory, per end ``i`` (``i``: none fits), so that only cuts
+    whose every stage fits are searched ([Note: cutting within memory]; None where no cut fits). The objective
     returned is the time model's pipeline term (with one micro-batch, without the tie-break weight) plus the sync.
 
     Raises:
@@ -203,7 +242,7 @@ def bottleneck_assignment(
         >>> a.boundaries, a.objective     # stages {0, 1} and {2}: 3 * 2 + 4
         ((0, 2, 3), 10.0)
     """
-    problem = _Problem(stage_costs, cut_costs, cut_floors, sync)
+    problem = _Problem(stage_costs, cut_costs, cut_floors, sync, starts)
     if cut_floors is not None:
         _check(stage_costs, cut_floors)
     g = float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT
@@ -218,12 +257,14 @@ def bottleneck_assignment(
 
     # incumbents: the least sum without caps (its sum bounds every sum), and balanced stages
     least_sum, first = problem.evaluate(np.inf, np.inf)
+    if first is None and starts is not None:
+        return None  # no cut fits the memory windows
     if first is None:
         raise PlanError("no cut of the layers into stages has a finite time",
                         fix="check the stage and boundary costs: they must be finite")
     best_cut = first
     best_value = problem.value(best_cut, pipeline)[0]
-    balanced = problem.balanced_cut()
+    balanced = problem.balanced_cut() if problem.fits(problem.balanced_cut()) else first
     if problem.value(balanced, pipeline)[0] < best_value:
         best_value, best_cut = problem.value(balanced, pipeline)[0], balanced
     # a better cut has g P + Q + S <= its objective < best with S >= least_sum (the round trip only adds):
@@ -326,10 +367,40 @@ def bottleneck_assignment(
     return Assignment(best_cut, problem.value(best_cut, exact)[0])
 
 
+def fitting_starts(fits: np.ndarray) -> np.ndarray:
+    """The memory window of one stage from which of its ranges fit (``fits[a, i]``: ``[a, i)`` fits; ``L x (L +
+    1)``, entries ``a >= i`` ignored): per end ``i`` the least ``a`` whose every ``[a', i)``, ``a <= a' < i``,
+    fits (``i`` where ``[i - 1, i)`` does not), the ``starts`` of :func:`bottleneck_assignment` ([Note: cutting
+    within memory]).
+
+    Example:
+        >>> fitting_starts(np.array([[True, True, False], [True, True, True]]))  # [0, 2) does not fit: end 2 from 1
+        array([0, 0, 1])
+    """
+    n = fits.shape[1] - 1
+    a = np.arange(n)[:, None]
+    unfit = ~np.asarray(fits, dtype=bool) & (a < np.arange(n + 1)[None, :])
+    return np.where(unfit, a + 1, 0).max(axis=0, initial=0).astype(np.intp)
+
+
+@overload
 def bottleneck_min_max(
     stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
-    num_microbatches: int = 1, in_flight: int | None = None,
-) -> Assignment:
+    num_microbatches: int = 1, in_flight: int | None = None, starts: None = None,
+) -> Assignment: ...
+
+
+@overload
+def bottleneck_min_max(
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
+    num_microbatches: int = 1, in_flight: int | None = None, *, starts: Sequence[np.ndarray] | None,
+) -> Assignment | None: ...
+
+
+def bottleneck_min_max(
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
+    num_microbatches: int = 1, in_flight: int | None = None, starts: Sequence[np.ndarray] | None = None,
+) -> Assignment | None:
     """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
     ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
     ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
@@ -342,7 +413,8 @@ def bottleneck_min_max(
     is the optimum (the least-sum cut under an optimum's own ``P`` is no slower), found by the sweep of the module
     note over the candidates from the least feasible one while ``pipe(P, least sum)`` can still beat the min-max
     cut (one candidate where the round trip does not bind); the fill still breaks ties (1e-9 of it added).
-    ``objective`` is then that period.
+    ``objective`` is then that period. ``starts``: memory windows as in :func:`bottleneck_assignment` (None where
+    no cut fits them).
 
     Example:
         >>> ones = np.ones(4)
@@ -350,7 +422,9 @@ def bottleneck_min_max(
         (0, 1, 4)
     """
     _check(stage_costs, cut_floors)
-    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None)
+    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None, starts)
+    if starts is not None and problem.evaluate(np.inf, np.inf)[1] is None:
+        return None  # no cut fits the memory windows
     ps, _ = problem.candidates((0.0, np.inf), 0.0)
     lo, hi = 0, len(ps) - 1  # the largest candidate fits: every stage and floor is at most it
     while lo < hi:
