@@ -402,9 +402,10 @@ def bottleneck_min_max(
     num_microbatches: int = 1, in_flight: int | None = None, starts: Sequence[np.ndarray] | None = None,
 ) -> Assignment | None:
     """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
-    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
-    ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
-    ``S(P, inf)``. ``objective`` of the result is ``P``.
+    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts within 1e-9 of it in
+    ratio, periods that differ by rounding, the least ``sum t + sum e``) by the same windows: a binary search for
+    the least candidate ``P`` some cut fits, then ``S(P (1 + 1e-9), inf)``. ``objective`` of the result is its
+    period.
 
     With ``in_flight`` fewer than ``num_microbatches`` (PipeDream-2BW holds one micro-batch per stage) the period is
     the time model's, at least the round trip ``sum t + sum e`` over ``in_flight`` ([Note: the round trip of 1F1B]
@@ -433,7 +434,9 @@ def bottleneck_min_max(
             lo = mid + 1
         else:
             hi = mid
-    _, cut = problem.evaluate(float(ps[lo]), np.inf)
+    # the least fill among the cuts whose period is within the tie-break's weight of the least one: periods
+    # that differ by rounding alone (sums in another order) tie, as they do in the sweep below
+    _, cut = problem.evaluate(float(ps[lo]) * (1 + _SINGLE_MICROBATCH_WEIGHT), np.inf)
     if cut is None:
         raise PlanError("no cut of the layers into stages has a finite period",
                         fix="check the stage and boundary costs: they must be finite")
