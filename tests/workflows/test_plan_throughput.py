@@ -109,7 +109,8 @@ def _every_combination(files, cluster: Cluster, gbs: int, answer, recompute: boo
 
     from hybridplan.search.time.rank_placement import megatron_placement
     from hybridplan.search.time.stage_options import stage_options, with_options
-    from hybridplan.search.time.throughput import assign_layers, divisors, enumerate_degrees
+    from hybridplan.search.time.strategy_cut import assign_layers
+    from hybridplan.search.time.throughput import divisors, enumerate_degrees
 
     profile, fit = answer.profile, answer.feasibility
     points = []

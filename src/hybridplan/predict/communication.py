@@ -226,7 +226,7 @@ def sync_latency_per_tensor(profile: TimeProfile, cluster: Cluster, stage: Stage
     """What each parameter tensor of the stage adds to :func:`sync_latency_seconds`: ``2 (d - 1) alpha``
     (0 where it counts no step or nothing gives a latency). It reads the stage's devices, degrees and ZeRO
     level, not its layers: the stage-cut search prices every range of layers with it
-    (search/time/throughput.py ``assign_layers``)."""
+    (search/time/strategy_cut.py ``assign_layers``)."""
     steps = _ring_steps(stage)
     return steps * _sync_alpha(profile, cluster, stage) if steps else 0.0
 

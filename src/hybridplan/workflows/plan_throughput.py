@@ -36,7 +36,8 @@ from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import ProgressCallback
 from hybridplan.search.time.stage_options import options_label
-from hybridplan.search.time.throughput import CutAlgorithm, pareto_frontier
+from hybridplan.search.time.strategy_cut import CutAlgorithm
+from hybridplan.search.time.throughput import pareto_frontier
 from hybridplan.workflows.sources import Sources
 
 if TYPE_CHECKING:

@@ -253,7 +253,7 @@ def test_the_sync_costs_with_latency_are_the_time_models_sync_of_every_range() -
     # the tied embedding again, its layers holding 2, 4, 3, 4 and 2 parameter tensors (layer 1's not recorded: the
     # time model counts 1), on a 2-replica data-parallel stage whose links take 20 us per message
     from hybridplan.predict.communication import sync_latency_per_tensor
-    from hybridplan.search.time.throughput import parameter_range_bytes, parameter_range_tensors
+    from hybridplan.search.time.strategy_cut import parameter_range_bytes, parameter_range_tensors
 
     sizes, tensors = [3e6, 1e6, 2e6, 1e6, 3e6], [2, None, 3, 4, 2]
     groups = ["emb", None, None, None, "emb"]

@@ -154,7 +154,7 @@ def test_the_cut_is_the_fastest_under_the_whole_time_model_sync_included(gas: in
     # 2 stages of 2 data replicas over the toy mesh's two nodes, 8 layers with 30 MB of gradients each (their
     # all-reduce weighs as much as a stage's compute): the cut must minimise the predicted iteration time,
     # pipeline AND gradient all-reduce, over every cut
-    from hybridplan.search.time.throughput import assign_layers
+    from hybridplan.search.time.strategy_cut import assign_layers
 
     profile = _toy(params=3e7, num_layers=8)
     mbs = 1
@@ -184,7 +184,7 @@ def _chain(forward_s: list[float], activation_bytes: list[float]) -> TimeProfile
 def _cut_and_best(profile: TimeProfile, cluster: Cluster, pp: int, dp: int, gbs: int,
                   schedule: str) -> tuple[float, float]:
     """The predicted time of the search's cut, and the least over every cut (each timed whole by the time model)."""
-    from hybridplan.search.time.throughput import assign_layers
+    from hybridplan.search.time.strategy_cut import assign_layers
 
     plan = assign_layers(profile, cluster, range(pp * dp), pipeline_degree=pp, data_degree=dp, tensor_degree=1,
                          micro_batch_size=1, global_batch_size=gbs, schedule=schedule)
@@ -202,7 +202,7 @@ def test_the_cut_minds_the_round_trip_of_1f1b(schedule: str, boundaries: tuple[i
     + 36.9 = 225.9 ms against 15 x 16.8 + 28.1 = 280.1 ms. 1F1B (2 micro-batches in flight) paces the first at
     36.9 / 2: 15 x 18.45 + 36.9 = 313.65 ms; the second stays at 280.1 ms. The cut once ignored the round trip and
     took (0, 1, 3), 12% slower, under 1F1B too (test_bottleneck_cuts.py has the same case on bare costs)."""
-    from hybridplan.search.time.throughput import assign_layers
+    from hybridplan.search.time.strategy_cut import assign_layers
 
     profile = _chain([3.1e-3, 2.5e-3, 1.7e-3], [7.5e5, 3.1e5, 7.5e5])
     cluster = Cluster.uniform(1, 2, device_type="A", intra_node_bandwidth=1e8)
@@ -250,7 +250,7 @@ def test_the_cut_minds_the_syncs_per_message_latency() -> None:
     20 us = 12 ms: 1 x 12 + 18 + 0.02 + 12 = 42.02 ms. Cut (0, 1, 3): stages 3 and 15 ms, sync 301 x 20 us =
     6.02 ms: 1 x 15 + 18 + 0.02 + 6.02 = 39.04 ms. Without the latency the sync is 0 and the first (30.02 ms
     against 33.02 ms) wins: the cut once left the latency out and took it, 7.6% slower."""
-    from hybridplan.search.time.throughput import assign_layers
+    from hybridplan.search.time.strategy_cut import assign_layers
 
     profile = _tensor_chain([1e-3, 1e-3, 4e-3], [300, 300, 1], [0.0] * 3, [0.0] * 3)
     cluster = Cluster.uniform(1, 4, device_type="A").with_latencies(1e-5, None)
@@ -271,7 +271,7 @@ def test_the_cut_is_the_best_of_every_cut_with_the_syncs_latency(seed: int, sche
     every cut by the time model, its sync's per-message latency included. (The ZeRO-2/3 stages' per-micro-batch
     collectives are cut per layer's bytes, the time model counts a tied pair once: no tied layers with them.)"""
     from hybridplan.search.time.stage_options import with_options
-    from hybridplan.search.time.throughput import assign_layers
+    from hybridplan.search.time.strategy_cut import assign_layers
 
     rng = np.random.default_rng(seed)
     layers, devices = int(rng.integers(3, 8)), int(rng.choice([2, 4]))
