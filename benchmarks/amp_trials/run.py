@@ -29,7 +29,8 @@ from hybridplan.predict.stage_compute import stage_layer_costs
 from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.time.stage_cuts import assignment_objective
-from hybridplan.search.time.throughput import assign_layers, divisors, enumerate_degrees, search_throughput
+from hybridplan.search.time.strategy_cut import assign_layers
+from hybridplan.search.time.throughput import divisors, enumerate_degrees, search_throughput
 
 LINK = 50e9 / 8
 """Bytes/s of every link of AMP's homogeneous testbed: 50 Gbit/s intra- and inter-node (seed 002 section 4.3)."""

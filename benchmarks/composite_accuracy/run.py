@@ -13,7 +13,7 @@ all within 5%. Here:
   plans of each model and schedule also on the real CPU runtime (8 processes, gloo), which must give the same
   bytes on every device or the script stops;
 - each is predicted by ``MemoryPredictor`` (a data x tensor stage is the tensor stage at the replica's batch,
-  predict/memory.py [Note: a data x tensor stage is a tensor stage at a smaller batch]).
+  predict/plan_prediction.py [Note: a data x tensor stage is a tensor stage at a smaller batch]).
 
 Run from the repository root (resumable: rerun to continue)::
 

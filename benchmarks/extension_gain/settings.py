@@ -16,7 +16,7 @@ WORK = HERE / "work"
 MEGATRON = "megatron-3d"
 """The uniform 3D baseline's key (without ZeRO; with ZeRO-1 it is ``"megatron-3d + ZeRO-1"``: :func:`uniform_baselines`)."""
 MIXED_PRECISION_ZERO = (1, 3)
-"""The ZeRO levels predicted from a bf16/fp16 profile: ZeRO-2 is refused there (predict/zero.py, "ZeRO-2")."""
+"""The ZeRO levels predicted from a bf16/fp16 profile: ZeRO-2 is refused there (predict/zero_layout.py, "ZeRO-2")."""
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class Setting:
     """The ZeRO levels searched (of 1, 2, 3; none: ``()``): the extended space's last row adds the data stages
     sharded at these levels (:func:`spaces`), and the uniform 3D baseline is also taken with ZeRO-1 where 1 is
     among them (:func:`uniform_baselines`). ZeRO-2 and ZeRO-3 are predicted from the ``data<d>-zero3`` scenarios,
-    which the profile then gets (``profile --zero``: up to twice the runs); ZeRO-1 needs none (predict/zero.py).
+    which the profile then gets (``profile --zero``: up to twice the runs); ZeRO-1 needs none (predict/zero_layout.py).
     The paper-size bf16 settings search ZeRO-1 only: their profiles were taken without those scenarios (doubling
     them was not worth it) and ZeRO-2 is not predicted in mixed precision."""
     recompute: tuple[str, ...]
@@ -42,7 +42,7 @@ class Setting:
             raise SystemExit(f"{self.case.model}: ZeRO levels {self.zero!r}: give distinct levels of 1, 2, 3 in order")
         if self.case.precision != "fp32" and not set(self.zero) <= set(MIXED_PRECISION_ZERO):
             raise SystemExit(f"{self.case.model}: ZeRO-2 is not predicted from a {self.case.precision} profile"
-                             f" (predict/zero.py); search ZeRO levels of {MIXED_PRECISION_ZERO}")
+                             f" (predict/zero_layout.py); search ZeRO levels of {MIXED_PRECISION_ZERO}")
 
     @property
     def zero_space(self) -> str | None:

@@ -109,7 +109,7 @@ def print_tables(store: ResultStore) -> None:
 
 ZERO1_BYTES_PER_PARAMETER = 12
 """What ZeRO-1 shards in bf16 mixed precision with AdamW, per parameter: the fp32 master copy and the two fp32
-moments (runtime/sharding.py; predict/zero.py ``ZeroLayout._state``); a device keeps ``1/dp`` of them."""
+moments (runtime/sharding.py; predict/zero_layout.py ``ZeroLayout._state``); a device keeps ``1/dp`` of them."""
 
 
 def _stage_parameters(model: str, plan: Plan) -> list[int] | None:

@@ -1,6 +1,6 @@
 """Prediction error over random plans with ZeRO-sharded data stages (1x4, gpt-tiny and wresnet-tiny, both schedules).
 
-A small first look at [Note: predicting ZeRO from a profile] (predict/zero.py) over random plans, sized for a shared
+A small first look at [Note: predicting ZeRO from a profile] (predict/zero_layout.py) over random plans, sized for a shared
 2-core machine (the issue's full target, 100 plans of 3 models on 8 devices, needs profiles twice as long as
 benchmarks/composite_accuracy's and is left to a later run):
 

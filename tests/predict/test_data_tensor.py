@@ -1,4 +1,4 @@
-"""[Note: a data x tensor stage is a tensor stage at a smaller batch] (predict/memory.py): a "data+tensor" stage is
+"""[Note: a data x tensor stage is a tensor stage at a smaller batch] (predict/plan_prediction.py): a "data+tensor" stage is
 predicted from the tensor scenario's statistics, and the prediction equals what the simulated runtime measures
 (byte-exact: simulated devices are byte-identical to the real CPU runtime, tests/runtime/test_sim_agreement.py)."""
 
@@ -47,7 +47,7 @@ def test_a_data_tensor_stage_is_its_tensor_stage_at_the_replica_batch(mlp_files)
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, schedule):
-    """[Note: ZeRO-1 of a data x tensor stage] (predict/zero.py): layers 0-1 as 2 replicas of a tensor x2 group
+    """[Note: ZeRO-1 of a data x tensor stage] (predict/zero_layout.py): layers 0-1 as 2 replicas of a tensor x2 group
     whose shards' AdamW state ZeRO-1 splits over each tensor rank's data group. By hand (a column-parallel
     Linear(16, 32): shards of 16 x 16 and 16 elements) one replica keeps the weight shard's moments, the other
     the bias shard's, each with one step count: the replicas differ, every device predicted to the byte."""
@@ -68,7 +68,7 @@ def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, sc
 def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files):
     """ZeRO-3 holding the model's last layer, ZeRO-2/3 recomputed, any level without the shards' shapes."""
     from hybridplan.errors import ProfileError
-    from hybridplan.predict.zero import ZeroLayout
+    from hybridplan.predict.zero_layout import ZeroLayout
 
     predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
     def plan(zero: int) -> Plan:
@@ -106,7 +106,7 @@ def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_f
       {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [4]}], 0.04),
 ])
 def test_zero3_data_tensor_predictions_against_the_simulated_runtime(mlp_files, schedule, stages, tolerance):
-    """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero.py): the tensor x2 stage at the replica's batch,
+    """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero3_transients.py): the tensor x2 stage at the replica's batch,
     its static and gradient moved to each rank's chunks of the shards (exact: the replicas' chunks of the
     column-parallel Linear(16, 32)'s 16 x 16 weight and 16 bias shards are 8 rows each, even), its transients by
     the ZeRO-3 rules with the shards' gathered bytes; the expectation is the simulated runtime's count."""
@@ -127,7 +127,7 @@ def test_zero3_data_tensor_predictions_against_the_simulated_runtime(mlp_files, 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("layers", [[0, 2], [1, 3]])
 def test_zero2_data_tensor_predictions_against_the_simulated_runtime(mlp_files, schedule, layers):
-    """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero.py): the composed ZeRO-3 stage replayed with the
+    """[Note: ZeRO-3 composed from an unsharded stage] (predict/zero3_transients.py): the composed ZeRO-3 stage replayed with the
     ZeRO-2 transients; the expectation is the simulated runtime's count."""
     before = [{"layers": [0, layers[0]], "parallelism": "none", "degree": 1, "devices": [0]}] if layers[0] else []
     after = [{"layers": [layers[1], 5], "parallelism": "none", "degree": 1}] if layers[1] < 5 else []
@@ -145,7 +145,7 @@ def test_zero2_data_tensor_predictions_against_the_simulated_runtime(mlp_files, 
 
 
 def test_zero3_data_tensor_under_gpipe_is_predicted_and_searched(mlp_files):
-    """[Note: a first backward after several forwards] (predict/zero.py): ZeRO-3 of a data x tensor stage under GPipe
+    """[Note: a first backward after several forwards] (predict/zero3_transients.py): ZeRO-3 of a data x tensor stage under GPipe
     is predicted (against the simulated runtime in
     :func:`test_zero3_data_tensor_predictions_against_the_simulated_runtime`), so the memory search keeps it."""
     predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")

@@ -45,7 +45,7 @@ def test_a_data_stage_above_the_profiled_degrees_equals_the_simulated_runtime(sh
 def test_zero1_above_the_profiled_degrees_errs_as_zero1_at_the_profiled_degree(sharded_mlp_files, schedule):
     """ZeRO-1 over 4 ranks from the data x2 stage: the rank holding the 32 x 32 weight's state (rank 0 at both
     degrees: shares are dealt largest first) steps the stage's largest temporaries, whose composition from span
-    statistics is ZeRO-1's own error at the profiled degree (tests/predict/test_zero.py); the composition across
+    statistics is ZeRO-1's own error at the profiled degree (tests/predict/test_zero_stage.py); the composition across
     degrees adds nothing to it: rank 0 errs exactly as at x2 (same rows per replica), no rank more."""
     db = sharded_mlp_files / "p.sqlite"
     wide, profiled = _errors(db, _plan(schedule, 1)), _errors(db, _plan(schedule, 1, degree=2))

@@ -1,5 +1,5 @@
 """profiling/split_layers.py: the parameter shards a tensor rank holds, read off the layers split on fake tensors as
-the runtime splits them (what ZeRO-1 of a data x tensor stage partitions: predict/zero.py)."""
+the runtime splits them (what ZeRO-1 of a data x tensor stage partitions: predict/zero_layout.py)."""
 
 from __future__ import annotations
 

@@ -121,7 +121,7 @@ def parameter_shapes(model: LayeredModel) -> list[list[list[int]]]:
     the meta device (no memory, no run).
 
     What ZeRO shards is a function of these alone (ZeroRedundancyOptimizer's partition, FSDP2's dim-0
-    chunks; predict/zero.py), so a profile records them and predicts any sharding without running it."""
+    chunks; predict/zero_layout.py), so a profile records them and predicts any sharding without running it."""
     out = []
     with torch.device("meta"):
         for i in range(model.num_layers):

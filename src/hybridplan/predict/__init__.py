@@ -3,7 +3,8 @@
 - :mod:`~hybridplan.predict.memory`: the memory predictor (CAPTURE's statistics, replayed through the plan's
   schedule at each stage's position; degree fits; composite stages); the statistics at the plan's batch in
   :mod:`~hybridplan.predict.batch_scaling`, a ZeRO stage's per-rank peaks in :mod:`~hybridplan.predict.zero_stage`
-  (on :mod:`~hybridplan.predict.zero`'s layout and rules), the plans it refuses in
+  (on :mod:`~hybridplan.predict.zero_layout`'s layout and the rules of :mod:`~hybridplan.predict.zero3_transients`
+  and :mod:`~hybridplan.predict.zero2_replay`), the plans it refuses in
   :mod:`~hybridplan.predict.plan_checks`, its result in :mod:`~hybridplan.predict.prediction`, its view on merged
   layers in :mod:`~hybridplan.predict.unit_view`; the CUDA allocator's reserved peak in
   :mod:`~hybridplan.predict.reserved`;

@@ -82,6 +82,7 @@ __all__ = [
     "p2p_messages",
     "sync_messages",
     "sync_latency_seconds",
+    "sync_latency_per_tensor",
     "sync_seconds",
     "shard_seconds",
 ]
@@ -193,9 +194,13 @@ def p2p_messages(sender: StagePlan, receiver: StagePlan, num_microbatches: int) 
 def sync_messages(profile: TimeProfile, stage: StagePlan) -> int:
     """Ring steps one rank makes per iteration in the stage's gradient all-reduces: ``C * 2 (d - 1)`` ([Note:
     per-message latency]); 0 without data parallelism or under ZeRO-2/3 (FSDP's collectives, not counted)."""
-    if stage.data_degree == 1 or stage.zero in (2, 3):
-        return 0
-    return parameter_tensors(profile.layers[stage.start : stage.stop]) * 2 * (stage.data_degree - 1)
+    return parameter_tensors(profile.layers[stage.start : stage.stop]) * _ring_steps(stage)
+
+
+def _ring_steps(stage: StagePlan) -> int:
+    """Ring steps of one parameter tensor's gradient all-reduce: ``2 (d - 1)``; 0 where :func:`sync_messages`
+    counts none (no data parallelism, ZeRO-2/3)."""
+    return 0 if stage.data_degree == 1 or stage.zero in (2, 3) else 2 * (stage.data_degree - 1)
 
 
 def _stage_allreduce(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
@@ -214,9 +219,24 @@ def _stage_allreduce(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -
 def sync_latency_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
     """The latency part of the stage's gradient sync: its ring steps times ``alpha`` of its slowest data group."""
     steps = sync_messages(profile, stage)
-    if steps == 0 or not _has_latency(profile, cluster):
+    return steps * _sync_alpha(profile, cluster, stage) if steps else 0.0
+
+
+def sync_latency_per_tensor(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """What each parameter tensor of the stage adds to :func:`sync_latency_seconds`: ``2 (d - 1) alpha``
+    (0 where it counts no step or nothing gives a latency). It reads the stage's devices, degrees and ZeRO
+    level, not its layers: the stage-cut search prices every range of layers with it
+    (search/time/strategy_cut.py ``assign_layers``)."""
+    steps = _ring_steps(stage)
+    return steps * _sync_alpha(profile, cluster, stage) if steps else 0.0
+
+
+def _sync_alpha(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:
+    """``alpha`` of one ring step of the stage's gradient all-reduce: its slowest data group's (0 where nothing
+    gives a latency, without scanning the groups)."""
+    if not _has_latency(profile, cluster):
         return 0.0
-    return steps * max(link_latency(profile, cluster, stage.data_group(k), "allreduce") for k in range(stage.tensor_degree))
+    return max(link_latency(profile, cluster, stage.data_group(k), "allreduce") for k in range(stage.tensor_degree))
 
 
 def sync_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> float:

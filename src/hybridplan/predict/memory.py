@@ -22,11 +22,13 @@ scaled by batch, blind to the schedule position (for comparisons).
 under another schedule (or the reverse) gets its weight stash added to (removed from) ``static``: see
 [Note: predicting PipeDream-2BW] in predict/stash.py.
 
-This module holds :class:`MemoryPredictor`: its construction from a profile, steps 3 and 4, the composite stages
-(data x tensor, wider data, recompute per stage) and a plan's prediction. Beside it, by concept: every span at
+This module holds :class:`MemoryPredictor`: its construction from a profile, steps 3 and 4 and the composite
+stages (data x tensor, wider data, recompute per stage). Beside it, by concept: a plan's prediction from its
+stages' (predict/plan_prediction.py, [Note: a data x tensor stage is a tensor stage at a smaller batch]), every span at
 once for the search (predict/span_tables.py), the batch scaling and its extrapolation warning
 (predict/batch_scaling.py), a ZeRO stage's per-rank peaks
-(predict/zero_stage.py, on predict/zero.py's layout and Notes), the plans a profile cannot predict and why
+(predict/zero_stage.py, on predict/zero_layout.py's layout and the rules of predict/zero3_transients.py and
+predict/zero2_replay.py), the plans a profile cannot predict and why
 (predict/plan_checks.py), the result types (predict/prediction.py) and the view on merged layers the search
 uses (predict/unit_view.py).
 """
@@ -42,20 +44,18 @@ import numpy as np
 
 from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
-from hybridplan.plan.schedule import in_flight_count
 from hybridplan.predict.batch_scaling import (EXTRAPOLATION_LIMIT, PEAK, extrapolation_note, loss_floor,
                                              scaled_to_batch, span_in_units, table_in_layers, with_replica_rows)
-from hybridplan.predict.plan_checks import check_measured_kinds, check_same_campaign, why_missing
-from hybridplan.predict.prediction import DevicePrediction, PlanPrediction
+from hybridplan.predict.plan_checks import check_same_campaign
+from hybridplan.predict.plan_prediction import predict_plan
+from hybridplan.predict.prediction import PlanPrediction
 from hybridplan.predict.span_tables import stage_memory_matrix
-from hybridplan.predict.reserved import ReservedExcess, reserved_peak_from, reserved_excess
+from hybridplan.predict.reserved import ReservedExcess, reserved_excess
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
-from hybridplan.predict.zero import ZeroLayout
-from hybridplan.predict.zero_stage import (composed_zero3_quantities, tensor_shards, zero_peaks, zero_ranks,
-                                          zero_tensor_peaks)
+from hybridplan.predict.zero_layout import ZeroLayout
+from hybridplan.predict.zero_stage import zero_peaks, zero_tensor_peaks
 from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META
-from hybridplan.profiling.quantities import QUANTITIES
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
 
@@ -132,7 +132,7 @@ class MemoryPredictor:
         model's shapes either way), so the two profiles compose stage by stage; profiling both doubles the runs."""
         self.zero_layout = zero_layout
         """The profiled model's parameter shapes, which say what ZeRO shards ([Note: predicting ZeRO from a
-        profile] in predict/zero.py); None for a profile that did not record them."""
+        profile] in predict/zero_layout.py); None for a profile that did not record them."""
         self.reserved = reserved
         """CUDA: the excess the profile measured above the tensor peak, which predicts the allocator's reserved peak
         ([Note: predicting the reserved peak] in predict/reserved.py); None: not predicted."""
@@ -291,7 +291,7 @@ class MemoryPredictor:
         """The loss's backward bytes that floor a span ending the model ([Note: the loss's backward floor] in
         profiling/loss_memory.py), or None: not ``refined`` (the data scenario as ZeRO-3's rules read it: they
         separate the head's phase from the loss's themselves, [Note: the loss runs outside every FSDP unit] in
-        predict/zero.py, and a suffix raised to the loss's phase would hide the layers before the head from their
+        predict/zero3_transients.py, and a suffix raised to the loss's phase would hide the layers before the head from their
         floor), or the ZeRO-3 scenario, which predict/zero_stage.py floors once its rules are applied."""
         return self.loss_backward if refined and kind != "data-zero3" else None
 
@@ -455,88 +455,13 @@ class MemoryPredictor:
 
     # ------------------------------------------------------------------ plans
     def predict(self, plan: Plan) -> PlanPrediction:
-        """Per-device predicted peaks of ``plan``.
+        """Per-device predicted peaks of ``plan`` (predict/plan_prediction.py).
 
         Raises:
             PlanError: if the plan does not fit the profiled model.
             ProfileError: if a stage cannot be predicted from the profile (naming it and why).
         """
-        plan.validate(num_layers=self.num_layers)
-        if (plan.schedule, plan.global_batch_size, plan.num_microbatches) != (
-            self.schedule,
-            self.global_batch_size,
-            self.num_microbatches,
-        ):
-            return self.retargeted(schedule=plan.schedule, global_batch_size=plan.global_batch_size,
-                                   num_microbatches=plan.num_microbatches).predict(plan)
-        check_measured_kinds(self, plan)
-        devices = []
-        for i, stage in enumerate(plan.stages):
-            after = plan.num_stages - 1 - i
-            # [Note: a data x tensor stage is a tensor stage at a smaller batch] Each of the d replicas of a
-            # "data+tensor" stage runs exactly what a t-way tensor stage runs with micro-batches of b/d samples:
-            # the same layer shards and optimizer state, activations and received buffers of b/d rows, the
-            # same schedule position; its gradient all-reduce leaves no buffer behind. So it is the tensor
-            # stage predicted at the global batch B/d (same micro-batch count).
-            base = self.recomputed if stage.recompute == "full" and not self.recompute else self
-            if base is None:  # check_measured_kinds refuses this first; kept for a caller that skipped it
-                raise ProfileError(f"stage {i} ({stage.describe()}) recomputes, but no recompute profile was given",
-                                   fix="pass --recompute-db, a profile taken with --activation-checkpointing")
-            source, degree = base, stage.degree
-            kind: str = stage.kind
-            if stage.zero:  # [Note: predicting ZeRO from a profile] (predict/zero.py); refused by now if unpredictable
-                kind = base._zero_source(kind, stage.zero) or kind
-            if kind == "data+tensor":
-                replica = base._replica(stage.degree, stage.tensor_degree)
-                if replica is not None:
-                    source, kind, degree = replica, "tensor", stage.tensor_degree
-            value = source.stage_memory(stage.start, stage.stop, kind, degree, after)
-            if not math.isfinite(value):
-                raise ProfileError(
-                    f"stage {i} ({stage.describe()}) cannot be predicted: {why_missing(source, stage.start, stage.stop, kind, degree)}",
-                    fix="profile the missing scenario (hybridplan profile ... --scenarios), or change the plan",
-                )
-            q = source.span_quantities(stage.start, stage.stop, kind, degree)
-            composed = stage.kind == "data+tensor" and stage.zero >= 2  # [Note: ZeRO-3 composed from an unsharded stage]
-            shards = tensor_shards(base, stage.tensor_degree) if composed else None
-            if q is not None and shards is not None:
-                q = composed_zero3_quantities(source, stage.start, stage.stop, kind, degree, shards, stage.data_degree)
-            breakdown = {} if q is None else {name: int(round(v)) for name, v in zip(QUANTITIES, q[:PEAK])}
-            flight = in_flight_count(plan.schedule, plan.num_stages, i, plan.num_microbatches)
-            peaks = None
-            if stage.zero:
-                peaks = (zero_tensor_peaks(base, stage.start, stage.stop, stage.zero, stage.degree, stage.tensor_degree,
-                                           after) if stage.kind == "data+tensor"
-                         else zero_peaks(base, stage.start, stage.stop, stage.kind, stage.zero, degree, after))
-            layout, world, rank_of = zero_ranks(base, stage)
-            if stage.zero and stage.kind == "data" and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
-                raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
-                                   f" data{degree} and data{degree}-zero3 scenarios' quantities",
-                                   fix="predict with the default method (quantities), or profile with --zero")
-            for d in stage.devices:
-                mine, peak = breakdown, value
-                if peaks is not None and layout is not None:
-                    r = rank_of(d)
-                    peak = peaks[r]
-                    if breakdown:
-                        static, step = layout.shift(stage.start, stage.stop, stage.zero, world, r)
-                        gradient = 0
-                        if composed:  # the unsharded stage's static, gradient and step, moved to the rank's chunks
-                            static, gradient, step = layout.unsharded_shift(stage.start, stage.stop, world, r)
-                        mine = {**breakdown, "static": breakdown["static"] + static,
-                                "gradient": breakdown["gradient"] + gradient,
-                                "step_transient": breakdown["step_transient"] + step}
-                rounded = int(round(peak))
-                outside = self.outside_bytes(plan, d)
-                excess = None if outside is None or source.reserved is None else source.reserved.excess(
-                    stage.start, stage.stop, kind, degree, source.microbatch_size)
-                reserved = None if excess is None else reserved_peak_from(rounded, excess)
-                held = rounded if reserved is None else reserved  # what the allocator holds, at least
-                devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
-                                                reserved_peak_bytes=reserved,
-                                                total_bytes=None if outside is None else held + outside))
-        devices.sort(key=lambda d: d.device)
-        return PlanPrediction(devices, self.method)
+        return predict_plan(self, plan)
 
     def outside_bytes(self, plan: Plan | None, device: int = 0) -> int | None:
         """CUDA: the memory ``device`` of ``plan`` holds outside the allocator (plan None: without any NCCL

@@ -47,7 +47,7 @@ def check_measured_kinds(predictor: MemoryPredictor, plan: Plan) -> None:
 
 def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
     """Refuse a ZeRO stage the profile cannot predict, saying why ([Note: predicting ZeRO from a profile] in
-    predict/zero.py)."""
+    predict/zero_layout.py)."""
     where = f"stage {i} ({stage.describe()})"
     instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
     if stage.kind == "data+tensor":
@@ -82,7 +82,7 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
 
 def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, instead: str) -> None:
     """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage] in
-    predict/zero.py)."""
+    predict/zero_layout.py)."""
     t = stage.tensor_degree
     if stage.zero >= 2 and base.zero_layout is not None and base.zero_layout.precision != "fp32":
         raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage is not predicted from a"

@@ -1,7 +1,8 @@
 """A ZeRO stage's per-rank peaks, predicted from a memory predictor's profile.
 
-predict/zero.py holds what ZeRO shards (the layout maths from the parameters' shapes) and the rules, with their
-Notes ([Note: predicting ZeRO from a profile] and those it names); this module applies them to the profiled
+predict/zero_layout.py holds what ZeRO shards (the layout maths from the parameters' shapes) and
+predict/zero3_transients.py and predict/zero2_replay.py the rules, with their Notes ([Note: predicting ZeRO from a
+profile] in predict/zero_layout.py and those it names); this module applies them to the profiled
 scenarios' quantities that a :class:`~hybridplan.predict.memory.MemoryPredictor` scales to the plan's batch: a
 ZeRO-1 stage as its data (or, under data x tensor, tensor) scenario with each rank's ``static`` and step transient
 moved, ZeRO-3 from the ``data<d>-zero3`` scenario with the fp32 rules applied, ZeRO-2 replayed from both
@@ -21,9 +22,10 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
-from hybridplan.predict.zero import (ZeroLayout, Zero2Transients, first_backward_prefetch_floor, gathered_backward_transient, loss_phases,
-                                     prefetched_bytes, reduce_scatter_floor, sharded_backward_floor, sharded_forward_transient,
-                                     unsharded_backward_bound, zero2_peak)
+from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peak
+from hybridplan.predict.zero3_transients import (first_backward_prefetch_floor, loss_phases, prefetched_bytes,
+                                                 reduce_scatter_floor, sharded_backward_floor, sharded_forward_transient)
+from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.profiling.quantities import INDEX
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
@@ -38,7 +40,7 @@ __all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks", "co
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
                stages_after: int) -> list[float] | None:
     """Each rank's predicted peak of a ZeRO stage (None if the profile cannot say; [Note: predicting ZeRO from a
-    profile] in predict/zero.py): the profiled stage's quantities with the rank's ``static`` and step transient,
+    profile] in predict/zero_layout.py): the profiled stage's quantities with the rank's ``static`` and step transient,
     replayed; a fitted degree moves the fitted peak by the static difference alone."""
     source, layout = predictor._zero_source(kind, zero), predictor.zero_layout
     if source is None or layout is None:
@@ -53,14 +55,14 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
                       stages_after: int) -> list[float] | None:
     """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
-    tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] and [Note: ZeRO-3 composed from an unsharded stage]
-    in predict/zero.py), or None where the profile cannot say: ZeRO-2/3 in mixed precision, recomputed or holding the
+    tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero_layout.py and [Note: ZeRO-3 composed
+    from an unsharded stage] in predict/zero3_transients.py), or None where the profile cannot say: ZeRO-2/3 in mixed precision, recomputed or holding the
     model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
     if zero not in (1, 2, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
-    if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py
+    if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py
         if stop == predictor.num_layers or predictor.recompute:
             return None  # refused with the reason by predict/plan_checks.py
         composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
@@ -73,7 +75,7 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
                               layout: ZeroLayout, data: int) -> np.ndarray | None:
     """The quantities of a ZeRO-3 stage over ``data`` ranks composed from the unsharded stage ``kind`` x ``degree``
     that each rank runs (a replica of a data x tensor stage: the tensor stage at the replica's batch), whose
-    parameters ``layout`` holds ([Note: ZeRO-3 composed from an unsharded stage] in predict/zero.py): the unsharded
+    parameters ``layout`` holds ([Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py): the unsharded
     stage's, its forward by [Note: the sharded forward from the data stage] and its backwards by [Note: the sharded
     backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
     under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
@@ -103,7 +105,7 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
 def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
                          layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
     """Each rank's peak of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
-    composed from an unsharded stage] in predict/zero.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
+    composed from an unsharded stage] in predict/zero3_transients.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
     quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
     scenario], each suffix's ZeRO-3 backward composed likewise; None where not predicted."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
@@ -145,7 +147,7 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
                          layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
     """Each rank's peak of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
     (:func:`composed_zero3_quantities`), its first backward raised to FSDP2's spurious prefetch where it follows two
-    forwards or more ([Note: a first backward after several forwards] in predict/zero.py), each rank's chunks moving
+    forwards or more ([Note: a first backward after several forwards] in predict/zero3_transients.py), each rank's chunks moving
     its ``static`` and step; None where not predicted."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
     table = predictor._scaled_table(kind, degree)
@@ -153,7 +155,7 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
         return None
     forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
                                                                                      stages_after + 1)
-    if forwards >= 2:  # [Note: a first backward after several forwards] in predict/zero.py
+    if forwards >= 2:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
         gathered = layout.gathered_bytes(start, stop, data)
         q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
             table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
@@ -216,12 +218,12 @@ def zero_ranks(predictor: MemoryPredictor, stage: StagePlan) -> tuple[ZeroLayout
 def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
     """A ZeRO-3 span's scenario quantities ``q`` with the fp32 rules applied: its forward transient from the
     data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
-    prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero.py)."""
+    prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero_layout.py)."""
     q = _floored_backwards(predictor, start, stop, degree, q.copy())
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)
     last_added = None
-    if stop == predictor.num_layers:  # [Note: the loss runs outside every FSDP unit] in predict/zero.py
+    if stop == predictor.num_layers:  # [Note: the loss runs outside every FSDP unit] in predict/zero3_transients.py
         head = _loss_phases(predictor, degree, "forward_transient", 2)
         if head is not None:
             module, loss = head
@@ -243,9 +245,9 @@ def _last_gathered(predictor: MemoryPredictor, degree: int) -> int:
 
 def _loss_phases(predictor: MemoryPredictor, degree: int, name: str, copies: int) -> tuple[float, float] | None:
     """The model's last layer's ``(head, loss)`` phases of transient ``name`` at the target batch, from that layer
-    measured alone in the data and ZeRO-3 scenarios (:func:`~hybridplan.predict.zero.loss_phases`; FSDP holds
+    measured alone in the data and ZeRO-3 scenarios (:func:`~hybridplan.predict.zero3_transients.loss_phases`; FSDP holds
     ``copies`` x its gathered bytes in the head's phase); None where either scenario lacks it at two sizes or the
-    layer has no parameters ([Note: the loss runs outside every FSDP unit] in predict/zero.py)."""
+    layer has no parameters ([Note: the loss runs outside every FSDP unit] in predict/zero3_transients.py)."""
     gathered = _last_gathered(predictor, degree)
     data, zero3 = predictor.stats.get(("data", degree)), predictor.stats.get(("data-zero3", degree))
     if not gathered or not data or not zero3:
@@ -267,9 +269,9 @@ def _loss_phases(predictor: MemoryPredictor, degree: int, name: str, copies: int
 def _sharded_forward(predictor: MemoryPredictor, start: int, stop: int, degree: int, *, keep: bool,
                      last_added: float | None = None) -> float | None:
     """A ZeRO-3 forward's transient (``keep``: ZeRO-2's gathering forward) from the data scenario's prefixes
-    ([Note: the sharded forward from the data stage] in predict/zero.py); None where they are unknown.
+    ([Note: the sharded forward from the data stage] in predict/zero3_transients.py); None where they are unknown.
     ``last_added``: what FSDP adds at the span's last layer, the model's ([Note: the loss runs outside every FSDP
-    unit] in predict/zero.py)."""
+    unit] in predict/zero3_transients.py)."""
     if predictor.zero_layout is None or ("data", degree) not in predictor.stats:
         return None
     table = predictor._scaled_table("data", degree)  # every span at once: the search asks for every span
@@ -284,9 +286,9 @@ def _sharded_forward(predictor: MemoryPredictor, start: int, stop: int, degree: 
 
 def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
     """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
-    scenario's suffixes ([Note: the sharded backward's floor] in predict/zero.py), where those are known; at the
+    scenario's suffixes ([Note: the sharded backward's floor] in predict/zero3_transients.py), where those are known; at the
     model's last layer from its head's and loss's phases ([Note: the loss runs outside every FSDP unit] in
-    predict/zero.py)."""
+    predict/zero3_transients.py)."""
     table = predictor._scaled_table("data", degree, refined=False)  # the head's phase apart from the loss's
     if table is None or predictor.zero_layout is None:
         return q
@@ -302,7 +304,7 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
 
 def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
     """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
-    schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero.py)."""
+    schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero3_transients.py)."""
     table = predictor._scaled_table("data-zero3", degree)
     if predictor.profile_schedule in (None, "gpipe") or table is None or predictor.zero_layout is None:
         return 0
@@ -313,7 +315,7 @@ def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -
 
 def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
                  stages_after: int) -> list[float] | None:
-    """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero.py): the
+    """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero2_replay.py): the
     ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
     forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``."""
     layout = predictor.zero_layout

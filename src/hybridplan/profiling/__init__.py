@@ -4,7 +4,8 @@ The memory profile, in the order a campaign makes it:
 
 - :mod:`~hybridplan.profiling.partitions`: which spans of layers to profile, packed into runs (CAPTURE's
   Description 1); :mod:`~hybridplan.profiling.campaign`: the campaign (resume, substitution of failed spans,
-  progress); :mod:`~hybridplan.profiling.execution`: one run, real or simulated;
+  progress); :mod:`~hybridplan.profiling.auxiliary_tables`: the tables it records on fake tensors (weight stash,
+  tensor shards, the loss's backward); :mod:`~hybridplan.profiling.execution`: one run, real or simulated;
 - :mod:`~hybridplan.profiling.store`: the SQLite file, written as each run ends;
   :mod:`~hybridplan.profiling.database`: the same file as its readers see it (read only, opened once);
 - :mod:`~hybridplan.profiling.quantities`: the eight position-free memory quantities of a stage;

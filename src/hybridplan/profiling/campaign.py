@@ -5,7 +5,8 @@ III-A2, with the target's micro-batch count) and each scenario (pipeline-only; d
 tensor-parallel at degrees 2 and 4 where the nodes have that many devices and the layers can be
 split), the campaign packs the spans still to measure into runs (profiling/partitions.py), runs each
 on the runtime for two iterations, and writes every device's measurement to the database the moment
-the run ends. Progress goes to ``progress`` (runs done/total, time left).
+the run ends. Progress goes to ``progress`` (runs done/total, time left). Before the first run it records the
+tables computed without running the model (profiling/auxiliary_tables.py).
 
 Resuming: a run is identified by its scenario, batch size and plan; a campaign started again on the
 same database skips every run it finds there and continues where it stopped.
@@ -30,6 +31,7 @@ from hybridplan.errors import ProfileError
 from hybridplan.models.base import LayeredModel, parameter_shapes
 from hybridplan.plan import Plan, Schedule, as_schedule
 from hybridplan.plan import StagePlan
+from hybridplan.profiling.auxiliary_tables import record_auxiliary_tables
 from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
 from hybridplan.profiling.execution import failed_stage, measurements_of, run_plan, simulate_stages
@@ -108,7 +110,7 @@ def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: l
                       zero: bool = False) -> list[Scenario]:
     """Pipeline, and data/tensor at 2 and 4 where a node has the devices, the micro-batches split, and
     (for tensor) at least one layer can be split; with ``zero``, data-parallel ZeRO-3 at each data degree too
-    (at most twice the runs: a ZeRO-3 scenario packs the same spans as its data scenario; predict/zero.py)."""
+    (at most twice the runs: a ZeRO-3 scenario packs the same spans as its data scenario; predict/zero_layout.py)."""
     out = [Scenario("none", 1)]
     for degree in (2, 4):
         if degree > cluster.devices_per_node:
@@ -260,9 +262,7 @@ class Campaign:
         """Profile everything not yet in the database; returns what was done."""
         summary = CampaignSummary()
         started = time.perf_counter()
-        self._record_weight_stash()
-        self._record_shard_shapes()
-        self._record_loss_backward()
+        record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say)
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
         plan = [(b, s) for s in order for b in self.batch_sizes]
@@ -280,60 +280,6 @@ class Campaign:
         summary.seconds = time.perf_counter() - started
         self.store.set_meta("complete", True)
         return summary
-
-    def _record_weight_stash(self) -> None:
-        """Per-layer bytes of a PipeDream-2BW weight stash in each scenario (computed on fake tensors, once),
-        with which the predictor turns a profile of one schedule into predictions for the other."""
-        from hybridplan.profiling.stash_sizes import layer_stash_bytes
-
-        have = self.store.weight_stash()
-        options = self.cfg.run_options
-        keys = {("none", 1)} | {(s.kind, s.degree) for s in self.scenarios if s.kind == "tensor" and s.degree > 1}
-        for kind, degree in sorted(keys):
-            if (kind, degree) in have:
-                continue
-            try:
-                sizes = layer_stash_bytes(self.model, kind, degree, precision=options.get("precision", "fp32"),
-                                          device_type=options.get("device_type", "cpu"))
-            except Exception as e:  # an auxiliary table must not stop the memory campaign (a model fake tensors cannot build)
-                self.say(f"weight-stash sizes of {kind} x{degree} not recorded ({type(e).__name__}: {e}): predictions"
-                         " of 2bw plans from this profile will be refused unless it is taken with --schedule 2bw")
-                continue
-            self.store.replace_weight_stash(kind, degree, sizes)
-
-    def _record_shard_shapes(self) -> None:
-        """Per tensor degree profiled, the parameter shards of a tensor rank, layer by layer (on fake tensors, once):
-        what ZeRO-1 partitions over the data group of a data x tensor stage ([Note: predicting ZeRO from a
-        profile] in predict/zero.py)."""
-        from hybridplan.profiling.split_layers import layer_shard_shapes
-
-        have = dict(self.store.get_meta("tensor_shard_shapes") or {})
-        degrees = sorted({s.degree for s in self.scenarios if s.kind == "tensor" and s.degree > 1} - {int(d) for d in have})
-        for degree in degrees:
-            try:
-                have[str(degree)] = layer_shard_shapes(self.model, degree)
-            except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
-                self.say(f"parameter shards of tensor x{degree} not recorded ({type(e).__name__}: {e}): ZeRO-1 of"
-                         " data x tensor stages will not be predicted from this profile")
-        if degrees:
-            self.store.set_meta("tensor_shard_shapes", have)
-
-    def _record_loss_backward(self) -> None:
-        """The loss's backward transient at one and two sample groups (on fake tensors, once): the floor of the
-        backward transients of a stage that ends the model ([Note: the loss's backward floor] in
-        profiling/loss_memory.py)."""
-        from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META, loss_backward_bytes
-
-        if self.store.get_meta(LOSS_BACKWARD_META) is not None:
-            return
-        try:
-            measured = loss_backward_bytes(self.model, precision=self.cfg.run_options.get("precision", "fp32"))
-        except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
-            self.say(f"the loss's backward bytes not recorded ({type(e).__name__}: {e}): the backward of stages that"
-                     " end the model is predicted by the batch scaling alone")
-            return
-        if measured is not None:
-            self.store.set_meta(LOSS_BACKWARD_META, measured)
 
     def dry_run(self) -> list[tuple[int, Scenario, ProfilingRun]]:
         """The runs the campaign would make if every run succeeded, without running anything.

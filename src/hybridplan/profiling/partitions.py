@@ -32,7 +32,7 @@ __all__ = ["Scenario", "Span", "ProfilingRun", "required_spans", "pack_run", "de
 @dataclass(frozen=True, order=True)
 class Scenario:
     """A training scenario whose stages are profiled: pipeline-only, or data/tensor-parallel at a degree, or
-    data-parallel with ZeRO-3 sharding (``zero=3``: predict/zero.py says why only that level is profiled)."""
+    data-parallel with ZeRO-3 sharding (``zero=3``: predict/zero_layout.py says why only that level is profiled)."""
 
     kind: Parallelism
     """"none", "data" or "tensor"."""

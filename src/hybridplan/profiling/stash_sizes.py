@@ -3,7 +3,7 @@
 A 2BW stage keeps an older copy of its trainable parameters (runtime/weight_stash.py, [Note: 2BW weight
 versions]): one plain tensor per parameter storage, in the compute dtype. The memory predictor adds those
 bytes to profiles taken under another schedule ([Note: predicting PipeDream-2BW] in predict/stash.py),
-so the profiling campaign records them per layer, per stage kind and degree (profiling/campaign.py). They
+so the profiling campaign records them per layer, per stage kind and degree (profiling/auxiliary_tables.py). They
 are counted by building every layer exactly as the runtime does (profiling/split_layers.py: tensor-parallel
 shards on a fake process group; then the mixed-precision cast) on fake tensors: no device memory, no compute.
 """

@@ -92,7 +92,7 @@ def plan_memory(
         pipeline_only: mCAP's space (degree-1 stages only).
         composite: the extended space: stages of data x tensor devices too (predicted from the tensor
             scenario's statistics: predict/memory.py).
-        zero: data stages sharded by ZeRO-1, ZeRO-2 and ZeRO-3 too (predict/zero.py; ZeRO-2 and ZeRO-3 where the
+        zero: data stages sharded by ZeRO-1, ZeRO-2 and ZeRO-3 too (predict/zero_layout.py; ZeRO-2 and ZeRO-3 where the
             profile has the ZeRO-3 scenario).
         recompute_db: a profile of the same model taken with recompute (``profile --activation-checkpointing``):
             every stage may then recompute its activations or not, each predicted from its own profile

@@ -3,8 +3,9 @@
 Throughput: AMP's search over (pp, dp, tp, mbs) (search/time/throughput.py) or, with ``mode="2bw"``,
 PipeDream-2BW's planner over (w, d, b, r) (search/time/pipedream_2bw.py), both keeping only plans the model can run
 whose every device's predicted peak fits its memory (search/time/feasibility.py; predictions from the memory
-statistics of the profile database). Pareto: the frontier of predicted peak memory against predicted
-iteration time over those plans, and, with memory statistics, the memory-minimal plan of the CAPTURE search
+statistics of the profile database; in AMP mode a strategy whose fastest cut does not fit is cut again within the
+ranges of layers each stage can hold: search/time/bottleneck_cuts.py's [Note: cutting within memory]). Pareto:
+the frontier of predicted peak memory against predicted iteration time over those plans, and, with memory statistics, the memory-minimal plan of the CAPTURE search
 (its lowest-memory end). The command line (``hybridplan plan --objective throughput|pareto``) and the
 benchmarks call :func:`plan_throughput`.
 
@@ -13,7 +14,7 @@ its data replicas on several nodes (its tensor groups stay inside one, so every 
 their tensor groups are; the time model syncs such a stage over the inter-node link). With ``zero`` every data
 stage may also be ZeRO-1, 2 or 3 sharded, with ``recompute_db`` every stage may recompute its activations: per
 stage, the fastest options that fit (search/time/stage_options.py), predicted by the memory predictor with its
-ZeRO rules (predict/zero.py: ZeRO-1 from the data scenario, ZeRO-2 and ZeRO-3 from ``profile --zero``'s) and the
+ZeRO rules (predict/zero_stage.py: ZeRO-1 from the data scenario, ZeRO-2 and ZeRO-3 from ``profile --zero``'s) and the
 recompute profile ([Note: recompute chosen per
 stage]), timed by the time model's terms ([Note: ZeRO and recompute in time]).
 """
@@ -35,7 +36,8 @@ from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import ProgressCallback
 from hybridplan.search.time.stage_options import options_label
-from hybridplan.search.time.throughput import CutAlgorithm, pareto_frontier
+from hybridplan.search.time.strategy_cut import CutAlgorithm
+from hybridplan.search.time.throughput import pareto_frontier
 from hybridplan.workflows.sources import Sources
 
 if TYPE_CHECKING:
@@ -151,6 +153,7 @@ def plan_throughput(
                                    node_local_stages=True, schedule=targets.schedule, composite=True, progress=progress,
                                    cuts=cuts, zero_levels=(1, 2, 3) if zero else (),
                                    recompute=recompute_db is not None, stage_peaks=fit.stage_peaks,
+                                   stage_windows=fit.stage_windows,
                                    # with stage options each strategy gives the fastest plan under every memory
                                    # threshold for the frontier; without, every plan is a row, as before
                                    objective="pareto" if objective == "pareto" and (zero or recompute_db) else "time",

@@ -12,7 +12,7 @@ per stage], which argues the same for the devices of one stage). So one simulate
 an 18-layer model that is a few hundred stage simulations instead of thousands.
 
 A ZeRO-sharded stage's devices differ (ZeRO-1's shares of whole parameters are uneven, FSDP's last chunks
-smaller: predict/zero.py), but what each holds is fixed by its place in the stage's data group, which is its
+smaller: predict/zero_layout.py), but what each holds is fixed by its place in the stage's data group, which is its
 place in the stage's device list (plans list devices ascending; ``dist.new_group`` orders a group by global
 rank), not by which devices they are. So a ZeRO stage is cached too, as the list of its devices' peaks in
 device-list order, every device simulated once (``simulate`` simulates every device of a ZeRO stage as well).

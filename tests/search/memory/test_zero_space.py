@@ -17,7 +17,7 @@ def test_zero_configs_come_last_and_keep_the_other_indices():
     assert extended[len(plain):] == (StageConfig("data", 2, 0, 1), StageConfig("data", 4, 0, 1),
                                      StageConfig("data", 2, 0, 3), StageConfig("data", 4, 0, 3),
                                      StageConfig("data", 2, 0, 2), StageConfig("data", 4, 0, 2),
-                                     StageConfig("data+tensor", 4, 2, 3),  # predict/zero.py: ZeRO-3 and ZeRO-2
+                                     StageConfig("data+tensor", 4, 2, 3),  # search/memory/configs.py: ZeRO-3 and ZeRO-2
                                      StageConfig("data+tensor", 4, 2, 2),  # of data x tensor, last
                                      StageConfig("data+tensor", 4, 2, 1))
     assert StageConfig("data+tensor", 4, 2, 3).model_kwargs == {"tensor_degree": 2, "zero": 3}

@@ -1,7 +1,10 @@
 """The fast stage cut (search/time/bottleneck_cuts.py) against AMP's dynamic program (the reference it replaced,
-search/time/stage_cuts.py) and, with the gradient sync, against brute force over every cut."""
+search/time/stage_cuts.py) and, with the gradient sync or within memory windows, against brute force over every
+cut."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -15,9 +18,9 @@ from hybridplan.profiling.layer_info import LayerInfo
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.profiling.timing_table import TimingTable
 from hybridplan.search.time import bottleneck_cuts, cut_problem, window_minima
-from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment
+from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, fitting_starts
 from hybridplan.search.time.sync_costs import SyncCosts, range_sums
-from hybridplan.search.time.stage_cuts import amp_layer_assignment, assignment_objective
+from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, assignment_objective
 from tests.search.time.util import TOY_CLUSTER, all_cuts
 
 
@@ -51,21 +54,27 @@ def test_same_optimum_as_amps_program(data: st.DataObject, num_layers: int, gas:
 
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), num_layers=st.integers(1, 10), gas=st.integers(1, 9), integers=st.booleans(),
-       floors=st.booleans())
+       floors=st.booleans(), latency=st.booleans())
 def test_with_the_sync_the_least_total_of_every_cut(data: st.DataObject, num_layers: int, gas: int, integers: bool,
-                                                    floors: bool) -> None:
+                                                    floors: bool, latency: bool) -> None:
+    # latency: each stage's sync also pays seconds per parameter tensor (its ring steps' latency)
     k = data.draw(st.integers(1, num_layers))
     stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
     cut_costs = [_costs(data, num_layers, integers) / 4 for _ in range(k - 1)]
     cut_floors = [c * 2 for c in cut_costs] if floors else None
-    sync = SyncCosts(range_sums(_costs(data, num_layers, integers)),
-                     tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0, 3.0])) for _ in range(k)))
+    nbytes = _costs(data, num_layers, integers)
+    tensors = np.array(data.draw(st.lists(st.integers(0, 50), min_size=num_layers, max_size=num_layers)), dtype=float)
+    factors = tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0, 3.0])) for _ in range(k))
+    latencies = tuple(data.draw(st.sampled_from([0.0, 0.1, 0.5])) for _ in range(k))
+    sync = (SyncCosts(range_sums(nbytes), factors, range_sums(tensors), latencies) if latency
+            else SyncCosts(range_sums(nbytes), factors))
     found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync)
 
     def total(b: tuple[int, ...]) -> float:  # the objective written out again: eq. 5, floors, plus the slowest sync
         t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
         u = t + ([cut_floors[j - 1][b[j] - 1] for j in range(1, k)] if cut_floors else [])
-        w = [sync.factors[j] * float(sync.range_bytes[b[j], b[j + 1]]) for j in range(k)]
+        w = [factors[j] * float(nbytes[b[j]:b[j + 1]].sum())
+             + (latencies[j] * float(tensors[b[j]:b[j + 1]].sum()) if latency else 0.0) for j in range(k)]
         return (gas - 1 or 1e-9) * max(u) + sum(t) + sum(cut_costs[j - 1][b[j] - 1] for j in range(1, k)) + max(w)
 
     best = min(total(b) for b in all_cuts(num_layers, k))
@@ -90,13 +99,66 @@ def test_the_round_trip_of_1f1b_decides_the_cut() -> None:
     assert without.boundaries == (0, 1, 3) and without.objective == pytest.approx(225.9, rel=1e-12)
 
 
-@settings(max_examples=200, deadline=None)
+# ------------------------------------------------------------------------------------- within memory windows
+def _memory(data: st.DataObject, num_layers: int, k: int, monotone: bool) -> list[np.ndarray]:
+    """Per stage, whether each range ``[a, i)`` fits (``L x (L + 1)``): a synthetic stage memory, a fixed part
+    plus the range's layer bytes (monotone in the range: a superset needs more), or (not ``monotone``) random
+    coin flips, against a capacity drawn per stage."""
+    out = []
+    for _ in range(k):
+        if monotone:
+            size = np.concatenate(([0.0], np.cumsum(_costs(data, num_layers, True))))
+            need = data.draw(st.floats(0.0, 5.0)) + size[None, :] - size[:, None]
+            out.append(need[:num_layers] <= data.draw(st.floats(0.0, 40.0)))
+        else:
+            flips = data.draw(st.lists(st.booleans(), min_size=num_layers * (num_layers + 1),
+                                       max_size=num_layers * (num_layers + 1)))
+            out.append(np.array(flips).reshape(num_layers, num_layers + 1))
+    return out
+
+
+def _period_and_fill(b: tuple[int, ...], stage_costs: list[np.ndarray], cut_costs: list[np.ndarray], gas: int,
+                     in_flight: int) -> tuple[float, float]:
+    """A cut's period with the round trip of 1F1B (time_model's [Note: the round trip of 1F1B]), written out again:
+    at least ``(sum t + sum e) / in_flight``; and that sum."""
+    k = len(stage_costs)
+    t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
+    e = [float(cut_costs[j - 1][b[j] - 1]) for j in range(1, k)]
+    return max(t + [x / 2 for x in e] + ([(sum(t) + sum(e)) / in_flight] if in_flight < gas else [])), sum(t) + sum(e)
+
+
+def _window_allows(fits: np.ndarray, a: int, i: int) -> bool:
+    """The window of [Note: cutting within memory] written out again: ``[a, i)`` and every shorter range ending
+    at ``i`` fit."""
+    return all(fits[b, i] for b in range(a, i))
+
+
+def _assert_least_of_fitting(found: Assignment | None, fits: list[np.ndarray],
+                             objective: Callable[[tuple[int, ...]], float], monotone: bool) -> None:
+    """``found`` is the least ``objective`` of every cut whose every stage fits (not ``monotone``: whose every
+    stage's range lies in its window), None where there is none."""
+    k, num_layers = len(fits), fits[0].shape[0]
+    allowed = [b for b in all_cuts(num_layers, k) if all(fits[j][b[j], b[j + 1]] for j in range(k))]
+    if not monotone:
+        allowed = [b for b in allowed if all(_window_allows(fits[j], b[j], b[j + 1]) for j in range(k))]
+    if not allowed:
+        assert found is None
+        return
+    assert found is not None and found.boundaries in allowed
+    assert objective(found.boundaries) == pytest.approx(min(map(objective, allowed)), rel=1e-9, abs=1e-12)
+
+
+@settings(max_examples=300, deadline=None)
 @given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans(),
-       with_sync=st.booleans(), sweep=st.booleans())
+       with_sync=st.booleans(), sweep=st.booleans(), memory=st.sampled_from([None, "monotone", "any"]))
 def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, num_layers: int, gas: int,
-                                                         integers: bool, with_sync: bool, sweep: bool) -> None:
+                                                         integers: bool, with_sync: bool, sweep: bool,
+                                                         memory: str | None) -> None:
     """Against every cut, timed by the pipeline term written out again with the round trip of 1F1B
-    (time_model's [Note: the round trip of 1F1B]): a period of at least (sum t + sum e) / in_flight."""
+    (time_model's [Note: the round trip of 1F1B]): a period of at least (sum t + sum e) / in_flight. With
+    ``memory``, within memory windows ([Note: cutting within memory]) against every cut whose every stage fits
+    (memory "monotone" in the range: the fastest that fits, exactly; "any": among the cuts in the windows), None
+    where none does."""
     k = data.draw(st.integers(1, num_layers))
     in_flight = data.draw(st.integers(1, k + 1))
     stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
@@ -107,18 +169,22 @@ def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, nu
     with pytest.MonkeyPatch.context() as patch:
         if sweep:
             patch.setattr(bottleneck_cuts, "SWEEP_AFTER", 0)
-        found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight)
+        fits = _memory(data, num_layers, k, memory == "monotone") if memory else None
+        starts = None if fits is None else [fitting_starts(f) for f in fits]
+        found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight, starts=starts)
 
-    def total(b: tuple[int, ...], tie: float) -> float:
-        t = [float(stage_costs[j][b[j]:b[j + 1]].sum()) for j in range(k)]
-        e = [float(cut_costs[j - 1][b[j] - 1]) for j in range(1, k)]
-        period = max(t + [x / 2 for x in e] + ([(sum(t) + sum(e)) / in_flight] if in_flight < gas else []))
+    def total(b: tuple[int, ...], tie: float = 1e-9) -> float:
+        period, fill = _period_and_fill(b, stage_costs, cut_costs, gas, in_flight)
         w = [sync.factors[j] * float(sync.range_bytes[b[j], b[j + 1]]) for j in range(k)] if sync else [0.0]
-        return (gas - 1 or tie) * period + sum(t) + sum(e) + max(w)
+        return (gas - 1 or tie) * period + fill + max(w)
 
-    best = min(total(b, 1e-9) for b in all_cuts(num_layers, k))
-    assert total(found.boundaries, 1e-9) == pytest.approx(best, rel=1e-9, abs=1e-12)
-    assert found.objective == pytest.approx(total(found.boundaries, 0.0), rel=1e-12, abs=1e-12)
+    if fits is None:
+        assert found is not None
+        assert total(found.boundaries) == pytest.approx(min(map(total, all_cuts(num_layers, k))), rel=1e-9, abs=1e-12)
+    else:
+        _assert_least_of_fitting(found, fits, total, memory == "monotone")
+    if found is not None:
+        assert found.objective == pytest.approx(total(found.boundaries, 0.0), rel=1e-12, abs=1e-12)
 
 
 @settings(max_examples=200, deadline=None)
@@ -181,6 +247,37 @@ def test_range_sums_count_shared_parameters_once_per_stage_as_the_time_model_doe
         for b in range(a + 1, 6):
             stage = StagePlan.of(a, b, (0, 1), data_degree=2, tensor_degree=1)
             assert factor * r[a, b] == pytest.approx(sync_seconds(profile, TOY_CLUSTER, stage))
+
+
+def test_the_sync_costs_with_latency_are_the_time_models_sync_of_every_range() -> None:
+    # the tied embedding again, its layers holding 2, 4, 3, 4 and 2 parameter tensors (layer 1's not recorded: the
+    # time model counts 1), on a 2-replica data-parallel stage whose links take 20 us per message
+    from hybridplan.predict.communication import sync_latency_per_tensor
+    from hybridplan.search.time.strategy_cut import parameter_range_bytes, parameter_range_tensors
+
+    sizes, tensors = [3e6, 1e6, 2e6, 1e6, 3e6], [2, None, 3, 4, 2]
+    groups = ["emb", None, None, None, "emb"]
+    profile = TimeProfile(
+        model="toy",
+        layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1.0, parameter_bytes=b, shared_parameters=s,
+                               parameter_tensors=c) for i, (b, s, c) in enumerate(zip(sizes, groups, tensors))),
+        timings=(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1e-3,) * 5,
+                             backward_s=(2e-3,) * 5),),
+    )
+    cluster = TOY_CLUSTER.with_latencies(2e-5, 1e-3)
+    r = parameter_range_tensors(profile)
+    # by hand: 2 + 1 + 3 + 4 (+ 2 of the tied layer, already counted) = 10; without layer 0 the tie is gone
+    assert r[0, 5] == 10 and r[1, 5] == 10 and r[1, 4] == 8 and r[4, 5] == 2 and r[2, 2] == 0
+    factor = 2 * (2 - 1) / (2 * TOY_CLUSTER.intra_node_bandwidth)  # ring all-reduce on 2 devices of node 0
+    latency = 2 * (2 - 1) * 2e-5  # a ring of 2 steps of 20 us per tensor
+    assert sync_latency_per_tensor(profile, cluster, StagePlan.of(0, 0, (0, 1), data_degree=2)) == pytest.approx(latency)
+    costs = SyncCosts(parameter_range_bytes(profile), (factor,), r, (latency,))
+    for a in range(5):
+        for b in range(a + 1, 6):
+            stage = StagePlan.of(a, b, (0, 1), data_degree=2, tensor_degree=1)
+            assert costs.seconds((a, b)) == pytest.approx(sync_seconds(profile, cluster, stage), rel=1e-12)
+    with pytest.raises(PlanError, match="together"):
+        SyncCosts(r, (factor,), r)
 
 
 def test_rejects_negative_layer_times_and_too_many_stages() -> None:
@@ -335,3 +432,55 @@ def test_window_minima_both_ways_are_the_minimum_of_each_window(data: st.DataObj
         for i in range(n + 1):
             if lo[r, i] < i:
                 assert minima[r, i] == min(h[r, lo[r, i]:i])
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 8), gas=st.integers(1, 9), integers=st.booleans())
+def test_min_max_within_memory_windows_the_least_period_of_every_fitting_cut(
+        data: st.DataObject, num_layers: int, gas: int, integers: bool) -> None:
+    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+
+    k = data.draw(st.integers(1, num_layers))
+    in_flight = data.draw(st.integers(1, k + 1))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) for _ in range(k - 1)]
+    fits = _memory(data, num_layers, k, monotone=True)
+    found = bottleneck_min_max(stage_costs, [c / 2 for c in cut_costs], cut_costs, gas, in_flight,
+                               starts=[fitting_starts(f) for f in fits])
+
+    def period(b: tuple[int, ...]) -> float:
+        return _period_and_fill(b, stage_costs, cut_costs, gas, in_flight)[0]
+
+    _assert_least_of_fitting(found, fits, period, monotone=True)
+
+
+@settings(max_examples=100, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 10), gas=st.integers(1, 9), integers=st.booleans(),
+       with_sync=st.booleans())
+def test_windows_that_hold_every_range_change_nothing(data: st.DataObject, num_layers: int, gas: int,
+                                                      integers: bool, with_sync: bool) -> None:
+    """Windows starting at 0 everywhere: the same boundaries and the same float objective as without."""
+    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+
+    k = data.draw(st.integers(1, num_layers))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) for _ in range(k - 1)]
+    floors = [c / 2 for c in cut_costs]
+    sync = SyncCosts(range_sums(_costs(data, num_layers, integers)), (1.0,) * k) if with_sync else None
+    everywhere = [np.zeros(num_layers + 1, dtype=int)] * k
+    plain = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, k)
+    assert bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, k, starts=everywhere) == plain
+    period = bottleneck_min_max(stage_costs, floors, cut_costs, gas, 1)
+    assert bottleneck_min_max(stage_costs, floors, cut_costs, gas, 1, starts=everywhere) == period
+
+
+def test_fitting_starts_by_hand() -> None:
+    """Three layers; ``[0, 2)`` and ``[0, 3)`` do not fit, every other range does: end 2 from 1, end 3 from 1;
+    then ``[1, 3)`` not fitting moves end 3 to 2, and ``[2, 3)`` not fitting leaves it no start (3)."""
+    fits = np.ones((3, 4), dtype=bool)
+    fits[0, 2] = fits[0, 3] = False
+    assert fitting_starts(fits).tolist() == [0, 0, 1, 1]
+    fits[1, 3] = False
+    assert fitting_starts(fits).tolist() == [0, 0, 1, 2]
+    fits[2, 3] = False
+    assert fitting_starts(fits).tolist() == [0, 0, 1, 3]

@@ -3,7 +3,10 @@ profile, and within every device's memory."""
 
 from __future__ import annotations
 
+import itertools
 import math
+
+import pytest
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.models.zoo import get_model
@@ -98,3 +101,60 @@ def test_a_cuda_capacity_holds_the_reserved_peak():
     assert not Feasibility(Cluster.parse("1x4", device_memory=max(d.total_bytes for d in devices) - 1), predictor)(PIPELINE)
     assert not Feasibility(Cluster.parse("1x4", device_memory=tensors_only), predictor)(PIPELINE)
     assert Feasibility(Cluster.parse("1x4", device_memory=max(d.total_bytes for d in devices)), predictor)(PIPELINE)
+
+
+def test_stage_windows_hold_exactly_the_ranges_that_fit():
+    """The windows of a throughput search's cut ([Note: cutting within memory]) from the predictor: for every
+    uniform plan on 2 to 4 devices (pipeline and tensor x2 stages, 1F1B and GPipe, 1 to 8 micro-batches, CPU and
+    CUDA, whose totals hold the memory outside the allocator), at capacities at and between the plans' needs, a
+    plan fits (``__call__``) if and only if its every stage starts inside its window, up to a byte (the windows
+    are a lower bound: never stricter)."""
+    from tests.search.time.util import all_cuts
+
+    for cuda, schedule in itertools.product((False, True), ("1f1b", "gpipe")):
+        predictor = _predictor("1f1b", "1f1b")
+        predictor.device_type = "cuda" if cuda else "cpu"
+        for (pp, tp), m in itertools.product(((2, 1), (3, 1), (2, 2), (1, 2)), (1, 2, 8)):
+            plans = [Plan.uniform(boundaries=b, data_degree=1, tensor_degree=tp, micro_batch_size=32 // m,
+                                  global_batch_size=32, schedule=schedule) for b in all_cuts(4, pp)]
+            needs = sorted({d.needed_bytes for plan in plans for d in predictor.predict(plan).devices})
+            for capacity in needs + [n - 2 for n in needs]:
+                fit = Feasibility(Cluster.uniform(1, pp * tp, memory_bytes=capacity), predictor)
+                for plan in plans:
+                    windows = fit.stage_windows(plan)
+                    assert windows is not None
+                    inside = all(s.start >= windows[j][s.stop] for j, s in enumerate(plan.stages))
+                    assert inside == fit(plan)
+
+
+def test_the_search_within_the_windows_finds_the_fastest_plan_that_fits():
+    """Four layers of 1, 1, 1 and 3 ms forward on two devices, memory from the predictor: at every capacity
+    between the needs of the plans (pp 2 x every cut x every micro-batch count; pp 1 would be data x2, which this
+    profile cannot predict), the search with the windows returns the fastest plan that fits as enumerating them
+    finds it; without them, at some capacities none (the fastest cut, three layers on the first stage, does not
+    fit where (0, 2, 4) does)."""
+    from hybridplan.predict.time_model import predict_iteration_time
+    from hybridplan.profiling.layer_info import LayerInfo
+    from hybridplan.profiling.time_profile import TimeProfile
+    from hybridplan.profiling.timing_table import TimingTable
+    from hybridplan.search.time.throughput import search_throughput
+    from tests.search.time.util import all_cuts
+
+    fwd = (1e-3, 1e-3, 1e-3, 3e-3)
+    profile = TimeProfile(model="toy", layers=tuple(LayerInfo(name=f"l{i}", activation_bytes_per_sample=1e3,
+                                                              parameter_bytes=0.0) for i in range(4)),
+                          timings=(TimingTable(device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=fwd,
+                                               backward_s=tuple(2 * f for f in fwd)),))
+    predictor = _predictor("1f1b", "1f1b")
+    plans = [Plan.uniform(boundaries=b, data_degree=1, tensor_degree=1, micro_batch_size=32 // m,
+                          global_batch_size=32) for m in (1, 2, 4, 8, 16, 32) for b in all_cuts(4, 2)]
+    missed = 0
+    for capacity in sorted({max(d.needed_bytes for d in predictor.predict(plan).devices) for plan in plans}):
+        cluster = Cluster.uniform(1, 2, device_type="A", memory_bytes=capacity)
+        fit = Feasibility(cluster, predictor)
+        want = min((predict_iteration_time(p, profile, cluster).total_s for p in plans if fit(p)), default=math.inf)
+        found = search_throughput(profile, cluster, 32, memory_ok=fit, stage_windows=fit.stage_windows)
+        assert min((c.iteration_s for c in found.candidates), default=math.inf) == pytest.approx(want, rel=1e-12)
+        plain = search_throughput(profile, cluster, 32, memory_ok=Feasibility(cluster, predictor)).candidates
+        missed += min((c.iteration_s for c in plain), default=math.inf) > want * (1 + 1e-9)
+    assert missed >= 3

@@ -33,7 +33,7 @@ class StageConfig(NamedTuple):
     degree: int
     tensor_degree: int = 0
     zero: int = 0
-    """ZeRO level of a "data" or "data+tensor" stage (0: unsharded; predict/zero.py)."""
+    """ZeRO level of a "data" or "data+tensor" stage (0: unsharded; predict/zero_layout.py)."""
     recompute: bool = False
     """Every layer of the stage recomputes its activations (predicted from a recompute profile:
     [Note: recompute chosen per stage] in predict/memory.py)."""
@@ -78,7 +78,7 @@ def stage_configs(devices_per_node: int, *, pipeline_only: bool = False, composi
     visit candidates in canonical order. ``composite`` adds the data x tensor stages (both degrees at least 2,
     powers of two, together at most a node): the extended space; without it the space is CAPTURE's. ``zero``
     adds the data stages sharded by ZeRO-1 and ZeRO-3 after those, then ZeRO-2, and with ``composite`` the data x
-    tensor stages sharded by ZeRO-3, ZeRO-2 and ZeRO-1 last (predict/zero.py; added later, so the indices of the others, and the plans
+    tensor stages sharded by ZeRO-3, ZeRO-2 and ZeRO-1 last (predict/zero_layout.py; added later, so the indices of the others, and the plans
     drawn from them, stay as they were). ``cross_node`` adds, after those, the stages over ``m`` whole nodes of a mesh of ``num_nodes``
     (``m`` = 2, 4, ... up to the nodes): data x ``m*k``, with ``composite`` data x tensor at ``m*k`` devices (tensor
     degree a power of two dividing ``k``: a tensor group stays in its node), with ``zero`` their ZeRO forms

@@ -6,11 +6,13 @@ bottleneck ``U = max_j u_j`` (``u_j`` the stage time or the floor of its incomin
 that the cut is timed as the model times the plan. That is eq. 5, ``g U + S`` (``g = gas - 1``: the objective of
 :func:`~hybridplan.search.time.stage_cuts.assignment_objective`), or with ``in_flight = k`` micro-batches in flight
 (1F1B: [Note: the round trip of 1F1B] in predict/time_model.py) ``g max(U, S / k) + S``; optionally plus the
-data-parallel gradient sync ``max_j c_j w_j`` (``w_j`` the gradient bytes of stage ``j``'s layers, ``c_j`` seconds
-per byte of its ring all-reduce: time_model's eq. 4 term). Its max terms do not decompose over stages. AMP's
+data-parallel gradient sync ``max_j q_j`` with ``q_j = c_j w_j + l_j n_j`` (``w_j`` the gradient bytes of stage
+``j``'s layers, ``c_j`` seconds per byte of its ring all-reduce, ``n_j`` their parameter tensors, ``l_j`` the
+seconds each tensor's ring of messages adds, its per-message latency: the time model's sync term exactly,
+:class:`~hybridplan.search.time.sync_costs.SyncCosts`). Its max terms do not decompose over stages. AMP's
 program (stage_cuts.py) carries the max as a tolerance index through the table, ``O(k L^2 |m|)`` (and knows no
 round trip). Here we fix the maxima instead: for caps ``P`` (pipeline) and ``Q`` (sync), ``S(P, Q)`` = the least
-``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``c_j w_j <= Q``. Then
+``sum (t + e)`` over cuts whose every ``u_j <= P`` and ``q_j <= Q``. Then
 
     optimum = min over (P, Q) of  pipe(P, S(P, Q)) + Q,
 
@@ -22,8 +24,14 @@ therefore still a lower bound of every objective inside, tighter than ``g P_lo +
 trip binds. Three facts make this fast:
 
 1. ``S(P, Q)`` is a shortest path over (stage, layer) in which stage ``j`` may hold ``[a, i)`` only when
-   ``a >= lo_j(i)``: layer times and bytes are non-negative, so a range's time and bytes grow with it and the
-   allowed starts form a window ``[lo_j(i), i - 1]`` (boundaries whose floor exceeds ``P`` are masked). With
+   ``a >= lo_j(i)``: layer times, bytes and tensors are non-negative, so a range's time and sync grow with it
+   (the sync's two terms each do, and ``c_j, l_j >= 0``) and the allowed starts form a window ``[lo_j(i), i - 1]``
+   (boundaries whose floor exceeds ``P`` are masked). Shared parameters (tied embeddings) count once per range,
+   with the group's first layer in the range (as the time model counts them): the sync then still grows with
+   the range where a group's later layers hold no more bytes and tensors than its first, as tied copies do;
+   where a later one holds more, dropping the first from the range adds the difference, the windows' premise
+   fails, and the search may miss the optimum (the profiles the project writes tie no such layers:
+   ``profile --time`` ties none, AMP's GPT-2 importer ties a logits layer no larger than its embedding). With
    ``t_j(a, i) = p_j(i) - p_j(a)`` (prefix sums), ``f_j(i) = p_j(i) + min_{a in window} (f_{j-1}(a) - p_j(a)
    + e_j(a))``: a minimum over a window, for all ``i`` in one numpy pass (``reduceat`` or a sparse table);
    the windows come from a binary search over all ends at once. ``O(k L log L)`` per evaluation (cost note
@@ -48,10 +56,10 @@ The search is exact: every candidate pair is either evaluated, dominated or boun
 [Note: bottleneck search cost] What the search costs at worst, and why that is not ``O(k L^2)``.
 
 *One evaluation* of ``S(P, Q)`` costs ``O(k L log L)``: the windows' starts by a binary search over all ends,
-``O(L log L)`` per distinct stage cost vector and sync factor; per stage the window minima either by
-``reduceat`` (``O(L w)``) or by a sparse table (``O(L log w)``), whichever is cheaper for those windows (both
-give the same floats, a minimum being exact: :class:`~hybridplan.search.time.window_minima._WindowMinima`); the
-traceback ``O(k w)``.
+``O(L log L)`` per distinct stage cost vector and sync (factor, latency) pair; per stage the window minima
+either by ``reduceat`` (``O(L w)``) or by a sparse table (``O(L log w)``), whichever is cheaper for those
+windows (both give the same floats, a minimum being exact:
+:class:`~hybridplan.search.time.window_minima._WindowMinima`); the traceback ``O(k w)``.
 
 *The number of evaluations* ``E`` is at most ``1 + |C_P| |C_Q|``, with ``C_P`` the candidate bottlenecks in
 ``[p_floor, p_max]`` and ``C_Q`` the candidate syncs up to ``q_max`` (and 0). Proof: after the first
@@ -66,8 +74,9 @@ skipped, and each batch's best cap is evaluated for its cut): again each candida
 instead of Python setting the pace.
 ``|C_P| <= L + D L (L + 1) / 2`` with ``D`` the distinct (stage cost vector, boundary floors) pairs of stages
 1 .. k-1 (stage 0 only holds prefixes), and ``|C_Q| <= 1 + F L (L + 1) / 2`` with ``F`` the distinct sync
-factors. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term (``O(k L^3 log L)`` on
-one device type) and ``O(D F k L^5 log L)`` with one; on the plan search's inputs ``E`` is about 20.
+(factor, latency) pairs. So the whole search costs, at worst, ``O(D k L^3 log L)`` without a sync term
+(``O(k L^3 log L)`` on one device type) and ``O(D F k L^5 log L)`` with one; on the plan search's inputs ``E``
+is about 20.
 
 *Why not* ``O(k L^2)``. The tied-corners family (tests/search/time/test_bottleneck_cuts.py,
 benchmarks/search_time/worst_case.py) makes ``Theta(L^2)`` cuts tie up to noise: layer times about 1 (all range
@@ -83,12 +92,32 @@ are no cheaper at worst: AMP's carries the tolerance, ``O(k L^2 |C_P|) = O(k L^4
 Pareto set of (bottleneck, sum) per (stage, end) holds ``Theta(L)`` labels per state on this family and up to
 ``|C_P|`` in general, ``O(k L^2 |C_P|)`` as well. benchmarks/search_time (worst case) measures both searches
 on these families; the search stays exact on every one (the tests against AMP's program and brute force).
+
+[Note: cutting within memory] With ``starts`` (per stage ``j`` and end ``i``, the least start ``m_j(i)`` of the
+ranges ``[a, i)`` that stage may hold) the search keeps to the cuts whose every stage starts in its memory
+window ``[m_j(i), i - 1]``: fact 1's windows become ``[max(lo_j(i), m_j(i)), i - 1]`` (stage 0 still starts at
+0), so ``S(P, Q)`` is the least sum over the cuts that fit the caps *and* memory, still non-increasing in both
+caps, and the cut it returns still has its own maxima under the caps: facts 2 and 3, and the search's
+exactness, hold over that set of cuts (the incumbents are taken from it: the least sum without caps, and the
+balanced cut only where it fits). Nothing else changes, and without ``starts`` nothing at all. The windows are
+the caller's: search/time/feasibility.py ``Feasibility.stage_windows`` takes ``m_j(i)`` as the least ``a``
+whose every ``[a', i)``, ``a <= a' < i``, is predicted to fit stage ``j``'s devices (at its position in the
+pipeline), the largest contiguous window of fitting starts. That is every fitting start wherever a stage's
+predicted memory does not fall as its range grows (a range's parameters and activations only add), and so the
+cut is then the fastest of the cuts that fit; where the prediction is not monotone (a loss head whose backward
+floor a longer range hides, measurement noise between spans), a fitting range beyond a non-fitting one is left
+out: the cut found then fits but may not be the fastest that does. tests/search/time/test_bottleneck_cuts.py
+checks it against every cut whose stages all fit. :func:`bottleneck_min_max` (2BW's period) takes the same
+windows; AMP's program (``cuts="amp"``, the reference) does not, and the throughput search then cuts no strategy
+again (search/time/throughput.py: a strategy is cut within memory where its fastest cut does not fit, and with
+stage options where some stage fits under none).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Sequence
+from typing import overload
 
 import numpy as np
 
@@ -98,7 +127,7 @@ from hybridplan.search.time.cut_problem import _Problem
 from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check
 from hybridplan.search.time.sync_costs import SyncCosts
 
-__all__ = ["bottleneck_assignment", "bottleneck_min_max"]
+__all__ = ["bottleneck_assignment", "bottleneck_min_max", "fitting_starts"]
 
 
 SWEEP_AFTER = 64
@@ -164,6 +193,22 @@ def _sweep(problem: _Problem, caps: np.ndarray, pipeline: Pipeline, least_sum: f
     return best_value, best_cut
 
 
+@overload
+def bottleneck_assignment(
+    stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
+    cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
+    starts: None = None,
+) -> Assignment: ...
+
+
+@overload
+def bottleneck_assignment(
+    stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
+    cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
+    *, starts: Sequence[np.ndarray] | None,
+) -> Assignment | None: ...
+
+
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray],
     cut_costs: Sequence[np.ndarray],
@@ -171,18 +216,22 @@ def bottleneck_assignment(
     cut_floors: Sequence[np.ndarray] | None = None,
     sync: SyncCosts | None = None,
     in_flight: int | None = None,
-) -> Assignment:
+    starts: Sequence[np.ndarray] | None = None,
+) -> Assignment | None:
     """The boundaries minimising the time model's pipeline term (module note): without ``in_flight``
     :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the optimum of
     :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), with it the round trip of 1F1B too; plus
     ``sync.seconds`` when ``sync`` is given; by branch and bound on the bottleneck values.
 
     Args: as :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`; ``sync``: the data-parallel
-    gradient all-reduce per stage (:class:`~hybridplan.search.time.sync_costs.SyncCosts`), so that the cut
+    gradient all-reduce per stage, bandwidth and per-message latency
+    (:class:`~hybridplan.search.time.sync_costs.SyncCosts`), so that the cut
     minimises the whole predicted iteration time of the time model (eq. 4), not only its pipeline term;
     ``in_flight``: the micro-batches the first stage holds at once
     (:func:`~hybridplan.predict.time_model.first_stage_in_flight`; None: as many as there are, GPipe), whose
-    round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py). The objective
+    round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py); ``starts``: per
+    stage, the least start of a range that fits its memory, per end ``i`` (``i``: none fits), so that only cuts
+    whose every stage fits are searched ([Note: cutting within memory]; None where no cut fits). The objective
     returned is the time model's pipeline term (with one micro-batch, without the tie-break weight) plus the sync.
 
     Raises:
@@ -193,7 +242,7 @@ def bottleneck_assignment(
         >>> a.boundaries, a.objective     # stages {0, 1} and {2}: 3 * 2 + 4
         ((0, 2, 3), 10.0)
     """
-    problem = _Problem(stage_costs, cut_costs, cut_floors, sync)
+    problem = _Problem(stage_costs, cut_costs, cut_floors, sync, starts)
     if cut_floors is not None:
         _check(stage_costs, cut_floors)
     g = float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT
@@ -208,12 +257,14 @@ def bottleneck_assignment(
 
     # incumbents: the least sum without caps (its sum bounds every sum), and balanced stages
     least_sum, first = problem.evaluate(np.inf, np.inf)
+    if first is None and starts is not None:
+        return None  # no cut fits the memory windows
     if first is None:
         raise PlanError("no cut of the layers into stages has a finite time",
                         fix="check the stage and boundary costs: they must be finite")
     best_cut = first
     best_value = problem.value(best_cut, pipeline)[0]
-    balanced = problem.balanced_cut()
+    balanced = problem.balanced_cut() if problem.fits(problem.balanced_cut()) else first
     if problem.value(balanced, pipeline)[0] < best_value:
         best_value, best_cut = problem.value(balanced, pipeline)[0], balanced
     # a better cut has g P + Q + S <= its objective < best with S >= least_sum (the round trip only adds):
@@ -316,14 +367,45 @@ def bottleneck_assignment(
     return Assignment(best_cut, problem.value(best_cut, exact)[0])
 
 
+def fitting_starts(fits: np.ndarray) -> np.ndarray:
+    """The memory window of one stage from which of its ranges fit (``fits[a, i]``: ``[a, i)`` fits; ``L x (L +
+    1)``, entries ``a >= i`` ignored): per end ``i`` the least ``a`` whose every ``[a', i)``, ``a <= a' < i``,
+    fits (``i`` where ``[i - 1, i)`` does not), the ``starts`` of :func:`bottleneck_assignment` ([Note: cutting
+    within memory]).
+
+    Example:
+        >>> fitting_starts(np.array([[True, True, False], [True, True, True]]))  # [0, 2) does not fit: end 2 from 1
+        array([0, 0, 1])
+    """
+    n = fits.shape[1] - 1
+    a = np.arange(n)[:, None]
+    unfit = ~np.asarray(fits, dtype=bool) & (a < np.arange(n + 1)[None, :])
+    return np.where(unfit, a + 1, 0).max(axis=0, initial=0).astype(np.intp)
+
+
+@overload
 def bottleneck_min_max(
     stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
-    num_microbatches: int = 1, in_flight: int | None = None,
-) -> Assignment:
+    num_microbatches: int = 1, in_flight: int | None = None, starts: None = None,
+) -> Assignment: ...
+
+
+@overload
+def bottleneck_min_max(
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
+    num_microbatches: int = 1, in_flight: int | None = None, *, starts: Sequence[np.ndarray] | None,
+) -> Assignment | None: ...
+
+
+def bottleneck_min_max(
+    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
+    num_microbatches: int = 1, in_flight: int | None = None, starts: Sequence[np.ndarray] | None = None,
+) -> Assignment | None:
     """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
-    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts reaching it, the least
-    ``sum t + sum e``) by the same windows: a binary search for the least candidate ``P`` some cut fits, then
-    ``S(P, inf)``. ``objective`` of the result is ``P``.
+    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts within 1e-9 of it in
+    ratio, periods that differ by rounding, the least ``sum t + sum e``) by the same windows: a binary search for
+    the least candidate ``P`` some cut fits, then ``S(P (1 + 1e-9), inf)``. ``objective`` of the result is its
+    period.
 
     With ``in_flight`` fewer than ``num_microbatches`` (PipeDream-2BW holds one micro-batch per stage) the period is
     the time model's, at least the round trip ``sum t + sum e`` over ``in_flight`` ([Note: the round trip of 1F1B]
@@ -332,7 +414,8 @@ def bottleneck_min_max(
     is the optimum (the least-sum cut under an optimum's own ``P`` is no slower), found by the sweep of the module
     note over the candidates from the least feasible one while ``pipe(P, least sum)`` can still beat the min-max
     cut (one candidate where the round trip does not bind); the fill still breaks ties (1e-9 of it added).
-    ``objective`` is then that period.
+    ``objective`` is then that period. ``starts``: memory windows as in :func:`bottleneck_assignment` (None where
+    no cut fits them).
 
     Example:
         >>> ones = np.ones(4)
@@ -340,7 +423,9 @@ def bottleneck_min_max(
         (0, 1, 4)
     """
     _check(stage_costs, cut_floors)
-    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None)
+    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None, starts)
+    if starts is not None and problem.evaluate(np.inf, np.inf)[1] is None:
+        return None  # no cut fits the memory windows
     ps, _ = problem.candidates((0.0, np.inf), 0.0)
     lo, hi = 0, len(ps) - 1  # the largest candidate fits: every stage and floor is at most it
     while lo < hi:
@@ -349,7 +434,9 @@ def bottleneck_min_max(
             lo = mid + 1
         else:
             hi = mid
-    _, cut = problem.evaluate(float(ps[lo]), np.inf)
+    # the least fill among the cuts whose period is within the tie-break's weight of the least one: periods
+    # that differ by rounding alone (sums in another order) tie, as they do in the sweep below
+    _, cut = problem.evaluate(float(ps[lo]) * (1 + _SINGLE_MICROBATCH_WEIGHT), np.inf)
     if cut is None:
         raise PlanError("no cut of the layers into stages has a finite period",
                         fix="check the stage and boundary costs: they must be finite")

@@ -1,8 +1,8 @@
 """One stage-cut problem and ``S(P, Q)``: the least ``sum (t + e)`` over the cuts whose every stage time (or
 boundary floor) is at most ``P`` and whose every stage's gradient sync is at most ``Q``, as a shortest path over
 (stage, layer) whose allowed starts form windows ([Note: bottleneck search] in search/time/bottleneck_cuts.py,
-fact 1; its cost: [Note: bottleneck search cost] there). The search over the caps is in
-:mod:`~hybridplan.search.time.bottleneck_cuts`.
+fact 1; its cost: [Note: bottleneck search cost] there), optionally within each stage's memory windows ([Note:
+cutting within memory] there). The search over the caps is in :mod:`~hybridplan.search.time.bottleneck_cuts`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,8 @@ class _Problem:
     """The fixed data of one cut problem: windows and sums per evaluation of ``S(P, Q)``."""
 
     def __init__(self, stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray],
-                 cut_floors: Sequence[np.ndarray] | None, sync: SyncCosts | None) -> None:
+                 cut_floors: Sequence[np.ndarray] | None, sync: SyncCosts | None,
+                 starts: Sequence[np.ndarray] | None = None) -> None:
         self.k, self.n = _check(stage_costs, cut_costs)
         n = self.n
         below = _not_a_range(n)
@@ -61,24 +62,44 @@ class _Problem:
         link_keys: dict[bytes, int] = {}
         self.link_kind = [0] + [link_keys.setdefault(e.tobytes() + fl.tobytes(), len(link_keys))
                                 for e, fl in zip(self.cuts, self.floors)]
-        # sync: distinct factors share one matrix of seconds
+        # sync: stages of equal (factor, latency) share one matrix of seconds; each is non-negative and grows with
+        # the range (bytes and tensors both do), which is all the windows need ([Note: bottleneck search], fact 1)
         self.sync_kind: list[int] = []
         self.sync: list[np.ndarray] = []
-        if sync is not None and any(f > 0 for f in sync.factors):
-            if len(sync.factors) != self.k or sync.range_bytes.shape != (n + 1, n + 1):
-                raise PlanError(f"sync costs need {self.k} factors and a {n + 1} x {n + 1} range matrix")
-            fkeys: dict[float, int] = {}
-            for f in sync.factors:
-                if f not in fkeys:
-                    fkeys[f] = len(self.sync)
-                    self.sync.append(f * sync.range_bytes + below)
-                self.sync_kind.append(fkeys[f])
+        if sync is not None and any(f > 0 or lat > 0 for f, lat in sync.kinds):
+            shapes = {sync.range_bytes.shape} | ({sync.range_tensors.shape} if sync.range_tensors is not None
+                                                 else set())
+            if (len(sync.factors) != self.k or shapes != {(n + 1, n + 1)}
+                    or (sync.latencies is not None and len(sync.latencies) != self.k)):
+                raise PlanError(f"sync costs need {self.k} factors (and latencies) and {n + 1} x {n + 1} range"
+                                " matrices")
+            if min(min(sync.factors), min(sync.latencies or (0.0,))) < 0:
+                raise PlanError("sync factors and latencies must be non-negative")
+            fkeys: dict[tuple[float, float], int] = {}
+            for kind in sync.kinds:
+                if kind not in fkeys:
+                    fkeys[kind] = len(self.sync)
+                    self.sync.append(sync.matrix(*kind) + below)
+                self.sync_kind.append(fkeys[kind])
         self.upper = below == 0
         self._remembered: dict[tuple[str, int, float], np.ndarray] = {}  # window starts per single cap
         self.link_base: dict[tuple[int, int], np.ndarray] = {}  # e_j(a) - p_j(a) per (cost vector, link kind)
         self.floor_max = [float(fl.max(initial=-np.inf)) for fl in self.floors]  # below every cap: no mask needed
         self.ends = np.arange(n + 1)
         self.steps = max(1, int(np.ceil(np.log2(n + 1))))
+        # memory windows ([Note: cutting within memory]): stage j may hold [a, i) only if a >= starts[j][i] (i:
+        # none), identical ones shared
+        self.mem_kind: list[int] = [0] * self.k
+        self.mem: list[np.ndarray] = []
+        if starts is not None:
+            if len(starts) != self.k or any(np.shape(s) != (n + 1,) for s in starts):
+                raise PlanError(f"memory windows need {self.k} arrays of {n + 1} starts")
+            mkeys: dict[bytes, int] = {}
+            for j, s in enumerate(starts):
+                s = np.minimum(np.asarray(s, dtype=np.intp), self.ends)
+                self.mem_kind[j] = mkeys.setdefault(s.tobytes(), len(self.mem))
+                if self.mem_kind[j] == len(self.mem):
+                    self.mem.append(s)
 
     def candidates(self, p_range: tuple[float, float], q_max: float) -> tuple[np.ndarray, np.ndarray]:
         """Every value in ``p_range`` a stage's ``u`` can take, and every sync seconds up to ``q_max`` (sorted,
@@ -143,6 +164,10 @@ class _Problem:
             cut[j] = min(cut[j], cut[j + 1] - 1)
         return tuple(cut)
 
+    def fits(self, cut: tuple[int, ...]) -> bool:
+        """Whether every stage of the cut starts inside its memory window (always without windows)."""
+        return all(cut[j] >= self.mem[self.mem_kind[j]][cut[j + 1]] for j in range(self.k)) if self.mem else True
+
     def bottleneck_floor(self) -> float:
         """A lower bound of any cut's ``max u``: some stage holds each layer, and the stages share the sum."""
         least = np.min([np.diff(p) for p in self.prefix], axis=0)
@@ -176,17 +201,17 @@ class _Problem:
         n, rows = self.n, len(caps_p)
         lo_p = [self._starts(("p", i), s, caps_p) for i, s in enumerate(self.seg)]
         lo_q = [self._starts(("q", i), s, np.array([cap_q])) for i, s in enumerate(self.sync)]
-        windows: dict[tuple[int, int], tuple[np.ndarray, _WindowMinima, np.ndarray]] = {}
+        windows: dict[tuple[int, int, int], tuple[np.ndarray, _WindowMinima, np.ndarray]] = {}
         links: dict[tuple[int, int], np.ndarray] = {}
         least_cap = float(caps_p.min())
 
         def window(j: int) -> tuple[np.ndarray, _WindowMinima, np.ndarray]:
             """Starts ``lo`` (window ``[lo[r, i], i - 1]``), the window minima, and ``p_j`` with inf at the ends
             whose window is empty."""
-            key = (self.kind[j], self.sync_kind[j] if self.sync else 0)
+            key = (self.kind[j], self.sync_kind[j] if self.sync else 0, self.mem_kind[j])
             if key not in windows:
                 lo = np.maximum(lo_p[key[0]], lo_q[key[1]]) if self.sync else lo_p[key[0]]
-                lo = np.maximum(lo, 1)
+                lo = np.maximum(lo, np.maximum(self.mem[key[2]], 1) if self.mem else 1)
                 windows[key] = (lo, _WindowMinima(lo), np.where(lo >= self.ends, np.inf, self.prefix[key[0]]))
             return windows[key]
 
@@ -202,7 +227,10 @@ class _Problem:
             return links[key]
 
         p0 = self.prefix[self.kind[0]]
-        f = np.where(np.maximum(lo_p[self.kind[0]], lo_q[self.sync_kind[0]] if self.sync else 0) == 0, p0, np.inf)
+        first = np.maximum(lo_p[self.kind[0]], lo_q[self.sync_kind[0]] if self.sync else 0)
+        if self.mem:
+            first = np.maximum(first, self.mem[self.mem_kind[0]])
+        f = np.where(first == 0, p0, np.inf)
         f[:, 0] = np.inf
         fs = []
         h = np.full((rows, n + 2), np.inf)  # h[a]: a stage starting at layer a; h[0], h[n], h[n + 1] stay inf

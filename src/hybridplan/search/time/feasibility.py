@@ -16,6 +16,11 @@ memory predictor (predict/memory.py) and the cluster's per-device capacities. A 
   fit).
 
 Predictions are cached per plan, so the Pareto objective's ``peak_memory`` reuses them.
+
+:meth:`Feasibility.stage_windows` gives the throughput search what it cuts within ([Note: cutting within memory]
+in search/time/bottleneck_cuts.py): per stage of a strategy, which ranges of layers its devices can hold, from
+the predictor's matrix of every span's stage memory (predict/span_tables.py) and the model's tensor-parallel
+rules, tested against the same capacities as :meth:`Feasibility.__call__`, never more strictly (see there).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -35,6 +41,7 @@ from hybridplan.models.tensor_parallel import TensorParallelPlan
 from hybridplan.plan import Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.predict.prediction import PlanPrediction
+from hybridplan.search.time.bottleneck_cuts import fitting_starts
 
 __all__ = ["Feasibility"]
 
@@ -109,6 +116,8 @@ class Feasibility:
     reasons: dict[str, str] = field(default_factory=dict)
     """One example reason per kind of rejection ("invalid", "unpredictable", "too_large")."""
     _cache: dict[str, PlanPrediction | None] = field(default_factory=dict, repr=False)
+    _targets: dict[tuple[str, int, int], MemoryPredictor] = field(default_factory=dict, repr=False)
+    _matrices: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, _CachedRules):
@@ -154,6 +163,55 @@ class Feasibility:
             over = capacity is not None and d.needed_bytes > capacity
             peaks[d.stage] = math.inf if over else max(peaks[d.stage], float(d.peak_memory_bytes))
         return peaks
+
+    def stage_windows(self, plan: Plan) -> list[np.ndarray] | None:
+        """Per stage of ``plan`` (its kinds, degrees, devices, options and positions; its layers are not read),
+        the least start of a range of layers that fits, per end: the ``stage_windows`` of
+        search/time/throughput.py, by :func:`~hybridplan.search.time.bottleneck_cuts.fitting_starts` ([Note:
+        cutting within memory] there). A range ``[a, i)`` fits stage ``j`` where the model can split its layers at
+        the stage's tensor degree (``Plan.validate``'s rule) and ``stage memory + outside <= capacity + 1`` on its
+        devices, the stage memory from the predictor's matrix at the plan's schedule, batch and micro-batch count
+        and the stage's position (``stage_memory_matrix``, what :meth:`MemoryPredictor.predict` predicts span by
+        span, up to the last bits of a float: hence the byte), ``outside`` the bytes the device holds outside the
+        allocator (CUDA; they do not depend on the layers, ``MemoryPredictor.outside_bytes``). That is a lower
+        bound of what :meth:`__call__` checks (``needed_bytes``: the reserved peak, at least the rounded tensor
+        peak, plus outside), so no plan that fits is left out; a window too loose costs only a plan that
+        :meth:`__call__` then rejects. A ZeRO stage's ranks differ: its largest rank against its roomiest device,
+        again a lower bound.
+
+        None without a predictor (every plan fits), where the plan's recompute differs from the profile's, or where
+        its layers are not the profile's.
+        """
+        if self.predictor is None:
+            return None
+        if (bool(plan.extra.get("recompute", self.recompute_profiled)) != self.recompute_profiled
+                or plan.stages[-1].stop != self.predictor.num_layers):
+            return None
+        target = (plan.schedule, plan.global_batch_size, plan.num_microbatches)
+        if target not in self._targets:
+            base = self.predictor
+            self._targets[target] = base if target == (base.schedule, base.global_batch_size, base.num_microbatches) \
+                else base.retargeted(schedule=target[0], global_batch_size=target[1], num_microbatches=target[2])
+        predictor = self._targets[target]
+        L = predictor.num_layers
+        out = []
+        for j, stage in enumerate(plan.stages):
+            after = min(plan.num_stages - 1 - j, predictor.position_horizon - 1)
+            recompute = stage.recompute == "full"
+            key = (target, stage.kind, stage.degree, stage.tensor_degree, stage.zero, recompute, after)
+            if key not in self._matrices:
+                self._matrices[key] = predictor.stage_memory_matrix(
+                    stage.kind, stage.degree, after, L, tensor_degree=stage.tensor_degree, zero=stage.zero,
+                    recompute=recompute)
+            room = [math.inf if (c := self.cluster.memory_of(d)) is None
+                    else c - (predictor.outside_bytes(plan, d) or 0) for d in stage.devices]
+            fits = self._matrices[key] <= (max(room) if stage.zero else min(room)) + 1
+            if self.model is not None and stage.tensor_degree > 1:
+                bad = np.concatenate(([0], np.cumsum([self.model.tensor_parallel_problem(i, stage.tensor_degree)
+                                                      is not None for i in range(L)])))
+                fits &= (bad[None, :] - bad[:L, None]) == 0
+            out.append(fitting_starts(fits))
+        return out
 
     def __call__(self, plan: Plan) -> bool:
         """Whether ``plan`` is kept (``memory_ok``)."""

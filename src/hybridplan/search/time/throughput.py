@@ -3,11 +3,13 @@
 For every ``(pp, dp, tp)`` with ``pp * dp * tp`` = the cluster's devices and every micro-batch size ``mbs``
 dividing ``global batch / dp``: place ranks (:mod:`hybridplan.search.time.rank_placement`, Megatron's heuristic),
 cut the layers into ``pp`` stages so as to minimise the predicted iteration time, the round trip of 1F1B and the
-gradient sync included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic program of
-:mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict the
-iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
-over device orderings. Candidates that ``memory_ok`` rejects are dropped; the result is the candidates by
-predicted time, or (``objective="pareto"``) the frontier of (peak memory, time).
+gradient sync (its per-message latency too) included (:mod:`hybridplan.search.time.bottleneck_cuts`; AMP's dynamic
+program of :mod:`hybridplan.search.time.stage_cuts` minimises eq. 5 alone, and stays as ``cuts="amp"``), and predict
+the iteration time (:mod:`hybridplan.predict.time_model`). Optionally re-place the best few by simulated annealing
+over device orderings. Candidates that ``memory_ok`` rejects are dropped; with ``stage_windows`` a strategy
+whose fastest cut is rejected is first cut again, the fastest cut whose every stage fits (search/time/
+bottleneck_cuts.py, [Note: cutting within memory]). The result is the candidates by predicted time, or
+(``objective="pareto"``) the frontier of (peak memory, time).
 
 [Note: uniform strategies as Plans] A strategy is the plan of :meth:`~hybridplan.plan.plan.Plan.uniform`:
 AMP's ``dp`` replicas of ``mbs`` samples become a plan whose micro-batch is ``dp * mbs`` samples, split ``dp``
@@ -19,8 +21,9 @@ runtime runs them and the memory predictor predicts them from the tensor scenari
 and may span nodes; ``node_local_stages=True`` keeps only plans whose stages each sit in one node (with
 ``composite``: whose tensor groups each do, as ``Plan.validate(cluster=...)`` requires).
 
-The search depends on no memory model: ``memory_ok(plan) -> bool`` filters and ``peak_memory(plan) -> bytes``
-feeds the Pareto objective; both come from the caller (the memory predictor).
+The search depends on no memory model: ``memory_ok(plan) -> bool`` filters, ``peak_memory(plan) -> bytes``
+feeds the Pareto objective and ``stage_windows(plan)`` gives each stage's ranges of layers that fit; all come
+from the caller (the memory predictor: search/time/feasibility.py).
 
 With ``zero_levels`` and/or ``recompute`` every stage of a strategy's plan may also shard its training state
 (ZeRO) and recompute its activations: per stage, the fastest options that fit, chosen exactly
@@ -33,8 +36,8 @@ has three random cases: 8.7% and 31% slower, and no plan at all). So with stage 
 :data:`CUT_ROUNDS` times, options chosen exactly for every cut, the fastest that fits kept (pareto: every
 choice, for the frontier): first for the plain stages' times; then for the options chosen on the previous cut
 (a recomputed stage's layers cost their forward once more, a ZeRO-2/3 stage's its per-micro-batch collectives
-per parameter byte, a ZeRO-1 stage's sync 1.5 times: [Note: ZeRO and recompute in time] in
-predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
+per parameter byte, a ZeRO-1 stage's sync, bandwidth and latency, 1.5 times: [Note: ZeRO and recompute in
+time] in predict/communication.py, shared parameters counted per layer there). Where some stage fits under no option,
 the next cut is for the options saving the most memory with that stage's layer times weighted twice as much
 (again each round it does not fit; when another stage stops fitting instead, the step shrinks to its square
 root: layers moved back and forth), which moves layers off it; once a cut fits, the weights go halfway back to
@@ -46,10 +49,20 @@ with 3 to 5 layers, and the 239 of seeds 0-599 with 6 or 7 layers, on 2 or 4 dev
 in one, seed 461 (7 layers, 4 stages), by 0.38%: the best plain cut fits under no option and the re-cut settles
 on a fitting cut other than the fastest fitting one. (An earlier miss, 1.2% on a case where the plain cut fits,
 came from the cut's objective leaving out the round trip of 1F1B, [Note: the round trip of 1F1B] in
-predict/time_model.py; the cut now minimises the time model's own pipeline term: [Note: bottleneck search].) A
-memory-constrained cut (the bottleneck cut with each stage's largest range that fits, a window like its time
-caps' in [Note: bottleneck search]) would be exact for memory, at a memory prediction per stage position and
-range.
+predict/time_model.py; the cut now minimises the time model's own pipeline term: [Note: bottleneck search].)
+With ``stage_windows`` one more cut closes that gap: where some cut left a stage that fits under no option, the
+fastest cut whose every stage fits under its option saving the most memory (the bottleneck cut within memory
+windows, [Note: cutting within memory] in search/time/bottleneck_cuts.py, timed for those options), its options
+then chosen exactly as for every cut. Some plan of the strategy then fits wherever one does, as long as the
+last option of :func:`~hybridplan.search.time.stage_options.stage_options` (the highest ZeRO level, recomputed)
+needs no more than the others and memory grows with a stage's range; on the cases above it found the
+enumeration's plan in all 539, seed 461 included, and in all 2,400 of seeds 600-2999 (3 to 7 layers), where
+the re-cuts alone missed in 9: 5 with no plan, 4 slower by 0.47% to 42% (tests/search/time/test_stage_options.py
+``test_with_windows_the_fastest_plan_that_fits_on_random_cases``, marked slow; ``-s`` prints them). Still not an exact search over
+every cut and combination: the window cut is the fastest for the most saving options, and faster options on
+another fitting cut may beat it. Without stage options the window cut is exact (a strategy's fastest plan that
+fits, where the windows hold every fitting range); it runs only when ``memory_ok`` rejects the fastest cut, so
+the common case costs nothing more.
 """
 
 from __future__ import annotations
@@ -62,23 +75,12 @@ from typing import Literal
 import numpy as np
 
 from hybridplan.errors import UsageError
-from hybridplan.plan import SCHEDULES, Cluster, Plan, StagePlan, as_schedule, spec
-from hybridplan.predict.communication import (
-    ZERO_ITERATION_ALLREDUCES,
-    ZERO_MICROBATCH_ALLREDUCES,
-    allreduce_seconds,
-    link_bandwidth,
-    p2p_seconds,
-    slowest_link,
-)
-from hybridplan.predict.stage_compute import stage_layer_costs
+from hybridplan.plan import SCHEDULES, Cluster, Plan
 from hybridplan.predict.time_breakdown import TimeBreakdown
-from hybridplan.predict.time_model import first_stage_in_flight, predict_iteration_time
+from hybridplan.predict.time_model import predict_iteration_time
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
-from hybridplan.search.time.sync_costs import SyncCosts, range_sums
-from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
+from hybridplan.search.time.stage_cuts import Assignment
 from hybridplan.search.time.stage_options import (
     Option,
     StagePeaks,
@@ -89,6 +91,7 @@ from hybridplan.search.time.stage_options import (
     with_options,
 )
 from hybridplan.search.time.rank_placement import anneal_placement, megatron_placement
+from hybridplan.search.time.strategy_cut import CutAlgorithm, assign_layers, parameter_range_bytes, parameter_range_tensors
 
 __all__ = [
     "ThroughputCandidate",
@@ -96,23 +99,20 @@ __all__ = [
     "divisors",
     "enumerate_degrees",
     "supported_tensor_degrees",
-    "assign_layers",
-    "parameter_range_bytes",
     "pareto_frontier",
     "search_throughput",
 ]
 
 MemoryOk = Callable[[Plan], bool]
 PeakMemory = Callable[[Plan], float]
+StageWindows = Callable[[Plan], Sequence[np.ndarray] | None]
+"""Per stage of a strategy's plan (its stages' kinds, degrees, devices, positions and options; the layers as cut),
+the least start of a range of layers that fits the stage's memory, per end ``i = 0 .. L`` (``i``: none does):
+the ``starts`` of search/time/bottleneck_cuts.py's [Note: cutting within memory]. ``None`` where the strategy
+cannot be predicted (search/time/feasibility.py ``Feasibility.stage_windows``)."""
 CUT_ROUNDS = 4
 """At most this many cuts per strategy with stage options ([Note: cutting for the stage options]); each costs a
 cut and an option table (one prediction of time and peaks per option)."""
-CutAlgorithm = Literal["bottleneck", "amp"]
-"""How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the whole
-predicted iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the
-gradient sync, by branch and bound (search/time/bottleneck_cuts.py); "amp" is AMP's dynamic program on eq. 5
-alone (stage_cuts.py), the reference it replaced: exact for that term but O(k L^4), blind to the sync and to the
-round trip of 1F1B."""
 
 
 @dataclass(frozen=True)
@@ -210,96 +210,6 @@ def supported_tensor_degrees(profile: TimeProfile, cluster: Cluster) -> tuple[in
     return tuple(sorted(common))
 
 
-def assign_layers(
-    profile: TimeProfile,
-    cluster: Cluster,
-    devices: Sequence[int],
-    *,
-    pipeline_degree: int,
-    data_degree: int,
-    tensor_degree: int,
-    micro_batch_size: int,
-    global_batch_size: int,
-    cache: dict[bytes, Assignment] | None = None,
-    schedule: str = "1f1b",
-    cuts: CutAlgorithm = "bottleneck",
-    range_bytes: np.ndarray | None = None,
-    options: Sequence[Option] | None = None,
-    weights: Sequence[float] | None = None,
-) -> Plan:
-    """The plan of a strategy whose stages are cut to minimise its predicted iteration time on these devices
-    (``cuts``, see :data:`CutAlgorithm`); for "2bw", which never flushes, by the min-max partition of the
-    steady-state period.
-
-    ``cache`` memoises the cut on its inputs: annealing mostly visits placements whose stage and boundary
-    costs equal ones already solved (identical devices and links). ``range_bytes`` (:func:`range_sums` of the
-    layers' parameter bytes) saves recomputing it per strategy.
-
-    ``options`` (per stage, its (ZeRO level, recompute)) cuts for the time of stages that take them (module
-    docstring, [Note: cutting for the stage options]), and ``weights`` (per stage) multiply the stages' layer
-    times, so as to move layers off a stage that fits in memory under no option; the plan returned is the plain
-    one, options unset.
-    """
-    pp, dp, tp = pipeline_degree, data_degree, tensor_degree
-    size = dp * tp
-    # the stages' device groups; their layers are what the dynamic program decides (costing reads only devices)
-    groups = [StagePlan.of(0, 0, devices[j * size : (j + 1) * size], data_degree=dp, tensor_degree=tp) for j in range(pp)]
-    m = dp * micro_batch_size
-    layer_costs = [stage_layer_costs(profile, cluster, g, m) for g in groups]
-    zeros = [0] * pp if options is None else [z for z, _ in options]
-    shard: list[np.ndarray | float] = [0.0] * pp  # ZeRO-2/3's collectives per micro-batch, per layer
-    if any(zeros):
-        layer_bytes = np.array([layer.parameter_bytes for layer in profile.layers], dtype=float)
-        shard = [ZERO_MICROBATCH_ALLREDUCES[z] * allreduce_seconds(1.0, dp, link_bandwidth(
-            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp * layer_bytes
-            for z, g in zip(zeros, groups)]
-    stage_costs = [(c.total + (c.forward if options is not None and options[j][1] else 0.0) + shard[j])
-                   * (1.0 if weights is None else weights[j]) for j, c in enumerate(layer_costs)]
-    cut_costs = [p2p_seconds(profile, cluster, a, b, m) for a, b in zip(groups, groups[1:])]
-    gas = global_batch_size // m
-    flush = spec(schedule).flushes
-    sync = None
-    if flush and cuts == "bottleneck" and dp > 1:
-        # communication.sync_seconds: the ring all-reduce of the stage's gradient bytes / tp on its slowest data group
-        # capped by the measured bandwidth; its per-message latency (the stage's parameter tensors x 2(dp-1) x alpha)
-        # is not in the cut's objective yet: the candidates' times (predict_iteration_time) hold it
-        factors = tuple(ZERO_ITERATION_ALLREDUCES[z] * allreduce_seconds(1.0, dp, link_bandwidth(
-            profile, min(slowest_link(cluster, g.data_group(r)) for r in range(tp)), "allreduce")) / tp
-            for z, g in zip(zeros, groups))
-        if range_bytes is None:
-            range_bytes = parameter_range_bytes(profile)
-        sync = SyncCosts(range_bytes, factors)
-    # the cut is timed with the round trip of 1F1B as the model times the plan (predict/time_model.py)
-    in_flight = first_stage_in_flight(schedule, pp, gas) if cuts == "bottleneck" else None
-    key = b""
-    if cache is not None:
-        key = np.concatenate([[gas, flush, cuts == "amp", in_flight or 0], *stage_costs, *cut_costs,
-                              sync.factors if sync else []]).tobytes()
-    assignment = cache.get(key) if cache is not None else None
-    if assignment is None:
-        # a one-way transfer (half of e) is the least period a boundary allows (time_model, p2p overlap)
-        floors = [c / 2 for c in cut_costs]
-        if flush and cuts == "amp":
-            assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
-        elif flush:
-            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight)
-        else:
-            assignment = (bottleneck_min_max(stage_costs, floors, cut_costs, gas, in_flight)
-                          if cuts == "bottleneck" else min_max_assignment(stage_costs, floors, cut_costs))
-        if cache is not None:
-            cache[key] = assignment
-    b = assignment.boundaries
-    stages = tuple(replace(groups[j], start=b[j], stop=b[j + 1]) for j in range(pp))
-    return Plan(as_schedule(schedule), global_batch_size, global_batch_size // m, stages)
-
-
-def parameter_range_bytes(profile: TimeProfile) -> np.ndarray:
-    """Gradient bytes of every layer range ``[a, b)`` of the profile, shared parameters once per range (as
-    communication.sync_seconds counts them)."""
-    return range_sums([layer.parameter_bytes for layer in profile.layers],
-                      [layer.shared_parameters for layer in profile.layers])
-
-
 def pareto_frontier(points: Sequence[tuple[float, float]]) -> list[int]:
     """Indices of the points no other point beats in both coordinates (both minimised), by increasing first
     coordinate. Of identical points the first is kept.
@@ -343,6 +253,7 @@ def search_throughput(
     zero_levels: Sequence[int] = (),
     recompute: bool = False,
     stage_peaks: StagePeaks | None = None,
+    stage_windows: StageWindows | None = None,
 ) -> ThroughputSearchResult:
     """AMP's search over ``(pp, dp, tp, mbs)`` (module docstring).
 
@@ -360,11 +271,14 @@ def search_throughput(
         composite: also AMP's strategies with both dp > 1 and tp > 1 (stages of data x tensor devices).
         schedule: the Plan schedule to write and time ("1f1b", "gpipe", "flush", or "2bw", which has no flush;
             AMP's runs use DeepSpeed's 1F1B).
-        cuts: how each strategy's stages are cut (:data:`CutAlgorithm`; "amp": the reference, slow at scale).
+        cuts: how each strategy's stages are cut (:data:`~hybridplan.search.time.strategy_cut.CutAlgorithm`; "amp": the reference, slow at scale).
         zero_levels: ZeRO levels (of 1, 2, 3) each stage with data replicas may take (module docstring).
         recompute: each stage may recompute its activations.
         stage_peaks: per-stage predicted peaks for the choice of those options (default: every option fits;
             ``memory_ok`` still checks the chosen plan).
+        stage_windows: per stage, the ranges of layers that fit its memory (:data:`StageWindows`): a strategy whose
+            fastest cut ``memory_ok`` rejects is cut again within them ([Note: cutting within memory] in
+            search/time/bottleneck_cuts.py; ``cuts="bottleneck"`` only). Default: such a strategy is dropped.
         progress: receives a line now and then on a long search, e.g. ``"throughput search: strategy 3/12
             (pp 4, dp 2, tp 1), 40 evaluated, 3.0 s"`` (:mod:`~hybridplan.search.progress`); ``None``: silent.
 
@@ -399,14 +313,28 @@ def search_throughput(
     with_stage_options = bool(zero_levels) or recompute
     report = Progress.of(progress)
     evaluated = rejected = 0
-    cache: dict[bytes, Assignment] = {}
-    range_bytes = parameter_range_bytes(profile)
+    cache: dict[bytes, Assignment | None] = {}
+    range_bytes, range_tensors = parameter_range_bytes(profile), parameter_range_tensors(profile)
 
     def cut(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int, options: Sequence[Option] | None = None,
             weights: Sequence[float] | None = None) -> Plan:
         return assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
                              micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
-                             cuts=cuts, range_bytes=range_bytes, options=options, weights=weights)
+                             cuts=cuts, range_bytes=range_bytes, range_tensors=range_tensors, options=options, weights=weights)
+
+    def fitting_cut(plan: Plan, devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int,
+                    options: Sequence[Option] | None = None) -> Plan | None:
+        """The fastest cut of ``plan``'s strategy whose every stage fits (:data:`StageWindows`; with ``options``,
+        under them, timed for them), None where no cut does, or without windows."""
+        starts = None
+        if stage_windows is not None and cuts == "bottleneck":
+            starts = stage_windows(plan if options is None else with_options(plan, options))
+        if starts is None:
+            return None
+        return assign_layers(profile, cluster, devices, pipeline_degree=pp, data_degree=dp, tensor_degree=tp,
+                             micro_batch_size=mbs, global_batch_size=global_batch_size, cache=cache, schedule=schedule,
+                             cuts=cuts, range_bytes=range_bytes, range_tensors=range_tensors, options=options,
+                             starts=starts)
 
     def evaluate(devices: Sequence[int], pp: int, dp: int, tp: int, mbs: int) -> list[ThroughputCandidate]:
         """The strategy's candidates: its plan, or with stage options the fastest choice over the cuts of
@@ -419,14 +347,19 @@ def search_throughput(
             plans = []
             weights, step, last_unfit = np.ones(pp), 2.0, np.zeros(pp, dtype=bool)
             seen: dict[tuple[int, ...], tuple[list[tuple[Option, ...]], np.ndarray]] = {}
+
+            def choose(plan: Plan) -> None:
+                """The options of this cut, exactly; its fastest choice and the stages that fit under none kept."""
+                table = option_table(plan, profile, cluster, zero_levels=zero_levels, recompute=recompute,
+                                     stage_peaks=stage_peaks)
+                fastest = choose_options(table)
+                chosen = choose_options(table, pareto=True) if objective == "pareto" else fastest
+                plans.extend(with_options(plan, c) for c in chosen)
+                seen[plan.boundaries] = fastest, ~np.isfinite(table.peak).any(axis=1)
+
             for _ in range(CUT_ROUNDS):
                 if plan.boundaries not in seen:
-                    table = option_table(plan, profile, cluster, zero_levels=zero_levels, recompute=recompute,
-                                         stage_peaks=stage_peaks)
-                    fastest = choose_options(table)
-                    chosen = choose_options(table, pareto=True) if objective == "pareto" else fastest
-                    plans.extend(with_options(plan, c) for c in chosen)
-                    seen[plan.boundaries] = fastest, ~np.isfinite(table.peak).any(axis=1)
+                    choose(plan)
                 elif not seen[plan.boundaries][1].any():
                     break  # the cut for these options is one already chosen for
                 fastest, unfit = seen[plan.boundaries]
@@ -439,8 +372,20 @@ def search_throughput(
                 last_unfit = unfit
                 options = fastest[0] if fastest else [stage_options(s, zero_levels, recompute)[-1] for s in plan.stages]
                 plan = cut(devices, pp, dp, tp, mbs, options, tuple(weights))
+            if any(unfit.any() for _, unfit in seen.values()):
+                # some cut left a stage that fits under no option: also the fastest cut whose every stage fits
+                # under its option saving the most memory ([Note: cutting for the stage options])
+                saving = [stage_options(s, zero_levels, recompute)[-1] for s in plan.stages]
+                fitting = fitting_cut(plan, devices, pp, dp, tp, mbs, saving)
+                if fitting is not None and fitting.boundaries not in seen:
+                    choose(fitting)
         kept = [ThroughputCandidate(p, predict_iteration_time(p, profile, cluster), pp, dp, tp, mbs)
                 for p in plans if memory_ok is None or memory_ok(p)]
+        if not kept and not with_stage_options and memory_ok is not None:
+            # the fastest cut does not fit: the fastest that does ([Note: cutting within memory])
+            fitting = fitting_cut(plan, devices, pp, dp, tp, mbs)
+            if fitting is not None and fitting.boundaries != plan.boundaries and memory_ok(fitting):
+                kept = [ThroughputCandidate(fitting, predict_iteration_time(fitting, profile, cluster), pp, dp, tp, mbs)]
         if not kept:
             rejected += 1
         if objective == "time" and kept:

@@ -1,0 +1,126 @@
+"""ZeRO-2's peak: the ZeRO-3 stage's actions replayed with whether its layers are gathered (no run).
+
+[Note: predicting ZeRO-2 from the ZeRO-3 scenario] FSDP2 with ``reshard_after_forward=False`` shards exactly what
+ZeRO-3 shards between iterations (same static bytes: P/d + moments of the chunks; same reduce-scattered
+gradients), and differs only in WHEN a layer's parameters are gathered: a forward that finds them resharded
+gathers each layer and keeps it (``gathered_bytes``: every rank's padded chunk) until the layer's next backward,
+which frees it (``reshard_after_backward``). So each action is one of five kinds, each with a transient that
+the ZeRO-3 and data scenarios measured or that follows from them and the parameter shapes (no profiling run is
+added; measured on gpt-tiny, wresnet-tiny and the MLP in the timelines of ``hybridplan run --backend sim``):
+
+- a forward after the iteration start or a backward *gathers*: it keeps ``activation + G`` (G: the stage's
+  gathered bytes); its transient is ZeRO-3's forward at each layer plus the layers before it, still gathered
+  (:func:`~hybridplan.predict.zero3_transients.sharded_forward_transient` with ``keep``; [Note: the sharded
+  forward from the data stage] in predict/zero3_transients.py);
+- a forward after a forward finds every layer gathered: no all-gather, exactly the unsharded data stage's
+  forward (its transient, measured equal in every timeline tried);
+- a backward after a forward (the first backward; 1F1B's steady state) finds them gathered and frees each after
+  its backward: ZeRO-3's backward transient at the layer that sets it less that layer's and the later layers'
+  gathered bytes, which ZeRO-2 holds in its level or has freed by then (:func:`gathered_backward_transient`, from
+  the suffixes);
+- a backward after a backward (GPipe; 1F1B's cool-down) finds them resharded: ZeRO-3's backward, measured equal;
+- the step: ZeRO-3's.
+
+:func:`zero2_peak` replays a stage's actions with that one state more (gathered or not). Exact on the MLP's profiled
+span, within 0.06% on gpt-tiny's blocks (layers 0-2 and 3-5 on 2 replicas, both schedules); composed spans
+inherit the ZeRO-3 scenario's composition errors (a prefix or suffix the campaign did not measure is composed by
+M_a like any span), and the backwards that find the layers resharded are ZeRO-3's ([Note: a backward after a
+backward] in predict/zero3_transients.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from hybridplan.plan.schedule import stage_actions
+from hybridplan.profiling.quantities import INDEX
+
+__all__ = ["Zero2Transients", "zero2_peak", "gathered_backward_transient", "unsharded_backward_bound"]
+
+
+@dataclass(frozen=True)
+class Zero2Transients:
+    """A ZeRO-2 stage's transients (bytes above the level an action starts from), one per kind of action
+    ([Note: predicting ZeRO-2 from the ZeRO-3 scenario]); the other quantities are the ZeRO-3 stage's."""
+
+    gathering_forward: float
+    """A forward that all-gathers its layers and keeps them (the first after the iteration starts or a backward)."""
+    gathered_forward: float
+    """A forward whose layers are already gathered: the unsharded data stage's forward transient."""
+    first_backward: float
+    """The first backward (its layers always gathered: it follows a forward)."""
+    gathered_backward: float
+    """A later backward that follows a forward (1F1B's steady state): its layers are gathered."""
+
+
+def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, schedule: str, stages_after: int,
+               num_microbatches: int) -> float:
+    """Peak bytes of a ZeRO-2 stage: its actions replayed with whether its layers are gathered.
+
+    ``q``: the rank's quantity vector (profiling/quantities.py), the ZeRO-3 stage's; ``gathered``: the bytes of
+    every layer of the stage all-gathered. Like profiling/schedule_memory.py's replay, with one more state:
+    a forward that finds the layers resharded gathers and keeps them (``gathered`` more), the next backward
+    frees them.
+
+    >>> q = np.array([100, 0, 10, 6, 3, 20, 8, 2])  # static, data, activation, gradient, then the transients
+    >>> t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=4, gathered_backward=2)
+    >>> zero2_peak(q, t, 50, "gpipe", 0, 2)  # F0 gathers: 100 + 7; F1: 160 + 3; B0: 170 + 4; B1: 116 + 8
+    174.0
+    """
+    after = 0 if schedule == "gpipe" else min(stages_after, num_microbatches)
+    level = float(q[INDEX["static"]] + q[INDEX["data"]])
+    activation, peak = float(q[INDEX["activation"]]), -math.inf
+    held, first = False, True
+    for action in stage_actions(schedule, after + 1, 0, num_microbatches):
+        if action.kind == "F":
+            peak = max(peak, level + (transients.gathered_forward if held else transients.gathering_forward))
+            level += activation + (0.0 if held else gathered)
+            held = True
+        elif first:
+            peak = max(peak, level + (transients.first_backward if held else q[INDEX["first_backward_transient"]]))
+            level += q[INDEX["gradient"]] - activation - (gathered if held else 0.0)
+            held, first = False, False
+        else:
+            peak = max(peak, level + (transients.gathered_backward if held else q[INDEX["backward_transient"]]))
+            level -= activation + (gathered if held else 0.0)
+            held = False
+    level -= q[INDEX["data"]]
+    return float(max(peak, level + q[INDEX["step_transient"]]))
+
+
+def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequence[int], floor: float) -> float:
+    """A ZeRO-2 backward whose layers are gathered, from the ZeRO-3 backward transients of the span's suffixes.
+
+    ``suffix_backward[j]`` is the ZeRO-3 transient of the span's layers ``j..`` (a backward runs them last to
+    first, so a suffix's backward is the span's until it reaches layer ``j``). Where adding layer ``j`` raises
+    it, the peak is at ``j`` (its all-gather: ``gathered[j]``) or at ``j + 1``, whose backward prefetches ``j``
+    (FSDP2's backward prefetch of the previous unit): either way ZeRO-3 then holds ``j``'s layers gathered and
+    the layers after, already resharded, none; their own all-gathers aside. ZeRO-2 holds every layer's gathered
+    parameters from the start of the backward (in its level) and frees each after its backward, so at that
+    point it is below ZeRO-3 by the gathered bytes of layers ``j..``: in both cases ``gathered[j:]``.
+
+    >>> gathered_backward_transient([50, 70, 40], [10, 20, 5], 0)  # layer 1 (raising 40 to 70): 70 - 25
+    45
+    """
+    best, highest = floor, -math.inf
+    for j in range(len(suffix_backward) - 1, -1, -1):
+        if suffix_backward[j] > highest:
+            best, highest = max(best, suffix_backward[j] - sum(gathered[j:])), suffix_backward[j]
+    return best
+
+
+def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], degree: int) -> float:
+    """The most a ZeRO-2 backward whose layers are gathered holds above its level, from the unsharded data
+    stage's backward transient: it runs the same backward on the same (gathered) parameters, frees each layer's
+    parameters once the layer is done, and instead of keeping a layer's whole gradient reduce-scatters it into a
+    ``1/degree`` shard, which the data stage does not hold. So at layer ``j`` it holds at most the data stage's
+    bytes plus ``gathered[j] / degree`` less the layers after ``j``, already freed.
+
+    >>> unsharded_backward_bound(100, [40, 0, 8], 2)  # the first layer: 40 / 2 - 8 = 12, more than the last's 8 / 2
+    112.0
+    """
+    return data_transient + max(size / degree - sum(gathered[j + 1:]) for j, size in enumerate(gathered))

@@ -1,0 +1,217 @@
+"""What ZeRO shards of a data-parallel stage, computed from the parameters' shapes (no run).
+
+This module holds the layout (each rank's share of the parameters, their chunks, their gathered bytes);
+predict/zero3_transients.py and predict/zero2_replay.py hold the rules that compose ZeRO-3's and ZeRO-2's
+transients from it, each with its Notes; predict/zero_stage.py applies them to a profile.
+
+[Note: predicting ZeRO from a profile] A ZeRO stage (``"zero": 1|2|3``, runtime/sharding.py) holds, per
+device, exactly what an unsharded data-parallel stage holds except for what ZeRO shards, and what it shards
+is a function of the parameters' shapes alone, which the profile records (models/base.py
+``parameter_shapes``, on the meta device). Measured on the simulated devices (gpt-tiny, layers 0-4 as 2
+replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
+
+- **ZeRO-1** (``ZeroRedundancyOptimizer``): every forward, backward and gradient byte is the data stage's;
+  only the optimizer state differs: a device keeps the AdamW moments (2 x its parameters' bytes) and step
+  counters (a 0-dim fp32 tensor each: torch/optim/adamw.py, not capturable) of its share of the parameters,
+  not of all (static 2,510,088 = 3P + 4n unsharded -> 1,673,340 and 1,673,356). The share is
+  ``ZeroRedundancyOptimizer._partition_parameters``'s (torch/distributed/optim/zero_redundancy_optimizer.py):
+  whole parameters, sorted by size (largest first, stable), each to the rank holding the fewest elements
+  so far (the first such). :func:`zero1_shares` recomputes it, so the ZeRO-1 stage is the data stage's
+  prediction with ``static`` moved by :meth:`ZeroLayout.static_delta`: no profiling run is added. Its step
+  transient follows the rank's share too: AdamW's single-tensor step (the CPU runtime's, ``foreach=False``)
+  holds two temporaries of one parameter's size at once (torch/optim/adam.py ``_single_tensor_adam``:
+  ``exp_avg_sq.sqrt() / bias_correction2_sqrt``), so the transient moves by twice the difference between the
+  largest parameter of the share and of the stage (:meth:`ZeroLayout.step_delta`; measured: the MLP's 8,192
+  bytes unsharded, 8,192 and 2,560 on its two ranks; gpt-tiny's ranks measure 196,608 against 132,096
+  unsharded, 64 KiB above this rule: the step sets a gpt-tiny stage's peak only when the gradients outweigh the
+  activations in flight).
+- **ZeRO-3** (FSDP2 ``fully_shard`` per layer): what FSDP allocates inside a forward and a backward (a layer's
+  all-gathered parameters, the unsharded gradients before their reduce-scatter, the next layer prefetched in a
+  backward) is a transient whose size depends on the layers' order and on the moment it overlaps the layer's
+  own temporaries, which the profile's span statistics cannot place (they keep the maximum over the span).
+  So ZeRO-3 is profiled: a ``data<d>-zero3`` scenario per data degree packs the same spans as ``data<d>``
+  (``hybridplan profile --zero``; at most twice the runs of a profile without it). Its devices differ only in
+  the optimizer state of their dim-0 chunks (FSDP2 ``_init_sharded_param``: ``torch.chunk`` rows, the last
+  ranks' chunks smaller or empty; the stored shards and the reduce-scattered gradients are padded to the
+  first rank's), which :meth:`ZeroLayout.static_delta` adds to the profiled first rank's statistics.
+  Its forward transient is not the scenario's, though: [Note: the sharded forward from the data stage].
+  Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward]; and its
+  backwards are at least [Note: the sharded backward's floor]. At the model's last layer both rules change:
+  [Note: the loss runs outside every FSDP unit] (these four in predict/zero3_transients.py).
+  In mixed precision ZeRO-3 is the scenario's own quantities (predicted to the byte on the MLP in bf16):
+  those three rules were measured in fp32, and FSDP2's ``MixedPrecisionPolicy`` gathers bf16/fp16 copies
+  (plus their casts) that :meth:`ZeroLayout.gathered_bytes`, counting the recorded fp32 elements, does not
+  (applied in bf16 anyway, they predict 21,200 bytes where the MLP's layers 0-2 on 2 ranks measure 20,208).
+- [Note: ZeRO-1 of a data x tensor stage] Each of the ``d`` replicas of a ``data+tensor`` stage is a ``t``-way
+  tensor stage at ``1/d`` of the batch ([Note: a data x tensor stage is a tensor stage at a smaller batch] in
+  predict/plan_prediction.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
+  *shards* to a ``ZeroRedundancyOptimizer`` over that rank's data group. So the stage is the tensor stage's
+  prediction at the replica's batch with ``static`` and the step transient moved exactly as for a data stage,
+  by the ZeRO-1 partition of the shards' sizes over ``d`` ranks. The shards' shapes are the split layers'
+  (every tensor rank's are equal: a split needs the degree to divide the dimension), which a profile records
+  per tensor degree it profiles (profiling/auxiliary_tables.py, built on fake tensors as the runtime splits them:
+  a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
+  ZeRO-2 and ZeRO-3 there: [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py.
+- **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario] in
+  predict/zero2_replay.py. Predicted in fp32 only: its rules rest on the gathered bytes, which in mixed precision
+  are FSDP2's low-precision copies, not measured here; the predictor refuses ZeRO-2 from a mixed-precision
+  profile, naming why, and the simulated devices count it exactly.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+__all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
+
+STEP_COUNTER_BYTES = 4
+"""AdamW's per-parameter ``step``: ``torch.tensor(0.0, dtype=_get_scalar_dtype())`` (float32 unless the default
+dtype is float64; torch/optim/adam.py ``_init_group``, not capturable/fused as the runtime builds it); counted as
+4 bytes per parameter tensor by the exact tracker (measured: static = 3P + 4n)."""
+
+_STEP_TEMPORARIES = 2
+"""AdamW's single-tensor step (the CPU runtime's, ``foreach=False``) holds two temporaries of one parameter's size at
+once (torch/optim/adam.py ``_single_tensor_adam``: ``exp_avg_sq.sqrt() / bias_correction2_sqrt``)."""
+
+_MOMENTS = 2
+"""AdamW keeps ``exp_avg`` and ``exp_avg_sq``, each the parameter's size and dtype (torch/optim/adam.py)."""
+
+
+def zero1_shares(numels: Sequence[int], world: int) -> list[list[int]]:
+    """Indices of the parameters each rank's ``ZeroRedundancyOptimizer`` steps (its partition, recomputed).
+
+    Sorted by size, largest first (a stable sort: ties keep the parameters' order), each parameter goes to the
+    rank with the fewest elements so far, the lowest rank on ties
+    (``ZeroRedundancyOptimizer._partition_parameters`` and ``_get_min_index``).
+
+    >>> zero1_shares([4, 10, 4, 3], 2)
+    [[1], [0, 2, 3]]
+    """
+    shares: list[list[int]] = [[] for _ in range(world)]
+    sizes = [0] * world
+    for i in sorted(range(len(numels)), key=lambda i: -numels[i]):
+        rank = sizes.index(min(sizes))
+        shares[rank].append(i)
+        sizes[rank] += numels[i]
+    return [sorted(s) for s in shares]
+
+
+def fsdp_rows(dim0: int, world: int, rank: int) -> int:
+    """Rows of a parameter's dim 0 that FSDP2 gives ``rank`` of ``world``: ``torch.chunk``'s chunks of
+    ``ceil(dim0 / world)`` rows, the last ones smaller or empty (``_chunk_with_empty``)."""
+    chunk = math.ceil(dim0 / world)
+    return max(0, min(chunk, dim0 - rank * chunk))
+
+
+class ZeroLayout:
+    """The trained parameters of every layer, as a profile records them: ``[bytes per element, *shape]``.
+
+    Args:
+        shapes: per layer, per parameter (``parameters()`` order), ``[element bytes, *shape]``.
+        tensor_shards: per tensor degree (a JSON key: its decimal string), the same for the parameter shards a
+            tensor rank holds (profiling/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
+            split at that degree); empty for a profile that did not record them.
+        precision: the profiled runs' precision. In mixed precision ZeRO-1 shards the fp32 master copies with
+            the moments (runtime/sharding.py) and its step holds an fp32 copy of one gradient besides AdamW's two
+            temporaries; ZeRO-2/3 keep fp32 shards as the masters in either precision (``shard_stage``).
+    """
+
+    def __init__(self, shapes: Sequence[Sequence[Sequence[int]]],
+                 tensor_shards: Mapping[str, Sequence[Sequence[Sequence[int]] | None]] | None = None, *,
+                 precision: str = "fp32") -> None:
+        self.shapes = [[(int(p[0]), tuple(int(x) for x in p[1:])) for p in layer] for layer in shapes]
+        self.tensor_shards = dict(tensor_shards or {})
+        self.precision = precision
+
+    def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
+        """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
+        or None where the profile did not record that degree. A layer that does not split holds nothing here
+        (no tensor stage can hold it)."""
+        shards = self.tensor_shards.get(str(tensor_degree))
+        return None if shards is None else ZeroLayout([layer or [] for layer in shards], precision=self.precision)
+
+    def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
+        return [p for layer in self.shapes[start:stop] for p in layer]
+
+    def _state(self, element: int, numel: int, zero: int) -> int:
+        """AdamW state of one parameter (or share of one): its moments and step count, and in mixed precision
+        under ZeRO-0/1 its fp32 master copy (runtime/precision.py; the recorded element size is the fp32
+        model's). Under ZeRO-2/3 the masters are the FSDP shards, parameters equal on every rank."""
+        master = 1 if self.precision != "fp32" and zero <= 1 else 0
+        return (_MOMENTS + master) * element * numel + STEP_COUNTER_BYTES
+
+    def optimizer_bytes(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """AdamW state bytes that ``rank`` of a ``degree``-way stage ``[start, stop)`` holds at ZeRO ``zero``."""
+        params = self._params(start, stop)
+        numels = [math.prod(shape) for _, shape in params]
+        if zero == 0:
+            return sum(self._state(e, n, zero) for (e, _), n in zip(params, numels))
+        if zero == 1:
+            share = zero1_shares(numels, degree)[rank]
+            return sum(self._state(params[i][0], numels[i], zero) for i in share)
+        out = 0
+        for element, shape in params:
+            dims = shape or (1,)
+            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]), zero)
+        return out
+
+    def static_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """Static bytes of ``rank`` minus those of the profiled device it is predicted from: for ZeRO-1 the
+        unsharded data stage (every rank's optimizer state), for ZeRO-2/3 the first rank of the same sharding."""
+        base = self.optimizer_bytes(start, stop, 0 if zero == 1 else zero, degree, 0)
+        return self.optimizer_bytes(start, stop, zero, degree, rank) - base
+
+    def shift(self, start: int, stop: int, zero: int, degree: int, rank: int) -> tuple[int, int]:
+        """How ``rank``'s ``static`` and step transient differ from the profiled device's: (:meth:`static_delta`,
+        :meth:`step_delta`)."""
+        return self.static_delta(start, stop, zero, degree, rank), self.step_delta(start, stop, zero, degree, rank)
+
+    def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
+        """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over
+        ``degree`` ranks: each parameter as ``degree`` padded chunks of ``ceil(dim0 / degree)`` rows (FSDP2
+        ``FSDPParam.init_all_gather_outputs`` allocates ``world_size`` x the padded shard; the unsharded parameter
+        is a view of it). 0 for a layer without parameters (not an FSDP unit: runtime/sharding.py)."""
+        out = []
+        for layer in self.shapes[start:stop]:
+            total = 0
+            for element, shape in layer:
+                dims = shape or (1,)
+                total += element * degree * fsdp_rows(dims[0], degree, 0) * math.prod(dims[1:])
+            out.append(total)
+        return out
+
+    def layer_bytes(self, start: int, stop: int) -> list[int]:
+        """Per layer of ``[start, stop)``: its parameters' bytes (its whole gradients' too)."""
+        return [sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]]
+
+    def stored_bytes(self, start: int, stop: int, degree: int) -> int:
+        """Parameter bytes each rank of a ``degree``-way FSDP2 stage ``[start, stop)`` stores (every rank's shard is
+        padded to the first rank's chunk; its reduce-scattered gradients too): :meth:`gathered_bytes` over ``degree``."""
+        return sum(self.gathered_bytes(start, stop, degree)) // degree
+
+    def unsharded_shift(self, start: int, stop: int, degree: int, rank: int) -> tuple[int, int, int]:
+        """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the same stage unsharded, in ``static``,
+        ``gradient`` and the step transient ([Note: ZeRO-3 composed from an unsharded stage]): it stores padded
+        chunks of the parameters and of their reduce-scattered gradients, the AdamW state of its own chunks, and
+        steps its largest chunk, where the unsharded stage holds and steps whole parameters."""
+        params = self._params(start, stop)
+        whole = sum(e * math.prod(shape) for e, shape in params)
+        stored = self.stored_bytes(start, stop, degree)
+        static = stored - whole + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
+            start, stop, 0, 1, 0)
+        chunks = [e * fsdp_rows((shape or (1,))[0], degree, rank) * math.prod(shape[1:]) for e, shape in params]
+        largest = max((e * math.prod(shape) for e, shape in params), default=0)
+        return static, stored - whole, _STEP_TEMPORARIES * (max(chunks, default=0) - largest)
+
+    def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
+        """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
+        parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
+        if zero != 1:
+            return 0
+        params = self._params(start, stop)
+        sizes = [e * math.prod(shape) for e, shape in params]
+        share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
+        # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
+        temporaries = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
+        return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))

@@ -1,0 +1,28 @@
+"""[Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py): the gathered backward's transient
+and the replay of a ZeRO-2 stage's actions, by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, zero2_peak
+
+
+def test_gathered_backward_transient_by_hand():
+    # suffixes' backward transients (layers 0.., 1.., 2..) 50, 70, 40: layer 2 sets 40 - 5, layer 1 70 - (20 + 5)
+    assert gathered_backward_transient([50, 70, 40], [10, 20, 5], 0) == 45
+    # 50, 30, 40: layer 1 raises nothing; layer 0 raises it to 50, which is 50 - 35 = 15 under ZeRO-2; layer 2's 35
+    assert gathered_backward_transient([50, 30, 40], [10, 20, 5], 0) == 35
+
+
+def test_zero2_replay_by_hand():
+    """static 100, activation 10, gradient 6, gathered 50; transients F 7 (gathering) / 3 (gathered), first B 4,
+    gathered B 2, B 8 (resharded), step 1."""
+    q = np.array([100, 0, 10, 6, 3, 20, 8, 1])
+    t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=4, gathered_backward=2)
+    # GPipe F0 F1 B0 B1: F0 gathers (107, level 160), F1 (163, 170), B0 frees them (174, 170 + 6 - 10 - 50 = 116),
+    # B1 finds them resharded (124, 106), step 107
+    assert zero2_peak(q, t, 50, "gpipe", 0, 2) == 174
+    # 1F1B, one stage after: F0 F1 B0 F2 B1 B2 (3 micro-batches): F0 107 -> 160, F1 163 -> 170, B0 174 -> 116,
+    # F2 gathers again 123 -> 176, B1 gathered 178 -> 116, B2 resharded 114 -> 96
+    assert zero2_peak(q, t, 50, "1f1b", 1, 3) == 178

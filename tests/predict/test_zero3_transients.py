@@ -1,0 +1,78 @@
+"""The ZeRO-3 rules of predict/zero3_transients.py, by hand and on values measured op by op: the forward from the data
+stage, the backward's floors, the prefetched layer and the last layer's phases."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from hybridplan.predict.zero3_transients import (first_backward_prefetch_floor, loss_phases, prefetched_bytes,
+                                                 sharded_backward_floor, sharded_forward_transient)
+
+
+def test_sharded_forward_transient_by_hand():
+    # the data stage's prefixes: forward transients 10, 30, 25, activations 5, 12, 20; gathered 4, 8, 2 bytes.
+    # Layer 0: 10 + 2 * 4; layer 1 raises the transient: 30 + 2 * 8; layer 2 does not: at least the activations
+    # before it, 12 + 2 * 2. ZeRO-3: the largest, 46. ZeRO-2 keeps the earlier layers: 18, 46 + 4, 16 + 12 -> 50
+    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=False) == 46
+    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 2], keep=True) == 50
+    # layer 2 would set it with a large all-gather: 12 + 2 * 40 (+ 12 kept)
+    assert sharded_forward_transient([10, 30, 25], [5, 12, 20], [4, 8, 40], keep=True) == 104
+
+
+def test_prefetched_layer_by_hand():
+    # suffixes' backward transients 50, 70, 40: layer 1 sets it; the layer before it with parameters is prefetched
+    assert prefetched_bytes([50, 70, 40], [10, 20, 5]) == 10
+    assert prefetched_bytes([50, 70, 40], [10, 0, 5]) == 10  # layer 1 has no parameters: layer 0 still
+    assert prefetched_bytes([50, 70, 40], [0, 20, 5]) == 0  # nothing before it to prefetch
+    assert prefetched_bytes([50, 30, 40], [10, 20, 5]) == 0  # layer 0 raises it to 50: nothing before layer 0
+    assert prefetched_bytes([60, 60, 60], [10, 20, 5]) == 20  # the last layer sets it, the others add nothing
+
+
+def test_first_backward_prefetch_floor_of_wresnet_tiny_as_measured():
+    """[Note: a first backward after several forwards]: wresnet-tiny's layers 4-5 as data 2 x tensor 2, ZeRO-3,
+    global batch 64 in 4 micro-batches (simulated devices): the first backward measured 903,296 bytes above its
+    level under GPipe and 1F1B alike, while layer 4 ran with layer 5 gathered again (traced op by op). From the
+    tensor x2 stage's first-backward suffixes at the replica's batch (380,544 from layer 4, 322,176 from layer 5),
+    the shards' gathered bytes (75,392 and 298,240) and their halves: 380,544 - 298,240 + 149,120 + 75,392 +
+    2 x 298,240 = 903,296."""
+    assert first_backward_prefetch_floor([380544, 322176], [75392, 298240], [75392, 298240], [37696, 149120]) == 903296
+    # one layer with parameters: nothing to prefetch again
+    assert first_backward_prefetch_floor([380544, 322176], [0, 298240], [0, 298240], [0, 149120]) == -math.inf
+
+
+def test_sharded_backward_floor_by_hand():
+    # the data stage's suffixes 50, 70, 40; gathered 10, 20, 5: layer 2 sets 40 (+ its 5 + layer 1's 20 prefetched),
+    # layer 1 raises it to 70 (+ 20 + layer 0's 10), layer 0 raises nothing
+    assert sharded_backward_floor([50, 70, 40], [10, 20, 5]) == 100
+    assert sharded_backward_floor([90, 70, 40], [10, 20, 5]) == 100  # layer 0: 90 + 10, nothing before it
+
+
+def test_sharded_backward_floor_at_the_loss_by_hand():
+    """[Note: the loss runs outside every FSDP unit]: the data stage's suffixes 35, 40 (layer 1 the model's last),
+    gathered 10, 5; its head's phase 15 and its loss's 40. Layer 1: the loss holds nothing gathered (40), the head
+    its 5 and the prefetched layer 0's 10 (30): 40, where the old floor added both to the loss's 40 (55). Layer 0's
+    35 is above the head's 15, so its phase counts: 35 + 10 = 45. Without the head's phase known, layer 0 must
+    rise above the last layer's 40 as before: it does not."""
+    assert sharded_backward_floor([35, 40], [10, 5]) == 55
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(15, 40)) == 45
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(-np.inf, 40)) == 40
+    # the head's phase above the loss's: 40 + 5 + 10 = 55; layer 0's 35 is below the head's 40
+    assert sharded_backward_floor([35, 40], [10, 5], loss=(40, 20)) == 55
+
+
+def test_loss_phases_of_gpt_tiny_head_as_traced():
+    """[Note: the loss runs outside every FSDP unit]: gpt-tiny's last layer (final norm + head, 33,280 gathered bytes
+    over 2 ranks) measured alone in the data2 and data2-zero3 scenarios at micro-batches of 4 and 8 (2 and 4 rows
+    per replica; benchmarks/extended_accuracy's profile), and the phases at 16 (8 rows per replica) read off the
+    simulated runtime's op-by-op trace of that stage: forward, the head's matmul holds the received input 32,768,
+    the norm's output 33,792 and the logits 65,536 (= 132,096), the loss holds the logits and their log-softmax
+    with a few scalars (197,644); backward, the head's two matmul outputs (2 x 32,768) and the loss's two
+    logits-sized gradients (2 x 65,536)."""
+    forward = loss_phases([4, 8], [49_420, 98_828], [99_584, 132_608], 2 * 33_280, 16)
+    assert forward == (32_768 + 33_792 + 65_536, 197_644)
+    backward = loss_phases([4, 8], [40_960, 65_536], [74_240, 82_432], 33_280, 16)
+    assert backward == (2 * 32_768, 2 * 65_536)
+    # the loss never set the data stage's value (ZeRO-3 a whole 2G above it at both sizes): no loss phase
+    assert loss_phases([4, 8], [10, 20], [30, 40], 20, 16) == (40.0, -np.inf)
