@@ -449,3 +449,17 @@ def test_sync_count_is_what_the_runtime_all_reduces(monkeypatch: pytest.MonkeyPa
     profile = dataclasses.replace(_profile(), layers=layer_infos(resolve_model(mlp)), timings=(TimingTable(
         device_type="A", tensor_degree=1, micro_batch_size=1, forward_s=(1.0,) * 5, backward_s=(1.0,) * 5),))
     assert per_iteration == 6 == sync_messages(profile, stage) / (2 * (2 - 1))
+
+
+def test_one_microbatch_pipeline_term_is_the_round_trip_even_with_an_infinite_bottleneck() -> None:
+    """With one micro-batch there is no steady state (eq. 5's (m - 1) U term is 0): an infinite bottleneck (a stage
+    option that does not fit, in the option tables of search/time/stage_options.py) gave 0 x inf = nan, which
+    compares false with everything; the term is the round trip."""
+    import numpy as np
+
+    from hybridplan.predict.time_model import pipeline_seconds_from
+
+    out = pipeline_seconds_from(np.array([2.0, np.inf]), np.array([5.0, 7.0]), 1)
+    assert out.tolist() == [5.0, 7.0]
+    assert pipeline_seconds_from(np.inf, 3.0, 2).tolist() == np.inf  # more micro-batches: the bottleneck counts
+    assert float(pipeline_seconds_from(2.0, 5.0, 3)) == 2 * 2.0 + 5.0

@@ -150,7 +150,10 @@ def pipeline_seconds_from(
     if not flush:
         out: np.ndarray = num_microbatches * steady
         return out
-    out = (num_microbatches - 1) * steady + total
+    # one micro-batch has no steady state: the term is its round trip (and 0 x an infinite bottleneck, a stage
+    # option that does not fit, stays out of it instead of making it nan)
+    fill = (num_microbatches - 1) * steady if num_microbatches > 1 else np.zeros_like(steady)
+    out = fill + total
     return out
 
 
