@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,9 @@ from typing import Any
 from hybridplan.errors import HybridPlanError
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.workflows.runs import devices_json, measure_plan
+from hybridplan.workflows.runs import ResultStore, devices_json, measure_plan
 
-from benchmarks.extension_gain.settings import Setting
+from benchmarks.extension_gain.settings import HERE, Setting
 
 def cli(argv: list[str]) -> tuple[int, str]:
     """Run ``hybridplan`` in this process; (exit code, its stderr)."""
@@ -43,9 +44,25 @@ def predictor_for(s: Setting, plan: Plan, recompute_db: Path | None = None) -> M
                                    recompute_db=(recompute_db or s.recompute_db) if uses_recompute else None)
 
 
+SIMULATED = HERE / "work" / "simulated.json"
+"""Every simulated run, kept as it finishes (git-ignored): a search that simulates several plans (the uniform
+baseline's extrapolated degrees, minutes each at paper size) resumes after a crash without running them again."""
+
+
 def simulate(s: Setting, plan: Plan, cluster: Cluster, recompute_db: Path | None = None) -> dict[str, Any]:
     """The plan run on simulated devices of ``cluster``: per device, predicted (where the profile predicts it)
-    and measured peaks."""
+    and measured peaks. Kept in :data:`SIMULATED` under the profile, plan, cluster and recompute profile."""
+    if not any(st.recompute != "none" for st in plan.stages):
+        recompute_db = None  # not read (predictor_for)
+    key = json.dumps({"db": str(s.db), "model": s.case.model, "plan": plan.to_dict(), "cluster": cluster.to_dict(),
+                      "recompute_db": None if recompute_db is None else str(recompute_db)}, sort_keys=True)
+    if key not in (store := ResultStore(SIMULATED)):
+        result = _simulate(s, plan, cluster, recompute_db)
+        (store := ResultStore(SIMULATED)).put(key, result)  # read again: another run may have added its own since
+    return dict(store[key])
+
+
+def _simulate(s: Setting, plan: Plan, cluster: Cluster, recompute_db: Path | None) -> dict[str, Any]:
     started = time.perf_counter()
     # the model named by our own setting (a width probe's is code of widths.py, which a profile alone never imports)
     m = measure_plan(s.db, plan, cluster=cluster, backend="sim", model=s.case.model)

@@ -27,6 +27,7 @@ finished result is written to results.json)::
 
     .venv/bin/python -m benchmarks.extension_gain.run                     # every model whose profile is done
     .venv/bin/python -m benchmarks.extension_gain.run --models moe-1.3b --profile
+    .venv/bin/python -m benchmarks.extension_gain.run --models gpt3-6.7b --columns fastest   # one column
     .venv/bin/python -m benchmarks.extension_gain.run --table             # the README's tables only
 """
 
@@ -44,6 +45,10 @@ from benchmarks.extension_gain.peak import lowest_peak, megatron_lowest
 from benchmarks.extension_gain.settings import DEFAULT_MODELS, HERE, SETTINGS, profile_commands, usable
 from benchmarks.extension_gain.tables import print_tables
 
+COLUMNS = ("peak", "fewest", "fastest")
+"""The columns ``--columns`` picks: the lowest peak (with the uniform baselines: the fastest column times their
+rows), the fewest devices, the fastest plan that fits."""
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -55,6 +60,8 @@ def main() -> None:
                     " (e.g. 'pipeline' while the others are still being profiled)")
     ap.add_argument("--profile", action="store_true", help="make (resume) the profiles first, and those of the"
                     " largest-model probes; without it, a model whose profile is unfinished is skipped")
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {list(COLUMNS)} (the"
+                    " largest model also needs --largest); a column reads only its own results and the lowest peak's")
     ap.add_argument("--largest", action="store_true", help="also the largest trainable model: a binary search over"
                     " the width, a profile per probed width (largest.py)")
     args = ap.parse_args()
@@ -66,6 +73,9 @@ def main() -> None:
         for name in args.models.split(","):
             if name not in SETTINGS:
                 ap.error(f"unknown model {name!r}; choose from {', '.join(SETTINGS)}")
+        for column in args.columns.split(","):
+            if column not in COLUMNS:
+                ap.error(f"unknown column {column!r}; choose from {', '.join(COLUMNS)}")
         for name in args.models.split(","):
             s = SETTINGS[name]
             if args.recompute_profiles is not None:
@@ -79,10 +89,14 @@ def main() -> None:
                 say(note)
             if ready is None:
                 continue
-            lowest_peak(ready, store, say, not args.no_validate)
-            megatron_lowest(ready, store, say, not args.no_validate)
-            fewest(ready, store, say, not args.no_validate)
-            fastest(ready, store, say, not args.no_validate)
+            columns = args.columns.split(",")
+            if "peak" in columns:
+                lowest_peak(ready, store, say, not args.no_validate)
+                megatron_lowest(ready, store, say, not args.no_validate)
+            if "fewest" in columns:
+                fewest(ready, store, say, not args.no_validate)
+            if "fastest" in columns:
+                fastest(ready, store, say, not args.no_validate)
             if args.largest:
                 largest(ready, store, say, profile=args.profile)
     print_tables(store)
