@@ -83,6 +83,24 @@ def mlp_files_and_summary(tmp_path_factory: pytest.TempPathFactory) -> tuple[Pat
 
 
 @pytest.fixture(scope="session")
+def mlp_recompute_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``mlp_files``' campaign again with activation checkpointing (the MLP on 1x4, pipeline and tensor x2, simulated
+    devices): tests/cli/test_plan.py and tests/predict/test_recompute_per_stage.py share it."""
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+    from tests.cli.conftest import MLP
+
+    path = tmp_path_factory.mktemp("mlp_recompute") / "r.sqlite"
+    with ProfileStore(path) as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)),
+                                run_options={"backend": "sim", "activation_checkpointing": True}), store).run()
+    return path
+
+
+@pytest.fixture(scope="session")
 def sharded_mlp_files(mlp_files: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The MLP profiled on 1x2 with the data x2 and ZeRO-3 scenarios (``p.sqlite``) and again with activation
     checkpointing (``r.sqlite``), on simulated devices; ``mlp_files``' time profile beside them."""
