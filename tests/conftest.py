@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,8 +36,17 @@ def gloo_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[in
 
 
 @pytest.fixture(scope="session")
-def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``p.sqlite``: a memory profile of the MLP user model (tests/cli/user_models.py) on 1x4 (pipeline and
+def mlp_files(mlp_files_and_summary: tuple[Path, Any]) -> Path:
+    """``mlp_files_and_summary``'s folder (below)."""
+    return mlp_files_and_summary[0]
+
+
+@pytest.fixture(scope="session")
+def mlp_files_and_summary(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """The folder below and the summary of its profiling campaign (tests/profiling/test_campaign.py checks it
+    rather than running the same campaign again).
+
+    ``p.sqlite``: a memory profile of the MLP user model (tests/cli/user_models.py) on 1x4 (pipeline and
     tensor x2; simulated devices, a few seconds); ``t.json``: a time profile whose layer 2 is slow and whose
     tensor x2 halves the Linear layers' times; ``plan.json``: tests.cli.conftest.MIXED."""
     import json
@@ -52,7 +62,7 @@ def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     d = tmp_path_factory.mktemp("mlp")
     with ProfileStore(d / "p.sqlite") as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+        summary = Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
                                 scenarios=(Scenario("none", 1), Scenario("tensor", 2)), run_options={"backend": "sim"}),
                  store).run()
     fwd = (1e-3, 1e-4, 4e-3, 1e-4, 1e-3)
@@ -69,7 +79,25 @@ def mlp_files(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     profile.save(d / "t.json")
     (d / "plan.json").write_text(json.dumps(MIXED))
-    return d
+    return d, summary
+
+
+@pytest.fixture(scope="session")
+def mlp_recompute_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``mlp_files``' campaign again with activation checkpointing (the MLP on 1x4, pipeline and tensor x2, simulated
+    devices): tests/cli/test_plan.py and tests/predict/test_recompute_per_stage.py share it."""
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.store import ProfileStore
+    from tests.cli.conftest import MLP
+
+    path = tmp_path_factory.mktemp("mlp_recompute") / "r.sqlite"
+    with ProfileStore(path) as store:
+        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
+                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)),
+                                run_options={"backend": "sim", "activation_checkpointing": True}), store).run()
+    return path
 
 
 @pytest.fixture(scope="session")

@@ -122,20 +122,10 @@ def test_the_space_option_is_checked(base, mlp_files, capsys, args, message):
 
 
 @pytest.fixture(scope="module")
-def recompute_db(mlp_files, tmp_path_factory):
-    """The MLP profiled as ``p.sqlite`` was (tests/conftest.py), with activation checkpointing."""
-    from hybridplan.plan.cluster import Cluster
-    from hybridplan.profiling.campaign import Campaign, CampaignConfig
-    from hybridplan.profiling.partitions import Scenario
-    from hybridplan.profiling.store import ProfileStore
-    from tests.cli.conftest import MLP
-
-    path = tmp_path_factory.mktemp("recompute") / "r.sqlite"
-    with ProfileStore(path) as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
-                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)),
-                                run_options={"backend": "sim", "activation_checkpointing": True}), store).run()
-    return path
+def recompute_db(mlp_recompute_db):
+    """The MLP profiled as ``p.sqlite`` was (tests/conftest.py), with activation checkpointing: the session's
+    ``mlp_recompute_db``."""
+    return mlp_recompute_db
 
 
 def test_recompute_db_lets_each_stage_recompute_and_predict_agrees(base, mlp_files, recompute_db, capsys, tmp_path):

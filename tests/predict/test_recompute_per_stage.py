@@ -4,7 +4,6 @@ runtime measures (byte-identical to the real CPU runtime, tests/runtime/test_sim
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,30 +12,17 @@ from hybridplan.cli import main
 from hybridplan.errors import ProfileError
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
-from hybridplan.profiling.campaign import Campaign, CampaignConfig
-from hybridplan.profiling.partitions import Scenario
-from hybridplan.profiling.store import ProfileStore
 from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
 
-def _profile(path: Path, recompute: bool) -> Path:
-    """The MLP user model (5 layers), pipeline and tensor x2 (simulated devices, a few seconds)."""
-    options = {"backend": "sim", **({"activation_checkpointing": True} if recompute else {})}
-    with ProfileStore(path) as store:
-        Campaign(CampaignConfig(model=MLP, cluster=Cluster.parse("1x4"), global_batch_size=32, num_microbatches=2,
-                                scenarios=(Scenario("none", 1), Scenario("tensor", 2)), run_options=options), store).run()
-    return path
-
-
 @pytest.fixture(scope="module")
-def profiles(mlp_files: Path, tmp_path_factory) -> tuple[Path, Path]:
-    """The plain profile is ``_profile(path, False)``: the session's ``mlp_files`` ran that very campaign (same
-    model, cluster, batch, micro-batches, scenarios and options, tests/conftest.py), so a copy of it is taken
-    rather than profiling again."""
-    d = tmp_path_factory.mktemp("recompute")
-    shutil.copy(mlp_files / "p.sqlite", d / "plain.sqlite")
-    return d / "plain.sqlite", _profile(d / "recompute.sqlite", True)
+def profiles(mlp_files: Path, mlp_recompute_db: Path) -> tuple[Path, Path]:
+    """The MLP user model (5 layers) profiled on 1x4 simulated devices, pipeline and tensor x2, without and with
+    activation checkpointing: the session's ``mlp_files`` and ``mlp_recompute_db`` (tests/conftest.py; the same
+    model, cluster, batch, micro-batches, scenarios and options but for the recompute flag), shared rather than
+    profiled again."""
+    return mlp_files / "p.sqlite", mlp_recompute_db
 
 
 def _plan(schedule: str, first: dict, second: dict) -> Plan:

@@ -32,9 +32,12 @@ def campaign(db, progress=None, **kw):
     return store, Campaign(config(**kw), store, progress=progress)
 
 
-def test_statistics_cover_every_layer_and_are_stored(tmp_path):
-    store, c = campaign(tmp_path / "p.sqlite")
-    summary = c.run()
+def test_statistics_cover_every_layer_and_are_stored(tmp_path, mlp_files_and_summary):
+    """The campaign of ``config()``: the session's ``mlp_files`` ran exactly it (tests/conftest.py, identity
+    asserted below); its store copied and its summary checked rather than the campaign run again."""
+    files, summary = mlp_files_and_summary
+    shutil.copy(files / "p.sqlite", tmp_path / "p.sqlite")
+    store, _ = campaign(tmp_path / "p.sqlite")  # refuses a database of another campaign: the same configuration
     assert summary.runs_executed == summary.runs_total > 0 and not summary.unmeasured
     stats = load_statistics(store)
     assert set(stats) == {("none", 1), ("tensor", 2)}
@@ -150,10 +153,18 @@ def test_layer_merger(tmp_path):
     assert view.num_layers == 3 and view.stage_memory(0, 1, "tensor", 2, 1) == p.stage_memory(0, aligned, "tensor", 2, 1)
 
 
-def test_database_of_another_campaign_is_refused(tmp_path):
-    store, c = campaign(tmp_path / "p.sqlite", scenarios=(Scenario("none", 1),))
+@pytest.fixture(scope="module")
+def pipeline_only_db(tmp_path_factory):
+    """``config()`` with the pipeline scenario only, run once for the module; tests copy it (neither changes it)."""
+    db = tmp_path_factory.mktemp("pipeline_only") / "p.sqlite"
+    store, c = campaign(db, scenarios=(Scenario("none", 1),))
     c.run()
     store.close()
+    return db
+
+
+def test_database_of_another_campaign_is_refused(tmp_path, pipeline_only_db):
+    shutil.copy(pipeline_only_db, tmp_path / "p.sqlite")
     with pytest.raises(ProfileError, match="holds another campaign"):
         campaign(tmp_path / "p.sqlite", global_batch_size=64)
 
@@ -168,10 +179,8 @@ def test_bad_campaigns(tmp_path, kw, message):
         campaign(tmp_path / "p.sqlite", **kw)
 
 
-def test_profiled_plan_with_missing_scenario_is_refused(tmp_path):
-    store, c = campaign(tmp_path / "p.sqlite", scenarios=(Scenario("none", 1),))
-    c.run()
-    store.close()
+def test_profiled_plan_with_missing_scenario_is_refused(tmp_path, pipeline_only_db):
+    shutil.copy(pipeline_only_db, tmp_path / "p.sqlite")
     plan = Plan("1f1b", 32, 2, (StagePlan(0, 2, "data", 2, (0, 1)), StagePlan(2, 5, "none", 1, (2,))))
     with pytest.raises(ProfileError, match="no data2 statistics"):
         MemoryPredictor.from_db(tmp_path / "p.sqlite").predict(plan)

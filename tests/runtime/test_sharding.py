@@ -31,10 +31,17 @@ def zero_plan(zero: int) -> Plan:
     return plan_of("1f1b", 16, 4, [(0, 5, "data", [0, 1], {"zero": zero} if zero else {}), (5, 10, "none", [2], {})])
 
 
+@functools.cache
+def _trained(plan: Plan, cluster: str) -> Any:
+    """The real run of ``plan`` on gpt-tiny (3 iterations), asserted to train as one device does, once per module:
+    a plan checked here and measured by a test below (``runs``, the ZeRO-1 data x tensor statics) is run once."""
+    return assert_same_training("gpt-tiny", plan, cluster)
+
+
 @pytest.mark.parametrize("zero, schedule", [(1, "1f1b"), (2, "gpipe"), (3, "1f1b")])
 def test_gpt_zero_stage_then_pipeline_trains_the_same(zero, schedule):
     plan = plan_of(schedule, 16, 4, [(0, 5, "data", [0, 1], {"zero": zero}), (5, 10, "none", [2], {})])
-    assert_same_training("gpt-tiny", plan, "1x3")
+    _trained(plan, "1x3")
 
 
 def test_conv_zero3_replicas_across_nodes_then_data_gpipe():
@@ -58,7 +65,7 @@ def test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same():
     """Megatron-style: 2 replicas of a tensor x2 group whose optimizer state is sharded per tensor rank."""
     plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 1}),
                                    (5, 10, "none", [4], {})])
-    assert_same_training("gpt-tiny", plan, "1x5")
+    _trained(plan, "1x5")
 
 
 @functools.cache
@@ -108,11 +115,18 @@ def test_zero2_data_x_tensor_stage_gpipe_trains_the_same_and_keeps_half_of_each_
 def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard():
     """The 4 ranks of 2 x tensor x2 hold the same parameter shards as a tensor x2 stage; ZeRO-1 splits their
     AdamW moments between the 2 replicas of each tensor rank: per tensor rank, the two replicas' static bytes
-    add up to two parameter shards and one unsharded set of moments and step counts."""
+    add up to two parameter shards and one unsharded set of moments and step counts.
+
+    The real ZeRO-1 run is the one test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same checks (the same
+    plan; static bytes, held before the first iteration, do not depend on how many iterations ran)."""
     def statics(zero: int, backend: str = "sim") -> list[int]:
         more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
         plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], more), (5, 10, "none", [4], {})])
-        result = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x5"), iterations=2, backend=backend))
+        if backend == "real":
+            result = _trained(plan, "1x5")
+        else:
+            result = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x5"), iterations=2,
+                                      backend=backend))
         assert result.ok, result.reason
         return [d.static_memory_bytes for d in result.devices[:4]]
 
@@ -183,12 +197,9 @@ def _stage0_sizes() -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def runs() -> dict[int, Any]:
-    out = {}
-    for zero in (0, 1, 2, 3):
-        result = launch(RunConfig(model="gpt-tiny", plan=zero_plan(zero), cluster=Cluster.parse("1x3"), iterations=2))
-        assert result.ok, result.reason
-        out[zero] = result
-    return out
+    """``zero_plan(zero)`` run for real at every level (3 iterations), each also checked to train as one device: the
+    runs of ZeRO-1 and ZeRO-3 are those test_gpt_zero_stage_then_pipeline_trains_the_same checked (the same plans)."""
+    return {zero: _trained(zero_plan(zero), "1x3") for zero in (0, 1, 2, 3)}
 
 
 def test_each_level_shards_what_zero_says(runs):
@@ -211,7 +222,7 @@ def test_sharding_lowers_the_peak(runs):
 
 @pytest.mark.parametrize("zero", [1, 2, 3])
 def test_simulated_devices_count_sharded_stages_as_the_runtime(runs, zero):
-    sim = launch(RunConfig(model="gpt-tiny", plan=zero_plan(zero), cluster=Cluster.parse("1x3"), iterations=2, backend="sim"))
+    sim = _simulated(zero_plan(zero), "1x3")  # as many iterations as ``runs``' (3); ZeRO-3's serves the bf16 test too
     assert sim.ok, sim.reason
     for real, fake in zip(runs[zero].devices, sim.devices, strict=True):
         assert (fake.static_memory_bytes, fake.iteration_peaks, fake.peak_breakdown) == \
