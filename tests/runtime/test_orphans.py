@@ -33,6 +33,11 @@ def _grandchildren(root: int) -> list[Process]:
     return [p for p in _descendants(root) if (st := proc_stat(p[0])) is not None and st[1] in children]
 
 
+def _interruptible() -> None:
+    """In the child before exec: SIGINT back to its default, so that Python turns it into KeyboardInterrupt."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _kill_launcher(cmd: list[str], sig: signal.Signals, ranks: int, tmp_path: Path, *, settle_s: float) -> float:
     """Start ``cmd``, wait for ``ranks`` ranks, send ``sig`` to the launcher; return the seconds until
     every process it had started is gone (fails the test if some outlive ``_GONE_WITHIN_S``)."""
@@ -40,7 +45,10 @@ def _kill_launcher(cmd: list[str], sig: signal.Signals, ranks: int, tmp_path: Pa
     log = tmp_path / "launcher.log"
     seen: set[Process] = set()
     with log.open("w") as out:
-        launcher = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env)
+        # as from a terminal: a command started in the background of a non-interactive shell (a CI script's
+        # `&`, nohup) inherits SIGINT ignored, and then neither Python nor the launcher ever sees the signal
+        launcher = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, env=env,
+                                    preexec_fn=_interruptible)
     try:
         deadline = time.monotonic() + _START_WITHIN_S
         while len(_grandchildren(launcher.pid)) < ranks:  # ranks are children of the forkserver
