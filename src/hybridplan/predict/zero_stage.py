@@ -132,15 +132,8 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     if predictor.schedule != "gpipe":  # ZeRO-2's backward that finds the layers resharded follows a backward
         q[INDEX["backward_transient"]] -= prefetched_bytes(table[start:stop, stop, INDEX["backward_transient"]].tolist(),
                                                            gathered)
-    out = []
-    for r in range(data):
-        static, gradient, step = layout.unsharded_shift(start, stop, data, r)
-        v = q.copy()
-        v[INDEX["static"]] += static
-        v[INDEX["gradient"]] += gradient
-        v[INDEX["step_transient"]] += step
-        out.append(zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches))
-    return out
+    return [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
+            for v in _per_rank(q, layout, start, stop, data)]
 
 
 def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -161,6 +154,12 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
             table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
             [g // data for g in gathered]))
     terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
+    return [float(np.max(terms @ v)) for v in _per_rank(q, layout, start, stop, data)]
+
+
+def _per_rank(q: np.ndarray, layout: ZeroLayout, start: int, stop: int, data: int) -> list[np.ndarray]:
+    """The composed stage's quantities on each of its ``data`` ranks: the unsharded stage's ``static``,
+    ``gradient`` and step moved to the rank's chunks (:meth:`ZeroLayout.unsharded_shift`)."""
     out = []
     for r in range(data):
         static, gradient, step = layout.unsharded_shift(start, stop, data, r)
@@ -168,7 +167,7 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
         v[INDEX["static"]] += static
         v[INDEX["gradient"]] += gradient
         v[INDEX["step_transient"]] += step
-        out.append(float(np.max(terms @ v)))
+        out.append(v)
     return out
 
 
