@@ -1,6 +1,7 @@
-"""The largest trainable model per space: benchmarks/largest_model's method (a binary search over the model's
-width, each probe a profile of that width) with each space's question as the probe: does the space hold a plan
-predicted to fit the capacity?
+"""The largest trainable model per space: benchmarks/largest_model's method (a search over the model's width,
+each probe a profile of that width) with each space's question as the probe: does the space hold a plan
+predicted to fit the capacity, and what does its best plan need? (The need aims the next probe:
+:func:`~benchmarks.largest_model.search.widest_guided`, the binary search's answer in fewer profiles.)
 
 - **capture** and **extended** (the whole extension, as the last row of :func:`~.settings.spaces`):
   :func:`~hybridplan.workflows.plan_memory.plan_memory` on the mesh with its capacity, which refuses (PlanError)
@@ -26,6 +27,7 @@ from typing import Any
 from hybridplan.errors import PlanError
 from hybridplan.models.zoo import get_model
 from hybridplan.plan import Cluster
+from hybridplan.units import parse_bytes
 from hybridplan.units import format_bytes
 from hybridplan.workflows.plan_memory import plan_memory
 from hybridplan.workflows.runs import ResultStore
@@ -34,7 +36,7 @@ from benchmarks.extension_gain.megatron import megatron
 from benchmarks.extension_gain.plans import label, needed
 from benchmarks.extension_gain.settings import MEGATRON, Setting, profile_commands, spaces, unfinished
 from benchmarks.extension_gain.widths import at_width, width_of
-from benchmarks.largest_model.search import widest
+from benchmarks.largest_model.search import widest_guided
 from benchmarks.paper_profiles import CAPACITY
 
 SPACES = ("capture", "extended", MEGATRON)
@@ -80,17 +82,23 @@ def ensure_profiles(s: Setting, space: str, profile: bool, say: Callable[[str], 
 
 
 def answer(s: Setting, space: str, cluster: Cluster, say: Callable[[str], None]) -> dict[str, Any]:
-    """Whether ``space`` holds a plan of ``s``'s model predicted to fit ``cluster``'s capacity, and which."""
+    """Whether ``space`` holds a plan of ``s``'s model predicted to fit ``cluster``'s capacity, and which; with
+    what the space's best plan needs (``needed_bytes``) even where it does not fit: the search aims its next
+    probe with it (:func:`~benchmarks.largest_model.search.widest_guided`)."""
     if space == MEGATRON:
         r = megatron(s, cluster, say, by="fit")
         row: dict[str, Any] = next((row for row in r["rows"] if row["shape"] == r["best"]), {})
+        least = min((row["needed_bytes"] for row in r["rows"] if row.get("needed_bytes") is not None), default=None)
         return {"fits": bool(r["fits"]), "label": f"{r['best']}: {row.get('label')}" if r["best"] else None,
-                "needed_bytes": row.get("needed_bytes")}
+                "needed_bytes": row.get("needed_bytes") if r["fits"] else least}
     options = {} if space == "capture" else list(spaces(s).values())[-1]
     try:
         found = plan_memory(s.db, cluster, **options)
     except PlanError as e:
-        return {"fits": False, "why": e.message}
+        # the same search without a capacity: the lowest-memory plan, whatever it needs (the capacity only
+        # decides whether it is refused: workflows/plan_memory.py)
+        lowest = plan_memory(s.db, s.case.cluster(None), **options)
+        return {"fits": False, "why": e.message, "needed_bytes": needed(lowest.prediction)}
     return {"fits": True, "label": label(found.plan), "needed_bytes": needed(found.prediction)}
 
 
@@ -106,8 +114,9 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
         record: dict[str, Any] = store.records.get(key) or {"probes": {}}
         record.pop("not run", None)
 
-        def fits(w: int, space: str = space, record: dict[str, Any] = record, key: str = key) -> bool:
-            if str(w) not in record["probes"]:
+        def probe(w: int, space: str = space, record: dict[str, Any] = record, key: str = key) -> tuple[bool, float | None]:
+            known = record["probes"].get(str(w))
+            if known is None or "needed_bytes" not in known:  # (probes recorded before the need was kept: asked again)
                 sw = probe_setting(s, w)
                 ensure_profiles(sw, space, profile, say)
                 r = {"width": w, "parameters": get_model(sw.case.model).parameter_count(), **answer(sw, space, cluster, say)}
@@ -115,10 +124,11 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
                 store.put(key, record)
                 say(f"  {s.case.model} {space} width {w}: {'fits' if r['fits'] else 'does not fit'}"
                     f" ({format_bytes(r.get('needed_bytes'))} needed)")
-            return bool(record["probes"][str(w)]["fits"])
+            r = record["probes"][str(w)]
+            return bool(r["fits"]), r.get("needed_bytes")
 
         try:
-            found = widest(fits, width, high, step)
+            found = widest_guided(probe, width, high, step, float(parse_bytes(capacity)))
         except NotProfiled as e:
             record["not run"] = str(e)
             store.put(key, record)

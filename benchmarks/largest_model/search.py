@@ -1,12 +1,16 @@
 """The binary search of a largest-model study: the widest model that fits, each probe a measurement.
 
 Memory grows with the width (parameters, gradients, optimizer state, activations), so whether a width fits is
-monotone and a binary search over the widths in ``step`` s finds the widest in about log2(range / step) probes.
+monotone and a binary search over the widths in ``step`` s finds the widest in about log2(range / step) probes
+(:func:`widest`); where a probe also says how much memory the width needs, :func:`widest_guided` aims each probe
+at the width whose need meets the capacity, the same answer in fewer probes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+
+import numpy as np
 
 
 def widest(fits: Callable[[int], bool], low: int, high: int, step: int) -> int:
@@ -31,3 +35,67 @@ def widest(fits: Callable[[int], bool], low: int, high: int, step: int) -> int:
         else:
             hi = mid
     return lo * step
+
+
+def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, high: int, step: int,
+                  capacity: float) -> int:
+    """:func:`widest`, each next width guessed from what the probes so far *needed* (bytes) where they say it.
+
+    ``probe(w)`` answers whether width ``w`` fits and what it needs (None: unknown). A probe is a profile of a
+    new model (minutes to half an hour at paper size), so fewer of them matter more than the arithmetic. Memory
+    grows about as ``a + b w + c w^2`` in the width ``w`` (parameters, gradients and optimizer state are width x
+    width per layer; activations grow linearly), so the next probe is where that curve through the three
+    probes nearest the bracket (a width that fits, one that does not) meets ``capacity`` (with two probes: a
+    line in ``w^2``), rounded down to the step and kept strictly inside the bracket (:func:`_guess`). Whatever
+    the guess, the bracket stays valid, so the answer is :func:`widest`'s for any monotone ``fits``; where the
+    guesses stop halving the bracket (two probes in a row), or the probes say no need, the next probe bisects. A
+    guess that lands just below the limit is followed by one just above it: a few probes after the ends on a
+    smooth growth, where the bisection takes about log2(range / step).
+
+    Example:
+        >>> widest_guided(lambda w: (w * w <= 10_000, float(w * w)), 32, 256, 8, 10_000.0)
+        96
+    """
+    lo, hi = -(-low // step), high // step
+    if lo > hi:
+        raise ValueError(f"no multiple of {step} in [{low}, {high}]")
+    needs: dict[int, float] = {}
+
+    def ask(k: int) -> bool:
+        fits, need = probe(k * step)
+        if need is not None:
+            needs[k * step] = float(need)
+        return fits
+
+    if not ask(lo):
+        return 0
+    if hi == lo or ask(hi):
+        return hi * step
+    stalled = 0  # probes in a row that did not halve the bracket
+    while hi - lo > 1:
+        guess = _guess(needs, lo * step, hi * step, capacity) if stalled < 2 else None
+        k = (lo + hi) // 2 if guess is None else min(max(int(guess // step), lo + 1), hi - 1)
+        before = hi - lo
+        if ask(k):
+            lo = k
+        else:
+            hi = k
+        stalled = 0 if guess is None else stalled + 1 if 2 * (hi - lo) > before else 0
+    return lo * step
+
+
+def _guess(needs: dict[int, float], lo: int, hi: int, capacity: float) -> float | None:
+    """Where ``a + b w + c w^2`` through the three probes nearest ``[lo, hi]`` (two: ``a + c w^2``) crosses
+    ``capacity`` inside ``(lo, hi)``; None where the needs are unknown at the bracket's ends or the curve does
+    not cross there (needs that do not grow)."""
+    if lo not in needs or hi not in needs or not needs[lo] <= capacity < needs[hi]:
+        return None
+    near = sorted(needs, key=lambda w: (max(lo - w, w - hi, 0), w))[:3]
+    if len(near) == 3:
+        c2, c1, c0 = (float(x) for x in np.polyfit(near, [needs[w] for w in near], 2))
+    else:
+        c2 = (needs[hi] - needs[lo]) / (hi * hi - lo * lo)
+        c1, c0 = 0.0, needs[lo] - c2 * lo * lo
+    roots = np.roots([c2, c1, c0 - capacity]) if c2 != 0 or c1 != 0 else np.array([])
+    inside = [float(r.real) for r in np.atleast_1d(roots) if abs(r.imag) < 1e-9 and lo < r.real < hi]
+    return min(inside) if inside else None

@@ -17,7 +17,10 @@ from benchmarks.extension_gain import largest as largest_module
 from benchmarks.extension_gain.largest import largest
 from benchmarks.extension_gain.settings import MEGATRON, SETTINGS, Setting, profile_commands, spaces, uniform_baselines, usable
 from benchmarks.extension_gain.widths import at_width, width_of
-from benchmarks.largest_model.search import widest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from benchmarks.largest_model.search import widest, widest_guided
 from benchmarks.paper_profiles import Case
 
 
@@ -67,6 +70,50 @@ def test_widest_probes_logarithmically() -> None:
 
     assert widest(fits, 1, 1024, 1) == 777
     assert len(probed) <= 2 + 10  # the two ends, then log2(1023) halvings
+
+
+@settings(max_examples=300, deadline=None)
+@given(low=st.integers(1, 40), span=st.integers(0, 200), step=st.integers(1, 9), a=st.floats(0, 1e3),
+       b=st.floats(0, 1e3), c=st.floats(0, 10), capacity=st.floats(0, 4e5), noisy=st.booleans(), blind=st.booleans())
+def test_the_guided_search_answers_what_the_binary_search_does(low: int, span: int, step: int, a: float, b: float,
+                                                               c: float, capacity: float, noisy: bool,
+                                                               blind: bool) -> None:
+    """Whatever the needs say (a smooth growth, a jagged one, none), the guided search finds the widest width
+    that fits, as the plain binary search does, and probes no width twice."""
+    def need(w: int) -> float:
+        return a + b * w + c * w * w + (37.0 * (w % 3) if noisy else 0.0)  # jagged: not monotone
+    def fits(w: int) -> bool:
+        return all(need(v) <= capacity for v in range(1, w + 1))  # monotone even where need() is not
+
+    probed: list[int] = []
+
+    def probe(w: int) -> tuple[bool, float | None]:
+        probed.append(w)
+        return fits(w), None if blind else need(w)
+
+    high = low + span
+    expected = widest(fits, low, high, step) if -(-low // step) <= high // step else None
+    if expected is None:
+        with pytest.raises(ValueError):
+            widest_guided(probe, low, high, step, capacity)
+        return
+    assert widest_guided(probe, low, high, step, capacity) == expected
+    assert len(probed) == len(set(probed)) and all(w % step == 0 and low <= w <= high for w in probed)
+
+
+def test_the_guided_search_needs_fewer_probes_on_a_smooth_growth() -> None:
+    """Needs growing as a + b w + c w^2 (parameters as the width squared, activations linearly): after the two
+    ends the guess lands next to the limit, where the binary search halves 1023 widths ten times."""
+    probed: list[int] = []
+
+    def probe(w: int) -> tuple[bool, float | None]:
+        probed.append(w)
+        need = 5e8 + 3e5 * w + 900.0 * w * w
+        return need <= 1.2e9, need
+
+    found = widest_guided(probe, 1, 1024, 1, 1.2e9)
+    assert found == max(w for w in range(1, 1025) if 5e8 + 3e5 * w + 900.0 * w * w <= 1.2e9)
+    assert len(probed) <= 2 + 4
 
 
 def test_widths_grow_only_the_width() -> None:
