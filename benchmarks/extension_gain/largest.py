@@ -20,6 +20,7 @@ run (unless ``profile``): the column then says which profile, and the command th
 
 from __future__ import annotations
 
+import fcntl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -68,17 +69,21 @@ def ensure_profiles(s: Setting, space: str, profile: bool, say: Callable[[str], 
     from hybridplan.cli import main as hybridplan
 
     for argv in needed_profiles(s, space):
-        db = argv[argv.index("--db") + 1]
-        why = unfinished(Path(db))
-        if why is None:
-            continue
-        command = "PYTHONPATH=. .venv/bin/hybridplan " + " ".join(argv)
-        if not profile:
-            raise NotProfiled(f"{why}; make it with: {command} (or run with --profile)")
-        say(command)
-        Path(db).parent.mkdir(parents=True, exist_ok=True)
-        if hybridplan(argv) != 0:
-            raise NotProfiled(f"profiling failed: {command}")
+        db = Path(argv[argv.index("--db") + 1])
+        db.parent.mkdir(parents=True, exist_ok=True)
+        # searches of other spaces may run beside this one (each with its own results file) and probe the same
+        # width: one makes the profile while the others wait, then find it finished
+        with open(db.with_name(db.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            why = unfinished(db)
+            if why is None:
+                continue
+            command = "PYTHONPATH=. .venv/bin/hybridplan " + " ".join(argv)
+            if not profile:
+                raise NotProfiled(f"{why}; make it with: {command} (or run with --profile)")
+            say(command)
+            if hybridplan(argv) != 0:
+                raise NotProfiled(f"profiling failed: {command}")
 
 
 def answer(s: Setting, space: str, cluster: Cluster, say: Callable[[str], None]) -> dict[str, Any]:
@@ -127,8 +132,14 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
             r = record["probes"][str(w)]
             return bool(r["fits"]), r.get("needed_bytes")
 
+        # what earlier searches (a lower ``high_factor``, an interrupted run) found narrows the bracket: fitting
+        # is monotone in the width, so the widest known fit is a low end and the narrowest known miss a high one
+        known = {int(w): r for w, r in record["probes"].items() if "needed_bytes" in r and int(w) <= high}
+        low = max([width] + [w for w, r in known.items() if r["fits"]])
+        top = min([high] + [w for w, r in known.items() if not r["fits"] and w > low])
         try:
-            found = widest_guided(probe, width, high, step, float(parse_bytes(capacity)))
+            found = widest_guided(probe, low, top, step, float(parse_bytes(capacity)),
+                                  known={w: r["needed_bytes"] for w, r in known.items() if r["needed_bytes"] is not None})
         except NotProfiled as e:
             record["not run"] = str(e)
             store.put(key, record)

@@ -16,7 +16,7 @@ spaces are compared:
 Columns, a module each: the lowest peak per space (``peak.py``: each chosen plan also run on simulated devices),
 the fewest devices per space (``fewest.py``: ``plan --fewest-devices`` through the command line), the fastest
 plan that fits (``fastest.py``: AMP's search with memory predictions; layer times from FLOPs, as no GPU is
-lent), and with ``--largest`` the largest trainable model (``largest.py``: a binary search over the width, a
+lent), and with ``--largest`` the largest trainable model (``largest.py``: a search over the width, a
 profile per probe). ``settings.py`` holds the models and their profiles, ``megatron.py`` the uniform baseline,
 ``plans.py`` what every column does with a plan, ``tables.py`` the README's tables.
 
@@ -40,6 +40,7 @@ from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain.fastest import fastest
 from benchmarks.extension_gain.fewest import fewest
+from benchmarks.extension_gain.largest import SPACES as LARGEST_SPACES
 from benchmarks.extension_gain.largest import largest
 from benchmarks.extension_gain.peak import lowest_peak, megatron_lowest
 from benchmarks.extension_gain.settings import DEFAULT_MODELS, HERE, SETTINGS, profile_commands, usable
@@ -62,9 +63,19 @@ def main() -> None:
                     " largest-model probes; without it, a model whose profile is unfinished is skipped")
     ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {list(COLUMNS)} (the"
                     " largest model also needs --largest); a column reads only its own results and the lowest peak's")
-    ap.add_argument("--largest", action="store_true", help="also the largest trainable model: a binary search over"
+    ap.add_argument("--largest", action="store_true", help="also the largest trainable model: a search over"
                     " the width, a profile per probed width (largest.py)")
+    ap.add_argument("--largest-factor", type=float, default=4.0, help="the widest width the largest-model search"
+                    " probes, in multiples of the model's own (default 4; an 'at least' answer asks for more)")
+    ap.add_argument("--largest-spaces", default=",".join(LARGEST_SPACES), help="comma-separated subset of"
+                    f" {list(LARGEST_SPACES)} (searches of different spaces may run side by side, each with its own"
+                    " --results file: a probe's profile is made by one of them while the others wait)")
     args = ap.parse_args()
+    for space in args.largest_spaces.split(","):
+        if space not in LARGEST_SPACES:
+            ap.error(f"unknown space {space!r} in --largest-spaces; choose from {', '.join(LARGEST_SPACES)}")
+    if not args.largest_factor > 1:
+        ap.error(f"--largest-factor {args.largest_factor} must be above 1 (the model's own width is the low end)")
     store = ResultStore(args.results)
     say = lambda msg: print(msg, flush=True)  # noqa: E731
     if not args.table:
@@ -98,7 +109,8 @@ def main() -> None:
             if "fastest" in columns:
                 fastest(ready, store, say, not args.no_validate)
             if args.largest:
-                largest(ready, store, say, profile=args.profile)
+                largest(ready, store, say, profile=args.profile, high_factor=args.largest_factor,
+                        spaces_searched=tuple(args.largest_spaces.split(",")))
     print_tables(store)
 
 

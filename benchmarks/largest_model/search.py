@@ -8,7 +8,7 @@ at the width whose need meets the capacity, the same answer in fewer probes.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -38,7 +38,7 @@ def widest(fits: Callable[[int], bool], low: int, high: int, step: int) -> int:
 
 
 def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, high: int, step: int,
-                  capacity: float) -> int:
+                  capacity: float, known: Mapping[int, float] | None = None) -> int:
     """:func:`widest`, each next width guessed from what the probes so far *needed* (bytes) where they say it.
 
     ``probe(w)`` answers whether width ``w`` fits and what it needs (None: unknown). A probe is a profile of a
@@ -59,7 +59,7 @@ def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, h
     lo, hi = -(-low // step), high // step
     if lo > hi:
         raise ValueError(f"no multiple of {step} in [{low}, {high}]")
-    needs: dict[int, float] = {}
+    needs: dict[int, float] = dict(known or {})
 
     def ask(k: int) -> bool:
         fits, need = probe(k * step)

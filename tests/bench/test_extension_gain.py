@@ -211,6 +211,30 @@ def test_largest_searches_the_width_and_resumes(tmp_path: Path, monkeypatch: pyt
     assert len(calls) == probed
 
 
+def test_a_wider_search_starts_from_what_a_narrower_one_found(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Up to twice gpt-tiny's width (128) every width fits: "at least 128"; asked again up to 4 times, the search
+    probes only above 128 (fitting is monotone) and finds 148 as a search from scratch does."""
+    probed: list[int] = []
+
+    def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
+        h = int(s.case.model.rpartition("_w")[2]) if "_w" in s.case.model else 64
+        probed.append(h)
+        n = get_model(s.case.model).parameter_count()
+        return {"fits": n <= gpt_tiny_parameters(150), "needed_bytes": n}
+
+    monkeypatch.setattr(largest_module, "answer", answer)
+    monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
+    store = ResultStore(tmp_path / "r.json")
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), high_factor=2)
+    r = store["gpt-tiny/largest/capture"]
+    assert r["widest"] == 128 and r["at_least"]
+    probed.clear()
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), high_factor=4)
+    r = store["gpt-tiny/largest/capture"]
+    assert r["widest"] == 148 and not r["at_least"] and r["high"] == 256
+    assert probed and min(probed) > 128
+
+
 def test_a_probe_without_its_profile_is_not_run(tmp_path: Path) -> None:
     """Without --profile a missing profile stops the search: the column names the profile and its command."""
     store = ResultStore(tmp_path / "r.json")
