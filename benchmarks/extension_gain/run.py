@@ -61,7 +61,7 @@ def main() -> None:
                     " (e.g. 'pipeline' while the others are still being profiled)")
     ap.add_argument("--profile", action="store_true", help="make (resume) the profiles first, and those of the"
                     " largest-model probes; without it, a model whose profile is unfinished is skipped")
-    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {list(COLUMNS)} (the"
+    ap.add_argument("--columns", default=",".join(COLUMNS), help=f"comma-separated subset of {list(COLUMNS)}, or none (the"
                     " largest model also needs --largest); a column reads only its own results and the lowest peak's")
     ap.add_argument("--largest", action="store_true", help="also the largest trainable model: a search over"
                     " the width, a profile per probed width (largest.py)")
@@ -85,8 +85,8 @@ def main() -> None:
             if name not in SETTINGS:
                 ap.error(f"unknown model {name!r}; choose from {', '.join(SETTINGS)}")
         for column in args.columns.split(","):
-            if column not in COLUMNS:
-                ap.error(f"unknown column {column!r}; choose from {', '.join(COLUMNS)}")
+            if column not in COLUMNS and column != "none":
+                ap.error(f"unknown column {column!r}; choose from {', '.join(COLUMNS)} or none")
         for name in args.models.split(","):
             s = SETTINGS[name]
             if args.recompute_profiles is not None:
