@@ -101,9 +101,13 @@ def answer(s: Setting, space: str, cluster: Cluster, say: Callable[[str], None])
         found = plan_memory(s.db, cluster, **options)
     except PlanError as e:
         # the same search without a capacity: the lowest-memory plan, whatever it needs (the capacity only
-        # decides whether it is refused: workflows/plan_memory.py)
-        lowest = plan_memory(s.db, s.case.cluster(None), **options)
-        return {"fits": False, "why": e.message, "needed_bytes": needed(lowest.prediction)}
+        # decides whether it is refused: workflows/plan_memory.py); none where every plan of the space holds a
+        # stage the profile could not measure even at its smaller batches (out of memory there too)
+        try:
+            need: int | None = needed(plan_memory(s.db, s.case.cluster(None), **options).prediction)
+        except PlanError:
+            need = None
+        return {"fits": False, "why": e.message, "needed_bytes": need}
     return {"fits": True, "label": label(found.plan), "needed_bytes": needed(found.prediction)}
 
 
