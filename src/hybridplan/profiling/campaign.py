@@ -260,6 +260,14 @@ class Campaign:
     # ------------------------------------------------------------------ running
     def run(self) -> CampaignSummary:
         """Profile everything not yet in the database; returns what was done."""
+        if self.cfg.run_options.get("backend") != "sim":
+            return self._run()
+        from hybridplan.runtime.sim import frozen_heap
+
+        with frozen_heap():  # one full garbage collection for all the simulated devices of the campaign
+            return self._run()
+
+    def _run(self) -> CampaignSummary:
         summary = CampaignSummary()
         started = time.perf_counter()
         record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say)

@@ -96,6 +96,18 @@ class StageCache:
 
     def measure(self, plan: Plan) -> list[DeviceMemory]:
         """Every device's measured peak (GPipe/1F1B plans), simulating the stages not seen before."""
+        from contextlib import nullcontext
+
+        from hybridplan.runtime.sim import frozen_heap
+
+        missing = any(not self._cached(stage_key(plan, i)) for i in range(plan.num_stages))
+        with frozen_heap() if missing else nullcontext():  # one full garbage collection for the stages simulated here
+            return self._measure(plan)
+
+    def _cached(self, key: str) -> bool:
+        return key in self.peaks and (not self._cuda or key in self.reserved)
+
+    def _measure(self, plan: Plan) -> list[DeviceMemory]:
         from hybridplan.models.boundaries import boundary_specs
         from hybridplan.models.zoo import resolve_model
         from hybridplan.runtime.config import RunConfig, validate_config
@@ -105,7 +117,7 @@ class StageCache:
         out: list[DeviceMemory] = []
         for i, stage in enumerate(plan.stages):
             key = stage_key(plan, i)
-            if key not in self.peaks or (self._cuda and key not in self.reserved):
+            if not self._cached(key):
                 validate_config(cfg)
                 if self._specs is None:
                     self._specs = boundary_specs(resolve_model(self.model))
