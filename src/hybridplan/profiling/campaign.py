@@ -264,7 +264,7 @@ class Campaign:
             return self._run()
         from hybridplan.runtime.sim import frozen_heap
 
-        with frozen_heap():  # one full garbage collection for all the simulated devices of the campaign
+        with frozen_heap():  # no full garbage collection per simulated device
             return self._run()
 
     def _run(self) -> CampaignSummary:

@@ -84,19 +84,21 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
 
 @contextmanager
 def frozen_heap() -> Iterator[None]:
-    """The objects alive now frozen (``gc.freeze``) for the block, after one full collection.
+    """The objects alive now frozen (``gc.freeze``) for the block.
 
     Each simulated device starts with a full collection of the cyclic garbage collector (runtime/rank.py
     ``run_rank``), which scans every object of the process: in a process that imported torch, several hundred
     thousand of them, 0.2 to 0.9 s a device on the 2-core test machine (measured with a timed ``gc.collect`` over
-    ``measure_plan`` of the MLP on 2x2, 2026-11-25, machine shared). A loop that simulates many devices collects
-    once here instead; the devices' collections then scan only what was made after (their garbage is still
-    collected). Does nothing if objects are frozen already (someone else's frozen set is never released).
+    ``measure_plan`` of the MLP on 2x2, 2026-11-25, machine shared). In the block those collections scan only
+    what was made after it began (their garbage is still collected). Freezing moves the collector's lists
+    without scanning them, so the block costs no collection of its own; garbage older than the block is kept
+    until the block ends (a simulation's tensors are fake: it holds their metadata only) and collected after.
+    A simulated device counts only storages made in its own run, so older objects never enter its bytes. Does
+    nothing if objects are frozen already (someone else's frozen set is never released).
     """
     if gc.get_freeze_count():
         yield
         return
-    gc.collect()
     gc.freeze()
     try:
         yield

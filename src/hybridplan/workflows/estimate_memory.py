@@ -168,7 +168,7 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
     say = progress or (lambda _msg: None)
     cuda = options.get("device_type") == "cuda"
     out = []
-    with tempfile.TemporaryDirectory() as tmp, frozen_heap():  # one full garbage collection for all the plans
+    with tempfile.TemporaryDirectory() as tmp, frozen_heap():  # no full garbage collection per simulated device
         stages = StageCache(cache or Path(tmp) / "stages.json", model=model, cluster=free, run_options=options,
                             progress=say)
         for i, plan in enumerate(plans):

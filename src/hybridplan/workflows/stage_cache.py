@@ -96,16 +96,10 @@ class StageCache:
 
     def measure(self, plan: Plan) -> list[DeviceMemory]:
         """Every device's measured peak (GPipe/1F1B plans), simulating the stages not seen before."""
-        from contextlib import nullcontext
-
         from hybridplan.runtime.sim import frozen_heap
 
-        missing = any(not self._cached(stage_key(plan, i)) for i in range(plan.num_stages))
-        with frozen_heap() if missing else nullcontext():  # one full garbage collection for the stages simulated here
+        with frozen_heap():  # no full garbage collection per simulated device
             return self._measure(plan)
-
-    def _cached(self, key: str) -> bool:
-        return key in self.peaks and (not self._cuda or key in self.reserved)
 
     def _measure(self, plan: Plan) -> list[DeviceMemory]:
         from hybridplan.models.boundaries import boundary_specs
@@ -117,7 +111,7 @@ class StageCache:
         out: list[DeviceMemory] = []
         for i, stage in enumerate(plan.stages):
             key = stage_key(plan, i)
-            if not self._cached(key):
+            if key not in self.peaks or (self._cuda and key not in self.reserved):
                 validate_config(cfg)
                 if self._specs is None:
                     self._specs = boundary_specs(resolve_model(self.model))
