@@ -260,14 +260,6 @@ class Campaign:
     # ------------------------------------------------------------------ running
     def run(self) -> CampaignSummary:
         """Profile everything not yet in the database; returns what was done."""
-        if self.cfg.run_options.get("backend") != "sim":
-            return self._run()
-        from hybridplan.runtime.sim import frozen_heap
-
-        with frozen_heap():  # no full garbage collection per simulated device
-            return self._run()
-
-    def _run(self) -> CampaignSummary:
         summary = CampaignSummary()
         started = time.perf_counter()
         record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say)

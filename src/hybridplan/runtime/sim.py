@@ -174,7 +174,7 @@ def simulate_stage(
     elif rank not in devices:
         raise UsageError(f"device {rank} is not in stage {stage_index} (devices {list(devices)})")
     run_cfg = replace(cfg, iterations=iterations, save_weights_dir=None)
-    with fake_process_group(rank, plan.num_devices), _simulated_tensor_mode():
+    with frozen_heap(), fake_process_group(rank, plan.num_devices), _simulated_tensor_mode():
         return run_rank(rank, run_cfg, device=torch.device("cpu"), specs=specs, simulated=True)
 
 
@@ -199,26 +199,25 @@ def simulate(
     specs = boundary_specs(resolve_model(cfg.model))
     started = time.perf_counter()
     reports: dict[int, RankReport] = {}
-    with frozen_heap():  # one full collection for all the devices
-        for index, stage in enumerate(plan.stages):
-            ranks = stage.devices[:1] if distinct_only and not stage.zero else stage.devices
-            for rank in ranks:
-                t0 = time.perf_counter()
-                try:
-                    report = simulate_stage(cfg, index, iterations=cfg.iterations, specs=specs, rank=rank)
-                except DeviceOutOfMemory as e:
-                    reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
-                    return failed_result(cfg, "oom", reason, time.perf_counter() - started)
-                except UsageError:
-                    raise
-                except Exception as e:  # a failing device fails the run, as in the real runtime
-                    reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
-                    return failed_result(cfg, "failed", reason, time.perf_counter() - started)
-                say(f"simulated device {rank} (stage {index}) in {time.perf_counter() - t0:.1f} s")
-                reports[rank] = _as_rank(cfg, report, rank)
-            for rank in stage.devices:
-                if rank not in reports:
-                    reports[rank] = _as_rank(cfg, reports[stage.devices[0]], rank)
+    for index, stage in enumerate(plan.stages):
+        ranks = stage.devices[:1] if distinct_only and not stage.zero else stage.devices
+        for rank in ranks:
+            t0 = time.perf_counter()
+            try:
+                report = simulate_stage(cfg, index, iterations=cfg.iterations, specs=specs, rank=rank)
+            except DeviceOutOfMemory as e:
+                reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
+                return failed_result(cfg, "oom", reason, time.perf_counter() - started)
+            except UsageError:
+                raise
+            except Exception as e:  # a failing device fails the run, as in the real runtime
+                reason = f"device {rank} (stage {index}): {type(e).__name__}: {e}"
+                return failed_result(cfg, "failed", reason, time.perf_counter() - started)
+            say(f"simulated device {rank} (stage {index}) in {time.perf_counter() - t0:.1f} s")
+            reports[rank] = _as_rank(cfg, report, rank)
+        for rank in stage.devices:
+            if rank not in reports:
+                reports[rank] = _as_rank(cfg, reports[stage.devices[0]], rank)
     ordered = [reports[rank] for rank in range(plan.num_devices)]
     for rep in ordered:  # a copied CUDA device may join more communicators than the one simulated
         capacity = cfg.cluster.memory_of(rep.rank)

@@ -158,7 +158,7 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
     """
     from hybridplan.runtime.config import RunConfig, validate_config
     from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, estimate_overhead_bytes
-    from hybridplan.runtime.sim import frozen_heap, simulate
+    from hybridplan.runtime.sim import simulate
     from hybridplan.workflows.stage_cache import StageCache
 
     options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
@@ -168,7 +168,7 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
     say = progress or (lambda _msg: None)
     cuda = options.get("device_type") == "cuda"
     out = []
-    with tempfile.TemporaryDirectory() as tmp, frozen_heap():  # no full garbage collection per simulated device
+    with tempfile.TemporaryDirectory() as tmp:
         stages = StageCache(cache or Path(tmp) / "stages.json", model=model, cluster=free, run_options=options,
                             progress=say)
         for i, plan in enumerate(plans):

@@ -96,12 +96,6 @@ class StageCache:
 
     def measure(self, plan: Plan) -> list[DeviceMemory]:
         """Every device's measured peak (GPipe/1F1B plans), simulating the stages not seen before."""
-        from hybridplan.runtime.sim import frozen_heap
-
-        with frozen_heap():  # no full garbage collection per simulated device
-            return self._measure(plan)
-
-    def _measure(self, plan: Plan) -> list[DeviceMemory]:
         from hybridplan.models.boundaries import boundary_specs
         from hybridplan.models.zoo import resolve_model
         from hybridplan.runtime.config import RunConfig, validate_config
