@@ -26,9 +26,10 @@ def plan_of(schedule: str, batch: int, micro: int, stages: list[tuple[int, int, 
         for a, b, kind, devs, more in stages]})
 
 
-def zero_plan(zero: int) -> Plan:
-    """gpt-tiny: layers 0-4 as 2 replicas (sharded at ``zero``), layers 5-9 on one device; 1F1B."""
-    return plan_of("1f1b", 16, 4, [(0, 5, "data", [0, 1], {"zero": zero} if zero else {}), (5, 10, "none", [2], {})])
+def zero_plan(zero: int, schedule: str = "1f1b") -> Plan:
+    """gpt-tiny: layers 0-2 (the embedding and two blocks) as 2 replicas (sharded at ``zero``), layers 3-9 on one
+    device. The sharded stage is short: FSDP's cost on simulated devices grows with its layers."""
+    return plan_of(schedule, 16, 4, [(0, 3, "data", [0, 1], {"zero": zero} if zero else {}), (3, 10, "none", [2], {})])
 
 
 @functools.cache
@@ -40,8 +41,7 @@ def _trained(plan: Plan, cluster: str) -> Any:
 
 @pytest.mark.parametrize("zero, schedule", [(1, "1f1b"), (2, "gpipe"), (3, "1f1b")])
 def test_gpt_zero_stage_then_pipeline_trains_the_same(zero, schedule):
-    plan = plan_of(schedule, 16, 4, [(0, 5, "data", [0, 1], {"zero": zero}), (5, 10, "none", [2], {})])
-    _trained(plan, "1x3")
+    _trained(zero_plan(zero, schedule), "1x3")
 
 
 def test_conv_zero3_replicas_across_nodes_then_data_gpipe():
@@ -61,11 +61,24 @@ def test_zero2_with_recompute_trains_the_same():
     assert_same_training("gpt-tiny", plan, "1x3")
 
 
+def data_x_tensor_then_device(zero: int) -> Plan:
+    """gpt-tiny: layers 0-2 (the embedding and two blocks) as 2 replicas of a tensor x2 group (sharded at ``zero``),
+    layers 3-9 on one device; 1F1B. The sharded stage is short: on simulated devices its cost grows with its
+    layers (tensor-parallel shards on fake tensors), and two blocks show every kind of split a block has."""
+    more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
+    return plan_of("1f1b", 16, 4, [(0, 3, "data+tensor", [0, 1, 2, 3], more), (3, 10, "none", [4], {})])
+
+
+def device_then_data_x_tensor(zero: int) -> Plan:
+    """gpt-tiny: layers 0-6 on one device, then layers 7-9 (two blocks and the head) as 2 replicas of a tensor x2
+    group sharded at ``zero``; GPipe. Short, as :func:`data_x_tensor_then_device`'s sharded stage."""
+    more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
+    return plan_of("gpipe", 16, 4, [(0, 7, "none", [0], {}), (7, 10, "data+tensor", [1, 2, 3, 4], more)])
+
+
 def test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same():
     """Megatron-style: 2 replicas of a tensor x2 group whose optimizer state is sharded per tensor rank."""
-    plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 1}),
-                                   (5, 10, "none", [4], {})])
-    _trained(plan, "1x5")
+    _trained(data_x_tensor_then_device(1), "1x5")
 
 
 @functools.cache
@@ -90,8 +103,8 @@ def _sim_counts_as(real: Any, plan: Plan, cluster: str) -> Any:
 def test_gpt_zero3_data_x_tensor_stage_then_tensor_stage_1f1b_trains_the_same():
     """FSDP2 over the data dimension of the stage's 2-D (data, tensor) mesh, on top of the tensor-parallel
     DTensor shards; then a plain tensor stage. The simulated devices count it as the runtime does."""
-    plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 3}),
-                                   (5, 10, "tensor", [4, 5], {})])
+    plan = plan_of("1f1b", 16, 4, [(0, 3, "data+tensor", [0, 1, 2, 3], {"tensor_degree": 2, "zero": 3}),
+                                   (3, 10, "tensor", [4, 5], {})])
     _sim_counts_as(assert_same_training("gpt-tiny", plan, "1x6"), plan, "1x6")
 
 
@@ -99,14 +112,11 @@ def test_zero2_data_x_tensor_stage_gpipe_trains_the_same_and_keeps_half_of_each_
     """A device, then 2 replicas of a tensor x2 group under ZeRO-2. Each rank holds half of its tensor
     shard's parameters and AdamW moments (a tensor rank's static bytes unsharded are 3 P_t + 4 n: shard,
     two moments, a 4-byte step count per tensor; sharded over 2 replicas P_t / 2 + P_t + 4 n)."""
-    def zero2(zero: int) -> Plan:
-        more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
-        return plan_of("gpipe", 16, 4, [(0, 3, "none", [0], {}), (3, 10, "data+tensor", [1, 2, 3, 4], more)])
-
+    zero2 = device_then_data_x_tensor
     sim = _sim_counts_as(assert_same_training("gpt-tiny", zero2(2), "1x5"), zero2(2), "1x5")
     plain = launch(RunConfig(model="gpt-tiny", plan=zero2(0), cluster=Cluster.parse("1x5"), iterations=2, backend="sim"))
     assert plain.ok, plain.reason
-    n = sum(1 for layer in build_layers(get_model("gpt-tiny"), 3, 10, 0) for _ in layer.parameters())
+    n = sum(1 for layer in build_layers(get_model("gpt-tiny"), 7, 10, 0) for _ in layer.parameters())
     for unsharded, sharded in zip(plain.devices[1:], sim.devices[1:], strict=True):
         assert sharded.static_memory_bytes == (unsharded.static_memory_bytes - 4 * n) // 2 + 4 * n
     assert sim.devices[0].static_memory_bytes == plain.devices[0].static_memory_bytes
@@ -120,8 +130,7 @@ def test_zero1_on_a_data_x_tensor_stage_halves_the_optimizer_state_of_each_shard
     The real ZeRO-1 run is the one test_gpt_zero1_data_x_tensor_stage_then_pipeline_trains_the_same checks (the same
     plan; static bytes, held before the first iteration, do not depend on how many iterations ran)."""
     def statics(zero: int, backend: str = "sim") -> list[int]:
-        more = {"tensor_degree": 2, "zero": zero} if zero else {"tensor_degree": 2}
-        plan = plan_of("1f1b", 16, 4, [(0, 5, "data+tensor", [0, 1, 2, 3], more), (5, 10, "none", [4], {})])
+        plan = data_x_tensor_then_device(zero)
         if backend == "real":
             result = _trained(plan, "1x5")
         else:
@@ -173,14 +182,11 @@ def test_zero1_in_bf16_trains_like_one_bf16_device_and_shards_the_master_copies(
     assert sum(static) == 4 * P + 4 * n and static[0] != static[1]
 
 
-@pytest.mark.parametrize("schedule, stages, cluster", [
-    ("1f1b", [(0, 5, "data", [0, 1], {"zero": 3}), (5, 10, "none", [2], {})], "1x3"),
-    ("gpipe", [(0, 3, "none", [0], {}), (3, 10, "data+tensor", [1, 2, 3, 4], {"tensor_degree": 2, "zero": 2})], "1x5"),
-])
-def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(schedule, stages, cluster):
+@pytest.mark.parametrize("plan, cluster", [(zero_plan(3), "1x3"), (device_then_data_x_tensor(2), "1x5")],
+                         ids=["zero3-1f1b", "zero2-data-x-tensor-gpipe"])
+def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(plan, cluster):
     """FSDP2's MixedPrecisionPolicy: the sharded stage stays fp32 (its shards are the master copies) and computes
     in bf16, so each of its devices holds between iterations exactly what the same plan holds in fp32."""
-    plan = plan_of(schedule, 16, 4, stages)
     got = _trains_like_one_bf16_device(plan, cluster)
     fp32 = _simulated(plan, cluster)  # tests above simulated the gpipe plan already
     sharded = plan.stages[0] if plan.stages[0].zero else plan.stages[1]
@@ -189,8 +195,10 @@ def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(schedule, stages, clust
 
 
 def _stage0_sizes() -> tuple[int, int]:
-    """Bytes of layers 0-4's fp32 parameters, and how many parameter tensors they are (from the model)."""
-    params = [p for layer in build_layers(get_model("gpt-tiny"), 0, 5, 0) for p in layer.parameters()]
+    """Bytes of the fp32 parameters of ``zero_plan``'s sharded stage, and how many parameter tensors they are (from
+    the model)."""
+    stage = zero_plan(1).stages[0]
+    params = [p for layer in build_layers(get_model("gpt-tiny"), stage.start, stage.stop, 0) for p in layer.parameters()]
     assert all(p.shape[0] % 2 == 0 for p in params)  # every shard of 2 is exact: no padding in the oracle
     return sum(4 * p.numel() for p in params), len(params)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
@@ -22,7 +23,7 @@ from hybridplan.runtime.gpu_memory import (
 from hybridplan.runtime.launch import launch
 from hybridplan.runtime.memory import StorageTracker
 from hybridplan.runtime.result import RankReport, RunResult
-from hybridplan.runtime.sim import fake_process_group, simulate, simulate_stage
+from hybridplan.runtime.sim import fake_process_group, frozen_heap, simulate, simulate_stage
 from tests.runtime.util import make_plan
 
 EXAMPLE = make_plan("1f1b", 16, 4, [(0, 3, "tensor", [0, 1]), (3, 7, "none", [2]), (7, 10, "data", [3, 4])])
@@ -76,6 +77,36 @@ def test_sim_runs_out_of_memory_like_a_real_device():
     assert result.status == "oom" and result.devices == []
     assert result.reason.startswith("device 0 (stage 0): DeviceOutOfMemory: out of memory")
     assert "capacity 1048576 bytes" in result.reason
+
+
+class _Node:
+    """A garbage cycle of one object (``self.me = self``), weakly referable."""
+
+
+def test_frozen_heap_freezes_for_the_block_and_leaves_another_frozen_set_alone():
+    """Objects alive before the block are frozen in it, a cycle made inside is still collected, nothing is frozen
+    after it; a frozen set that was there before is left as it is (not released at the end)."""
+    import weakref
+
+    assert gc.get_freeze_count() == 0
+    with frozen_heap():
+        assert gc.get_freeze_count() > 0
+        node = _Node()
+        node.me = node
+        dead = weakref.ref(node)
+        del node
+        gc.collect()
+        assert dead() is None
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        before = gc.get_freeze_count()
+        with frozen_heap():
+            assert gc.get_freeze_count() == before
+        assert gc.get_freeze_count() == before
+    finally:
+        gc.unfreeze()
+    assert gc.get_freeze_count() == 0
 
 
 def test_cannot_simulate_inside_a_process_group():
