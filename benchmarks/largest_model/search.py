@@ -45,8 +45,9 @@ def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, h
     new model (minutes to half an hour at paper size), so fewer of them matter more than the arithmetic. Memory
     grows about as ``a + b w + c w^2`` in the width ``w`` (parameters, gradients and optimizer state are width x
     width per layer; activations grow linearly), so the next probe is where that curve through the three
-    probes nearest the bracket (a width that fits, one that does not) meets ``capacity`` (with two probes: a
-    line in ``w^2``), rounded down to the step and kept strictly inside the bracket (:func:`_guess`). Whatever
+    probes nearest the bracket (a width that fits, one that does not; or the widest fitting ones where the
+    other end's need is unknown) meets ``capacity`` (with two probes: a line in ``w^2``), rounded down to the
+    step and kept strictly inside the bracket (:func:`_guess`). Whatever
     the guess, the bracket stays valid, so the answer is :func:`widest`'s for any monotone ``fits``; where the
     guesses stop halving the bracket (two probes in a row), or the probes say no need, the next probe bisects. A
     guess that lands just below the limit is followed by one just above it: a few probes after the ends on a
@@ -86,16 +87,21 @@ def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, h
 
 def _guess(needs: dict[int, float], lo: int, hi: int, capacity: float) -> float | None:
     """Where ``a + b w + c w^2`` through the three probes nearest ``[lo, hi]`` (two: ``a + c w^2``) crosses
-    ``capacity`` inside ``(lo, hi)``; None where the needs are unknown at the bracket's ends or the curve does
-    not cross there (needs that do not grow)."""
-    if lo not in needs or hi not in needs or not needs[lo] <= capacity < needs[hi]:
+    ``capacity`` inside ``(lo, hi)``: between the bracket's ends, or beyond the fitting end where the other end's
+    need is unknown (a width whose every plan holds a stage the profile could not measure: no need to say).
+    None where the fitting end's need is unknown, fewer than two needs are known, or the curve does not cross
+    inside the bracket (needs that do not grow)."""
+    if lo not in needs or needs[lo] > capacity or needs.get(hi, np.inf) <= capacity:
         return None
     near = sorted(needs, key=lambda w: (max(lo - w, w - hi, 0), w))[:3]
     if len(near) == 3:
         c2, c1, c0 = (float(x) for x in np.polyfit(near, [needs[w] for w in near], 2))
+    elif len(near) == 2:
+        w1, w2 = sorted(near)
+        c2 = (needs[w2] - needs[w1]) / (w2 * w2 - w1 * w1)
+        c1, c0 = 0.0, needs[w1] - c2 * w1 * w1
     else:
-        c2 = (needs[hi] - needs[lo]) / (hi * hi - lo * lo)
-        c1, c0 = 0.0, needs[lo] - c2 * lo * lo
+        return None
     roots = np.roots([c2, c1, c0 - capacity]) if c2 != 0 or c1 != 0 else np.array([])
     inside = [float(r.real) for r in np.atleast_1d(roots) if abs(r.imag) < 1e-9 and lo < r.real < hi]
     return min(inside) if inside else None

@@ -98,12 +98,16 @@ def test_the_guided_search_answers_what_the_binary_search_does(low: int, span: i
             widest_guided(probe, low, high, step, capacity)
         return
     assert widest_guided(probe, low, high, step, capacity) == expected
+    probed.clear()  # the widths that do not fit say no need (their plans could not be predicted)
+    blind_misses = lambda w: (fits(w), need(w) if fits(w) and not blind else None)  # noqa: E731
+    assert widest_guided(lambda w: (probed.append(w), blind_misses(w))[1], low, high, step, capacity) == expected
     assert len(probed) == len(set(probed)) and all(w % step == 0 and low <= w <= high for w in probed)
 
 
 def test_the_guided_search_needs_fewer_probes_on_a_smooth_growth() -> None:
     """Needs growing as a + b w + c w^2 (parameters as the width squared, activations linearly): after the two
-    ends the guess lands next to the limit, where the binary search halves 1023 widths ten times."""
+    ends the guess lands next to the limit, where the binary search halves 1023 widths ten times; where the
+    widths that do not fit say no need, the guesses extrapolate from those that fit."""
     probed: list[int] = []
 
     def probe(w: int) -> tuple[bool, float | None]:
@@ -114,6 +118,14 @@ def test_the_guided_search_needs_fewer_probes_on_a_smooth_growth() -> None:
     found = widest_guided(probe, 1, 1024, 1, 1.2e9)
     assert found == max(w for w in range(1, 1025) if 5e8 + 3e5 * w + 900.0 * w * w <= 1.2e9)
     assert len(probed) <= 2 + 4
+    probed.clear()
+
+    def blind_above(w: int) -> tuple[bool, float | None]:
+        fits, need = probe(w)
+        return fits, need if fits else None
+
+    assert widest_guided(blind_above, 1, 1024, 1, 1.2e9) == found
+    assert len(probed) <= 2 + 6
 
 
 def test_widths_grow_only_the_width() -> None:
