@@ -121,7 +121,8 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
     for space in spaces_searched:
         key = f"{s.case.model}/largest/{space}"
         record: dict[str, Any] = store.records.get(key) or {"probes": {}}
-        record.pop("not run", None)
+        for stale in ("not run", "widest", "at_least", "high", "parameters", "label"):  # (an earlier search's answer:
+            record.pop(stale, None)                                                    # until this one ends, none)
 
         def probe(w: int, space: str = space, record: dict[str, Any] = record, key: str = key) -> tuple[bool, float | None]:
             known = record["probes"].get(str(w))

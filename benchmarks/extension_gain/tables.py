@@ -99,11 +99,32 @@ def print_tables(store: ResultStore) -> None:
         if "not run" in r:
             print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | | | {len(r['probes'])} |")
             continue
+        if "widest" not in r:  # interrupted: the bracket its probes so far give
+            fit = max((int(w) for w, p in r["probes"].items() if p["fits"]), default=None)
+            miss = min((int(w) for w, p in r["probes"].items() if not p["fits"] and (fit is None or int(w) > fit)),
+                       default=None)
+            at = r["probes"].get(str(fit), {})
+            bracket = f"{fit} fits" + ("" if miss is None else f", {miss} does not")
+            print(f"| {m} | {space} | search unfinished: {bracket} |"
+                  f" {at.get('parameters', 0):,} | {md_cell(at.get('label') or '')} | {_gib(at.get('needed_bytes'))} |"
+                  f" {len(r['probes'])} |")
+            continue
         at = r["probes"].get(str(r["widest"]), {})
         width = f"{r['widest']}{' or more' if r['at_least'] else ''} ({r['width_name']}; own {r['own_width']})"
         params = f"{r['parameters']:,}" if r.get("parameters") else ""
         print(f"| {m} | {space} | {width} | {params} | {md_cell(r.get('label') or '')} | {_gib(at.get('needed_bytes'))} |"
               f" {len(r['probes'])} |")
+    print()
+    print("Every probe of the largest-model searches (in the order made; *needs*: what the space's lowest-memory plan")
+    print("needs, predicted; none where no plan of the space could be predicted):")
+    print()
+    print("| model | space | width | parameters | fits | needs (predicted) | plan |")
+    print("|---|---|---:|---:|---|---:|---|")
+    for key, r in largest_rows:
+        m, _, space = key.split("/", 2)
+        for w, p in r["probes"].items():
+            print(f"| {m} | {space} | {w} | {p['parameters']:,} | {'yes' if p['fits'] else 'no'} |"
+                  f" {_gib(p.get('needed_bytes'))} | {md_cell(p.get('label') or '')} |")
 
 
 

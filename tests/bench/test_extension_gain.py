@@ -280,3 +280,25 @@ def test_largest_on_a_tiny_model_runs_within_the_capacity(tmp_path: Path) -> Non
     plan: Plan = plan_memory(wide.db, cluster).plan
     ran = measure_plan(wide.db, plan, cluster=cluster, backend="sim", model=wide.case.model)
     assert ran.status == "ok", ran.reason
+
+
+def test_the_largest_model_tables_show_finished_and_unfinished_searches(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A finished search prints its widest width; an interrupted one the bracket its probes give (the widest
+    fit, the narrowest miss above it); every probe gets a row, a miss without a predicted need a blank need."""
+    from benchmarks.extension_gain.tables import print_tables
+
+    store = ResultStore(tmp_path / "r.json")
+    probe = lambda w, fits, need: {"width": w, "parameters": 1000 * w, "fits": fits, "needed_bytes": need,  # noqa: E731
+                                   "label": f"plan{w}" if fits else None}
+    store.put("m/largest/capture", {"probes": {"64": probe(64, True, 2**30), "256": probe(256, False, None),
+                                               "128": probe(128, True, 3 * 2**30), "192": probe(192, False, 5 * 2**30)},
+                                    "widest": 128, "at_least": False, "own_width": 64, "width_name": "hidden size",
+                                    "parameters": 128_000, "label": "plan128"})
+    store.put("m/largest/extended", {"probes": {"64": probe(64, True, 2**30), "256": probe(256, False, None),
+                                                "160": probe(160, True, 2**31)}})
+    print_tables(store)
+    out = capsys.readouterr().out
+    assert "| m | capture | 128 (hidden size; own 64) | 128,000 | plan128 | 3.00 GiB | 4 |" in out
+    assert "| m | extended | search unfinished: 160 fits, 256 does not | 160,000 | plan160 | 2.00 GiB | 3 |" in out
+    assert "| m | capture | 256 | 256,000 | no |  |  |" in out and "| m | capture | 192 | 192,000 | no | 5.00 GiB |  |" in out
