@@ -28,8 +28,7 @@ from typing import Any
 from hybridplan.errors import PlanError
 from hybridplan.models.zoo import get_model
 from hybridplan.plan import Cluster
-from hybridplan.units import parse_bytes
-from hybridplan.units import format_bytes
+from hybridplan.units import format_bytes, parse_bytes
 from hybridplan.workflows.plan_memory import plan_memory
 from hybridplan.workflows.runs import ResultStore
 
