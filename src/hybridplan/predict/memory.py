@@ -260,7 +260,7 @@ class MemoryPredictor:
         sizes = self.stats.get(self._scenario(kind, degree))
         wider = None if sizes else self._wider_data(kind, degree)
         if wider is not None:  # [Note: a data stage wider than the profiled ones]
-            return wider[0].span_quantities(start, stop, "data", wider[1], refined=refined)
+            return wider[0].span_quantities(start, stop, kind, wider[1], refined=refined)
         if not sizes or len(sizes) < 2:
             return None
         found = [span_in_units(s, start, stop) for s in sizes]
@@ -331,7 +331,7 @@ class MemoryPredictor:
             return math.inf if value is None else value
         wider = self._wider_data(kind, degree)
         if wider is not None:  # [Note: a data stage wider than the profiled ones]
-            return wider[0].stage_memory(start, stop, "data", wider[1], stages_after)
+            return wider[0].stage_memory(start, stop, kind, wider[1], stages_after)
         degrees = self.profiled_degrees(kind)
         if len(degrees) < 2 or (kind == "data-zero3" and degree > degrees[-1]):  # see predict/plan_checks.py
             return math.inf
@@ -385,16 +385,18 @@ class MemoryPredictor:
         and optimizer state do not: measured on 2x4 (benchmarks/extended_accuracy, 10 data x8 stages of
         gpt-tiny, wresnet-tiny and moe-tiny, unsharded and ZeRO-1, simulated devices) the fit was 9.2% to 82.7%
         below the measured peak, this composition 0.00% on 8 of them and 0.09% and 0.13% on moe-tiny's two under
-        GPipe (on MoE 1.3B on H100s, a data x8 stage fitted at 9.82 GiB measured 16.35 GiB). ZeRO-3 and ZeRO-2
-        shard with the degree, so they are not composed this way (``_check_zero`` in predict/plan_checks.py).
+        GPipe (on MoE 1.3B on H100s, a data x8 stage fitted at 9.82 GiB measured 16.35 GiB). A ZeRO-3 stage
+        (``kind="data-zero3"``) is the widest profiled ZeRO-3 stage at that batch too, its shards then moved to
+        ``degree`` ranks: [Note: a ZeRO-3 stage wider than the profiled ones] in predict/zero_stage.py. ZeRO-2 is
+        not composed this way (``_check_zero`` in predict/plan_checks.py).
 
         None where this does not apply: another kind, a profiled or not wider degree, ``method="capture"``, or a
         micro-batch that does not split ``degree`` ways.
         """
-        if kind != "data" or self.method == "capture" or self.microbatch_size % degree:
+        if kind not in ("data", "data-zero3") or self.method == "capture" or self.microbatch_size % degree:
             return None
-        profiled = self.profiled_degrees("data")
-        if not profiled or degree <= profiled[-1] or ("data", degree) in self.stats:
+        profiled = self.profiled_degrees(kind)
+        if not profiled or degree <= profiled[-1] or (kind, degree) in self.stats:
             return None
         d = profiled[-1]
         return self._at_batch(self.global_batch_size * d // degree), d

@@ -68,12 +68,13 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
         raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
                            fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
     zero3 = base.profiled_degrees("data-zero3")
-    if stage.zero == 3 and zero3 and stage.degree > zero3[-1]:
+    if stage.zero == 3 and zero3 and stage.degree > zero3[-1] and base._wider_data("data-zero3", stage.degree) is None:
         raise ProfileError(
-            f"{where}: ZeRO-3 over {stage.degree} devices is above the profiled ZeRO-3 degrees {zero3}, and a ZeRO-3"
-            " stage's parameter and gradient shards and gathering buffers change with its degree, so it is neither"
-            " composed from a narrower stage ([Note: a data stage wider than the profiled ones]) nor fitted",
-            fix="use ZeRO-1 or no ZeRO for a stage this wide (composed from the profile), or " + instead)
+            f"{where}: ZeRO-3 over {stage.degree} devices is above the profiled ZeRO-3 degrees {zero3}; it is composed"
+            f" from the data{zero3[-1]}-zero3 scenario ([Note: a ZeRO-3 stage wider than the profiled ones]) only by"
+            " the default prediction method and where the micro-batch of"
+            f" {base.microbatch_size} samples splits {stage.degree} ways",
+            fix="predict with the default method and a micro-batch size divisible by the degree, or " + instead)
     if stage.zero == 2 and not {("data-zero3", stage.degree), ("data", stage.degree)} <= set(base.stats):
         raise ProfileError(f"{where}: ZeRO-2 is predicted from the data{stage.degree} and data{stage.degree}-zero3"
                            " scenarios, and the profile lacks one (no fit across degrees for ZeRO-2)",

@@ -79,6 +79,7 @@ def predict_plan(predictor: MemoryPredictor, plan: Plan) -> PlanPrediction:
                                        after) if stage.kind == "data+tensor"
                      else zero_peaks(base, stage.start, stage.stop, stage.kind, stage.zero, degree, after))
         layout, world, rank_of = zero_ranks(base, stage)
+        wider = base._wider_data("data-zero3", stage.degree) if stage.zero == 3 and stage.kind == "data" else None
         if stage.zero and stage.kind == "data" and peaks is None:  # ZeRO-2 needs the quantities ("capture" keeps only peaks)
             raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
                                f" data{degree} and data{degree}-zero3 scenarios' quantities",
@@ -93,6 +94,8 @@ def predict_plan(predictor: MemoryPredictor, plan: Plan) -> PlanPrediction:
                     gradient = 0
                     if composed:  # the unsharded stage's static, gradient and step, moved to the rank's chunks
                         static, gradient, step = layout.unsharded_shift(stage.start, stage.stop, world, r)
+                    elif wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones] (zero_stage.py)
+                        static, step, gradient = layout.wider_zero3_shift(stage.start, stage.stop, wider[1], world, r)
                     mine = {**breakdown, "static": breakdown["static"] + static,
                             "gradient": breakdown["gradient"] + gradient,
                             "step_transient": breakdown["step_transient"] + step}

@@ -52,7 +52,7 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
         return out
     wider = None if (kind, degree) in predictor.stats else predictor._wider_data(kind, degree)
     if wider is not None:  # [Note: a data stage wider than the profiled ones]
-        return wider[0].stage_memory_matrix("data", wider[1], stages_after, L)
+        return wider[0].stage_memory_matrix(kind, wider[1], stages_after, L)
     if degree != 1 and (kind, degree) not in predictor.stats:
         degrees = predictor.profiled_degrees(kind)
         if len(degrees) < 2 or (kind == "data-zero3" and degree > degrees[-1]):  # see predict/plan_checks.py

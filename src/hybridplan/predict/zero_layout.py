@@ -204,6 +204,23 @@ class ZeroLayout:
         largest = max((e * math.prod(shape) for e, shape in params), default=0)
         return static, stored - whole, _STEP_TEMPORARIES * (max(chunks, default=0) - largest)
 
+    def wider_zero3_shift(self, start: int, stop: int, profiled: int, degree: int, rank: int) -> tuple[int, int, int]:
+        """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the first rank of the same stage over
+        ``profiled`` ranks, in ``static``, the step transient and ``gradient`` ([Note: a ZeRO-3 stage wider than
+        the profiled ones] in predict/zero_stage.py): its stored parameter chunks and their reduce-scattered
+        gradients (:meth:`stored_bytes`), the AdamW state of its own chunks, and the two step temporaries of its
+        largest chunk, each at ``degree`` ranks instead of ``profiled``."""
+        stored = self.stored_bytes(start, stop, degree) - self.stored_bytes(start, stop, profiled)
+        static = stored + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
+            start, stop, 3, profiled, 0)
+
+        def largest_chunk(world: int, r: int) -> int:
+            return max((e * fsdp_rows((shape or (1,))[0], world, r) * math.prod(shape[1:])
+                        for e, shape in self._params(start, stop)), default=0)
+
+        step = _STEP_TEMPORARIES * (largest_chunk(degree, rank) - largest_chunk(profiled, 0))
+        return static, step, stored
+
     def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """ZeRO-1: how much ``rank``'s step transient differs from the unsharded stage's (twice its share's largest
         parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
