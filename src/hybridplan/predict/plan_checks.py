@@ -75,7 +75,8 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
             " the default prediction method and where the micro-batch of"
             f" {base.microbatch_size} samples splits {stage.degree} ways",
             fix="predict with the default method and a micro-batch size divisible by the degree, or " + instead)
-    if stage.zero == 2 and not {("data-zero3", stage.degree), ("data", stage.degree)} <= set(base.stats):
+    wider = base._wider_data("data-zero3", stage.degree) is not None and base._wider_data("data", stage.degree) is not None
+    if stage.zero == 2 and not wider and not {("data-zero3", stage.degree), ("data", stage.degree)} <= set(base.stats):
         raise ProfileError(f"{where}: ZeRO-2 is predicted from the data{stage.degree} and data{stage.degree}-zero3"
                            " scenarios, and the profile lacks one (no fit across degrees for ZeRO-2)",
                            fix=f"profile with --zero on a mesh with {stage.degree} devices per node, or " + instead)

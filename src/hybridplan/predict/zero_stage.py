@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import TYPE_CHECKING
 
@@ -45,9 +46,12 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
     source, layout = predictor._zero_source(kind, zero), predictor.zero_layout
     if source is None or layout is None:
         return None
+    wider = predictor._wider_data("data-zero3", degree) if zero in (2, 3) else None
     if zero == 2:
+        if wider is not None and predictor._wider_data("data", degree) is not None:  # the same Note, ZeRO-2's replay
+            narrow, profiled = wider
+            return _zero2_peaks(narrow, start, stop, profiled, stages_after, over=degree)
         return _zero2_peaks(predictor, start, stop, degree, stages_after)
-    wider = predictor._wider_data(source, degree) if zero == 3 else None
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
         moved = [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)]
@@ -259,7 +263,12 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     rank's own chunks, the step's two temporaries of its largest chunk; and the gathered bytes, whose padding
     (each parameter as D chunks of ``ceil(dim0 / D)`` rows) can grow with D: every transient is raised by the
     largest growth of one layer, a bound where two layers are gathered at once and their rows both pad. So the
-    stage is the d stage at the global batch ``B * d / D``, moved by these, under the same rules as at d.
+    stage is the d stage at the global batch ``B * d / D``, moved by these, under the same rules as at d (ZeRO-2
+    too: its replay from the data and ZeRO-3 scenarios at d, with the layers it keeps gathered counted at D). One
+    thing is kept at d's size: a first backward's transient holds the gradient shards reduce-scattered before its
+    peak, which the span statistics do not place, so a peak set there errs high by at most the shards' difference
+    (tests/predict/test_zero_stage.py: the MLP's layers 0-2 over 4 ranks from 2, exactly one layer's shard high,
+    1,056 bytes).
     Measured (tests/predict/test_wider_data.py, the MLP's ZeRO-3 over 4 and 8 ranks on two nodes from data2-zero3,
     simulated devices): 1F1B to the byte on every rank (the head's 10 rows padded to 12 and 16: +264 and +792
     bytes); GPipe 412 and 396 bytes high (1.9%, 2.1%), below the 2,012 the x2 stage's own prediction errs by.
@@ -356,11 +365,14 @@ def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -
                             predictor.zero_layout.gathered_bytes(start, stop, degree))
 
 
-def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
-                 stages_after: int) -> list[float] | None:
+def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int, stages_after: int, *,
+                 over: int | None = None) -> list[float] | None:
     """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero2_replay.py): the
     ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
-    forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``."""
+    forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``.
+    ``over``: the stage's ranks where more than ``degree`` ([Note: a ZeRO-3 stage wider than the profiled ones]:
+    ``predictor`` is then at the replica's batch, each rank's shards, AdamW state and step moved to ``over`` ranks,
+    the layers gathered over them)."""
     layout = predictor.zero_layout
     if (layout is None or predictor.method == "capture"
             or not {("data-zero3", degree), ("data", degree)} <= set(predictor.stats)):
@@ -393,10 +405,24 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
         gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
                               unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree)),
     )
+    ranks = over or degree
+    if ranks != degree:
+        wide = layout.gathered_bytes(start, stop, ranks)
+        growth = max((w - g for w, g in zip(wide, gathered)), default=0)
+        transients = replace(transients, gathering_forward=transients.gathering_forward + sum(wide) - total,
+                             first_backward=transients.first_backward + growth,
+                             gathered_backward=transients.gathered_backward + growth)
+        total = sum(wide)
     out = []
-    for r in range(degree):
+    for r in range(ranks):
         v = q[:PEAK].copy()
         v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
-        v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
+        if ranks == degree:
+            v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
+        else:
+            for name, moved in zip(("static", "step_transient", "gradient"), layout.wider_zero3_shift(start, stop, degree, ranks, r)):
+                v[INDEX[name]] += moved
+            for name in ("first_backward_transient", "backward_transient"):
+                v[INDEX[name]] += growth
         out.append(zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches))
     return out
