@@ -7,7 +7,13 @@ scenario's own backward transients scale and compose badly for the same reason (
 blocks: the data stage's transient plus the block's gathered bytes and the prefetched block's, 229,632 + 2 x
 199,936 = 629,504, to the byte; on wresnet-tiny's layers 4-6 the rule gives 1,027,264 below the 1,347,068
 measured (there its gradient's reduce-scatter sets the peak, which the data stage does not do), so it is a
-floor under the scenario's value, not a replacement (:func:`sharded_backward_floor`).
+floor under the scenario's value, not a replacement (:func:`sharded_backward_floor`). Under a first backward the
+data stage's suffix ``j..`` also holds the whole gradients of its layers after ``j``, which it keeps, where ZeRO-3
+has reduce-scattered them into shards by the time it reaches ``j``: those suffixes are taken down by the layers'
+bytes less the rank's shards before the rule (``_floored_backwards`` in predict/zero_stage.py). Without that the
+floor grew with the span: gpt-tiny's ten layers as data4-zero3 at 2 samples per replica, floored to 923,904
+bytes where the first backward measures 609,728 (its peak set there once ZeRO-3 over 8 ranks shrinks the
+shards: the stage predicted 6.6% high); with it the floor is 491,904, under the scenario's composed 844,288.
 
 [Note: a backward after a backward] A ZeRO-3 backward that follows a forward finds the layer before the one it
 is running already all-gathered (FSDP2 prefetches in the order the forward recorded, which a backward resets):

@@ -273,8 +273,8 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     simulated devices): 1F1B to the byte on every rank (the head's 10 rows padded to 12 and 16: +264 and +792
     bytes); GPipe 412 and 396 bytes high (1.9%, 2.1%), below the 2,012 the x2 stage's own prediction errs by.
     benchmarks/extended_accuracy's data x8 ZeRO-3 stages: wresnet-tiny to the byte (1F1B) and +1.38% (GPipe),
-    gpt-tiny +6.61% and +6.17%: the data4-zero3 scenario's own error on the composed whole-model span (its
-    first backward is 7.9% high at x4, hidden there by the later backward that holds the gradients; at x8 the
+    gpt-tiny +3.40% and +4.74%: the data4-zero3 scenario's own error on the composed whole-model span (its
+    first backward composed 38% high, hidden at x4 by the later backward that holds the gradients; at x8 the
     shards shrink and it sets the peak), not this composition's (docs/prediction.md)."""
     layout = predictor.zero_layout
     out = _zero3_quantities(predictor, start, stop, degree, q) if layout is not None and layout.precision == "fp32" else q.copy()
@@ -345,9 +345,15 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
     if table is None or predictor.zero_layout is None:
         return q
     gathered = predictor.zero_layout.gathered_bytes(start, stop, degree)
+    # a first backward of the data stage holds the whole gradients of the suffix's later layers, which ZeRO-3 has
+    # reduce-scattered into shards by then ([Note: the sharded backward's floor])
+    layers = predictor.zero_layout.layer_bytes(start, stop)
+    scattered = np.cumsum([0] + [whole - g // degree for whole, g in zip(layers[::-1], gathered[::-1])])[:-1][::-1]
     out = q.copy()
     for name in ("first_backward_transient", "backward_transient"):
         suffix = table[start:stop, stop, INDEX[name]]
+        if name == "first_backward_transient":
+            suffix = suffix - scattered
         loss = _loss_phases(predictor, degree, name, 1) if stop == predictor.num_layers else None
         if not np.isnan(suffix).any():
             out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered, loss=loss))
