@@ -98,6 +98,15 @@ def extrapolated(predictor: MemoryPredictor, plan: Plan) -> bool:
     return any(st.data_degree > top["data"] or st.tensor_degree > top["tensor"] for st in plan.stages)
 
 
+def fitted(predictor: MemoryPredictor, plan: Plan) -> bool:
+    """Whether a stage of ``plan`` has a tensor degree above the profiled ones: predicted by seed 000's degree fit.
+    (A data stage above the profiled data degrees is composed from the widest profiled one, docs/prediction.md
+    section 5: the uniform plans' data x8 and x16 stages measured within 1.33% of it in this benchmark's
+    lowest-peak column, where :func:`extrapolated` has them run.)"""
+    top = max(predictor.profiled_degrees("tensor"), default=1)
+    return any(st.tensor_degree > top for st in plan.stages)
+
+
 def peak_of(row: dict[str, Any]) -> int | None:
     """A row's peak: measured where it was run on simulated devices, else predicted."""
     sim = row.get("simulated")

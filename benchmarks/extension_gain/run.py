@@ -91,6 +91,12 @@ def main() -> None:
             s = SETTINGS[name]
             if args.recompute_profiles is not None:
                 s = replace(s, recompute=tuple(r for r in s.recompute if r in args.recompute_profiles.split(",")))
+            columns = args.columns.split(",")
+            if columns == ["none"]:  # the largest model alone: each probe makes (or checks) the profiles its
+                if args.largest:     # space reads, the model's own width included (largest.py)
+                    largest(s, store, say, profile=args.profile, high_factor=args.largest_factor,
+                            spaces_searched=tuple(args.largest_spaces.split(",")))
+                continue
             for argv in profile_commands(s):
                 say("hybridplan " + " ".join(argv))
                 if args.profile and hybridplan(argv) != 0:
@@ -100,7 +106,6 @@ def main() -> None:
                 say(note)
             if ready is None:
                 continue
-            columns = args.columns.split(",")
             if "peak" in columns:
                 lowest_peak(ready, store, say, not args.no_validate)
                 megatron_lowest(ready, store, say, not args.no_validate)

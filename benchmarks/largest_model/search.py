@@ -47,11 +47,18 @@ def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, h
     width per layer; activations grow linearly), so the next probe is where that curve through the three
     probes nearest the bracket (a width that fits, one that does not; or the widest fitting ones where the
     other end's need is unknown) meets ``capacity`` (with two probes: a line in ``w^2``), rounded down to the
-    step and kept strictly inside the bracket (:func:`_guess`). Whatever
-    the guess, the bracket stays valid, so the answer is :func:`widest`'s for any monotone ``fits``; where the
-    guesses stop halving the bracket (two probes in a row), or the probes say no need, the next probe bisects. A
-    guess that lands just below the limit is followed by one just above it: a few probes after the ends on a
-    smooth growth, where the bisection takes about log2(range / step).
+    step and kept strictly inside the bracket (:func:`_guess`).
+
+    The top end ``high`` is not probed first where the needs already place the limit below it: the widest
+    widths are the dearest probes (a profile whose spans run out of memory and are split again and again) and
+    often say no need at all. Until a width is seen not to fit, the guesses go up from the widest fitting one
+    (with one need known, the line through the origin: memory that grew only linearly would meet the capacity
+    there, so the limit is seldom beyond it); a guess at or above ``high``, two fitting guesses in a row, or
+    no guess at all, probe ``high`` itself. Whatever the guesses, the answer is :func:`widest`'s for any
+    monotone ``fits``: a width is answered only once a probe fits there and one a step wider does not (or it
+    is ``high``). Inside a bracket, where the guesses stop halving it (two probes in a row), or the probes say
+    no need, the next probe bisects. A guess that lands just below the limit is followed by one just above it:
+    a few probes on a smooth growth, where the bisection takes about log2(range / step).
 
     Example:
         >>> widest_guided(lambda w: (w * w <= 10_000, float(w * w)), 32, 256, 8, 10_000.0)
@@ -70,8 +77,19 @@ def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, h
 
     if not ask(lo):
         return 0
-    if hi == lo or ask(hi):
-        return hi * step
+    if hi == lo:
+        return lo * step
+    top, missed = hi, False  # ``hi`` is a width seen not to fit once ``missed``; until then ``top``, unprobed
+    climbed = 0  # fitting guesses in a row below the unprobed top
+    while not missed:
+        guess = _guess_up(needs, lo * step, top * step, capacity) if climbed < 2 else None
+        k = top if guess is None else min(max(int(guess // step), lo + 1), top)
+        if ask(k):
+            if k == top:
+                return top * step
+            lo, climbed = k, climbed + 1
+        else:
+            hi, missed = k, True
     stalled = 0  # probes in a row that did not halve the bracket
     while hi - lo > 1:
         guess = _guess(needs, lo * step, hi * step, capacity) if stalled < 2 else None
@@ -83,6 +101,18 @@ def widest_guided(probe: Callable[[int], tuple[bool, float | None]], low: int, h
             hi = k
         stalled = 0 if guess is None else stalled + 1 if 2 * (hi - lo) > before else 0
     return lo * step
+
+
+def _guess_up(needs: dict[int, float], lo: int, top: int, capacity: float) -> float | None:
+    """Where the needs place the limit above ``lo`` (the widest width that fits) and below ``top`` (not seen not
+    to fit here, though an earlier search may have probed it): :func:`_guess` through the probes nearest that
+    range, or with ``lo``'s need alone the line through the origin; None where ``lo``'s need is unknown or over
+    the capacity, or the guess is not below ``top``."""
+    if lo not in needs or needs[lo] > capacity or needs[lo] <= 0:
+        return None
+    known = {w: n for w, n in needs.items() if w <= top}
+    guess = _guess(known, lo, top, capacity) if len(known) > 1 else lo * capacity / needs[lo]
+    return guess if guess is not None and guess < top else None
 
 
 def _guess(needs: dict[int, float], lo: int, hi: int, capacity: float) -> float | None:

@@ -128,6 +128,34 @@ def test_the_guided_search_needs_fewer_probes_on_a_smooth_growth() -> None:
     assert len(probed) <= 2 + 6
 
 
+def test_the_top_width_is_not_probed_where_the_needs_place_the_limit_below_it() -> None:
+    """A search resumed above two widths that fit (GPT-3 2.6B's extended space: 9.71 GiB at 2,560, 37.56 GiB at
+    7,680) goes to where their curve meets the capacity, never to the top (4 times the width: the dearest
+    profile); with the model's own width alone known, the first guess is the line through the origin."""
+    gib = 2**30
+    a, c = 6.0 * gib, (37.56 - 9.71) * gib / (7680**2 - 2560**2)  # a + c w^2 through the two, a little lower
+
+    probed: list[int] = []
+
+    def probe(w: int) -> tuple[bool, float | None]:
+        probed.append(w)
+        return a + c * w * w <= 40 * gib, a + c * w * w
+
+    limit = max(w for w in range(7680, 10241, 32) if a + c * w * w <= 40 * gib)  # by hand: 7,968 (a little over)
+    found = widest_guided(probe, 7680, 10240, 32, 40 * gib, known={2560: 9.71 * gib, 7680: 37.56 * gib})
+    assert found == limit and 10240 not in probed and len(probed) <= 1 + 3
+    probed.clear()
+    # one need known: 9.71 GiB at 2,560 puts the line through the origin at 2,560 x 40 / 9.71 = 10,545, above the
+    # top: the top is probed (and does not fit), then the bracket
+    assert widest_guided(probe, 2560, 10240, 32, 40 * gib, known={2560: 9.71 * gib}) == limit
+    assert probed[:2] == [2560, 10240]
+    probed.clear()
+    # at 20 GiB the line meets 40 GiB at twice the width: probed first, under the top
+    assert widest_guided(lambda w: (probed.append(w), (w <= 3000, 20 * gib * (w / 2560) ** 2))[1], 2560, 10240, 32,
+                         40 * gib, known={2560: 20 * gib}) == 2976
+    assert probed[1] == 5120 and 10240 not in probed
+
+
 def test_widths_grow_only_the_width() -> None:
     assert width_of("gpt-tiny") == (64, 4) and width_of("wresnet-1b") == (320, 32) and width_of("moe-1.3b") == (768, 16)
     assert at_width("gpt-tiny", 64) == "gpt-tiny"
