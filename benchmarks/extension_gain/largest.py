@@ -27,13 +27,13 @@ from typing import Any
 
 from hybridplan.errors import PlanError
 from hybridplan.models.zoo import get_model
-from hybridplan.plan import Cluster
+from hybridplan.plan import Cluster, Plan
 from hybridplan.units import format_bytes, parse_bytes
 from hybridplan.workflows.plan_memory import plan_memory
 from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain.megatron import megatron
-from benchmarks.extension_gain.plans import label, needed
+from benchmarks.extension_gain.plans import label, needed, simulate
 from benchmarks.extension_gain.settings import MEGATRON, Setting, profile_commands, spaces, unfinished
 from benchmarks.extension_gain.widths import at_width, width_of
 from benchmarks.largest_model.search import widest_guided
@@ -94,7 +94,8 @@ def answer(s: Setting, space: str, cluster: Cluster, say: Callable[[str], None])
         row: dict[str, Any] = next((row for row in r["rows"] if row["shape"] == r["best"]), {})
         least = min((row["needed_bytes"] for row in r["rows"] if row.get("needed_bytes") is not None), default=None)
         return {"fits": bool(r["fits"]), "label": f"{r['best']}: {row.get('label')}" if r["best"] else None,
-                "needed_bytes": row.get("needed_bytes") if r["fits"] else least}
+                "needed_bytes": row.get("needed_bytes") if r["fits"] else least,
+                **({"plan": row["plan"]} if r["fits"] and "plan" in row else {})}
     options = {} if space == "capture" else list(spaces(s).values())[-1]
     try:
         found = plan_memory(s.db, cluster, **options)
@@ -107,11 +108,36 @@ def answer(s: Setting, space: str, cluster: Cluster, say: Callable[[str], None])
         except PlanError:
             need = None
         return {"fits": False, "why": e.message, "needed_bytes": need}
-    return {"fits": True, "label": label(found.plan), "needed_bytes": needed(found.prediction)}
+    return {"fits": True, "label": label(found.plan), "needed_bytes": needed(found.prediction),
+            "plan": found.plan.to_dict()}
+
+
+def run_answer(s: Setting, space: str, record: dict[str, Any], cluster: Cluster, profile: bool,
+               say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The plan a finished search found at its widest width, run on simulated devices of ``cluster`` (the
+    capacity its answer was predicted to fit): the answer measured, not only predicted. Kept in the probe
+    (``simulated``: the run's status, measured and predicted peaks, seconds); a probe of an earlier search that
+    kept no plan is asked again (its profiles made, with ``profile``, or checked). None where no plan fits."""
+    probe = record["probes"].get(str(record.get("widest")))
+    if probe is None or not probe.get("fits"):
+        return None
+    if "simulated" not in probe:
+        sw = probe_setting(s, int(record["widest"]))
+        if "plan" not in probe:
+            ensure_profiles(sw, space, profile, say)
+            probe.update(answer(sw, space, cluster, say))
+        if "plan" not in probe:
+            return None
+        say(f"  running {s.case.model} {space} at width {record['widest']} on simulated devices: {probe['label']}")
+        ran = simulate(sw, Plan.from_dict(probe["plan"]), cluster,
+                       recompute_db=sw.recompute_db if space == "extended" else None)
+        probe["simulated"] = {k: ran[k] for k in ("status", "reason", "measured_peak_bytes", "predicted_peak_bytes",
+                                                  "seconds")}
+    return dict(probe["simulated"])
 
 
 def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profile: bool, capacity: str = CAPACITY,
-            high_factor: float = 4.0, spaces_searched: tuple[str, ...] = SPACES) -> None:
+            high_factor: float = 4.0, spaces_searched: tuple[str, ...] = SPACES, validate: bool = False) -> None:
     """Per space of ``spaces_searched`` (of :data:`SPACES`), the widest model (within ``high_factor`` times the model's width) with a plan
     predicted to fit ``capacity`` per device on the setting's mesh; resumable (module docstring)."""
     width, step = width_of(s.case.model)
@@ -156,3 +182,12 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
         store.put(key, record)
         say(f"{s.case.model} largest {space}: width {found}{' or more' if found == high else ''},"
             f" {best.get('parameters')} parameters")
+        if validate:
+            try:
+                ran = run_answer(s, space, record, cluster, profile, say)
+            except NotProfiled as e:
+                say(f"{s.case.model} largest {space}: its plan not run: {e}")
+                continue
+            store.put(key, record)
+            if ran is not None:
+                say(f"  run: {ran['status']}, measured {format_bytes(ran['measured_peak_bytes'])}")

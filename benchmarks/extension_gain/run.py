@@ -55,7 +55,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS), help=f"of {list(SETTINGS)}")
     ap.add_argument("--results", default=str(HERE / "results.json"))
-    ap.add_argument("--no-validate", action="store_true", help="skip the simulated runs of the chosen plans")
+    ap.add_argument("--no-validate", action="store_true", help="skip the simulated runs of the chosen plans"
+                    " (the largest model's too: the plan at its widest width)")
     ap.add_argument("--table", action="store_true", help="only print the tables from the results")
     ap.add_argument("--recompute-profiles", help="comma-separated subset of the settings' recompute profiles to use"
                     " (e.g. 'pipeline' while the others are still being profiled)")
@@ -95,7 +96,7 @@ def main() -> None:
             if columns == ["none"]:  # the largest model alone: each probe makes (or checks) the profiles its
                 if args.largest:     # space reads, the model's own width included (largest.py)
                     largest(s, store, say, profile=args.profile, high_factor=args.largest_factor,
-                            spaces_searched=tuple(args.largest_spaces.split(",")))
+                            spaces_searched=tuple(args.largest_spaces.split(",")), validate=not args.no_validate)
                 continue
             for argv in profile_commands(s):
                 say("hybridplan " + " ".join(argv))
@@ -115,7 +116,7 @@ def main() -> None:
                 fastest(ready, store, say, not args.no_validate)
             if args.largest:
                 largest(ready, store, say, profile=args.profile, high_factor=args.largest_factor,
-                        spaces_searched=tuple(args.largest_spaces.split(",")))
+                        spaces_searched=tuple(args.largest_spaces.split(",")), validate=not args.no_validate)
     print_tables(store)
 
 

@@ -92,12 +92,13 @@ def print_tables(store: ResultStore) -> None:
     if not largest_rows:
         return
     print()
-    print("| model | space | largest width that fits | parameters | plan at that width | needs (predicted) | probes |")
-    print("|---|---|---:|---:|---|---:|---:|")
+    print("| model | space | largest width that fits | parameters | plan at that width | needs (predicted) |"
+          " run on simulated devices | probes |")
+    print("|---|---|---:|---:|---|---:|---|---:|")
     for key, r in largest_rows:
         m, _, space = key.split("/", 2)
         if "not run" in r:
-            print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | | | {len(r['probes'])} |")
+            print(f"| {m} | {space} | not run: {md_cell(r['not run'])} | | | | | {len(r['probes'])} |")
             continue
         if "widest" not in r:  # interrupted: the bracket its probes so far give
             fit = max((int(w) for w, p in r["probes"].items() if p["fits"]), default=None)
@@ -107,13 +108,13 @@ def print_tables(store: ResultStore) -> None:
             bracket = f"{fit} fits" + ("" if miss is None else f", {miss} does not")
             print(f"| {m} | {space} | search unfinished: {bracket} |"
                   f" {at.get('parameters', 0):,} | {md_cell(at.get('label') or '')} | {_gib(at.get('needed_bytes'))} |"
-                  f" {len(r['probes'])} |")
+                  f" {_ran(at)} | {len(r['probes'])} |")
             continue
         at = r["probes"].get(str(r["widest"]), {})
         width = f"{r['widest']}{' or more' if r['at_least'] else ''} ({r['width_name']}; own {r['own_width']})"
         params = f"{r['parameters']:,}" if r.get("parameters") else ""
         print(f"| {m} | {space} | {width} | {params} | {md_cell(r.get('label') or '')} | {_gib(at.get('needed_bytes'))} |"
-              f" {len(r['probes'])} |")
+              f" {_ran(at)} | {len(r['probes'])} |")
     print()
     print("Every probe of the largest-model searches (in the order made; *needs*: what the space's lowest-memory plan")
     print("needs, predicted (the uniform plans: the first that fits, as in the fewest-devices column); none where no")
@@ -127,6 +128,15 @@ def print_tables(store: ResultStore) -> None:
             print(f"| {m} | {space} | {w} | {p['parameters']:,} | {'yes' if p['fits'] else 'no'} |"
                   f" {_gib(p.get('needed_bytes'))} | {md_cell(p.get('label') or '')} |")
 
+
+
+def _ran(probe: dict[str, Any]) -> str:
+    """A largest-model answer's run on simulated devices: its status and measured peak (largest.py
+    ``run_answer``), blank where not run."""
+    ran = probe.get("simulated")
+    if not ran:
+        return ""
+    return f"{ran['status']}, {_gib(ran.get('measured_peak_bytes'))}" if ran["status"] == "ok" else str(ran["status"])
 
 
 ZERO1_BYTES_PER_PARAMETER = 12

@@ -286,6 +286,49 @@ def test_a_probe_without_its_profile_is_not_run(tmp_path: Path) -> None:
         assert "hybridplan profile --model gpt-tiny" in r["not run"]
 
 
+def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """With ``validate`` the plan found at the widest width runs on simulated devices of the capacity (its
+    status and measured peak kept in that probe, and shown); a search resumed later runs nothing again; a probe
+    of an earlier search that kept no plan is asked again for it."""
+    from benchmarks.extension_gain.tables import print_tables
+
+    plan = {"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2,
+            "stages": [{"layers": [0, 10], "parallelism": "data", "degree": 2, "devices": [0, 1]}]}
+    asked: list[str] = []
+    ran: list[tuple[str, Any]] = []
+
+    def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
+        asked.append(s.case.model)
+        n = get_model(s.case.model).parameter_count()
+        return {"fits": n <= gpt_tiny_parameters(150), "needed_bytes": n, "label": "data2", "plan": plan}
+
+    def simulate(s: Setting, p: Plan, cluster: Any, recompute_db: Any = None) -> dict[str, Any]:
+        ran.append((s.case.model, cluster.memory_of(0)))
+        return {"status": "ok", "reason": None, "measured_peak_bytes": 3 * 2**30, "predicted_peak_bytes": 3 * 2**30,
+                "seconds": 1.0, "devices": []}
+
+    monkeypatch.setattr(largest_module, "answer", answer)
+    monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
+    monkeypatch.setattr(largest_module, "simulate", simulate)
+    store = ResultStore(tmp_path / "r.json")
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
+    r = ResultStore(tmp_path / "r.json")["gpt-tiny/largest/capture"]
+    assert r["widest"] == 148 and r["probes"]["148"]["simulated"]["status"] == "ok"
+    assert ran == [(at_width("gpt-tiny", 148), 40 * 2**30)]  # the answer's model, on 40 GiB devices
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
+    assert len(ran) == 1
+    print_tables(store)
+    assert "| data2 | 2.06 MiB | ok, 3.00 GiB | " in capsys.readouterr().out  # (needs: the faked parameter count)
+    # an earlier search's answer without its plan: asked again, then run
+    record = store["gpt-tiny/largest/capture"]
+    del record["probes"]["148"]["plan"], record["probes"]["148"]["simulated"]
+    store.put("gpt-tiny/largest/capture", record)
+    asked.clear()
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
+    assert asked == [at_width("gpt-tiny", 148)] and len(ran) == 2
+
+
 @pytest.mark.slow  # profiles gpt-tiny at about 6 widths on simulated devices: minutes on 2 cores
 def test_largest_on_a_tiny_model_runs_within_the_capacity(tmp_path: Path) -> None:
     """The real search (profiles of each probed width, the space's solver): the widest plan found for CAPTURE's
@@ -327,6 +370,6 @@ def test_the_largest_model_tables_show_finished_and_unfinished_searches(tmp_path
                                                 "160": probe(160, True, 2**31)}})
     print_tables(store)
     out = capsys.readouterr().out
-    assert "| m | capture | 128 (hidden size; own 64) | 128,000 | plan128 | 3.00 GiB | 4 |" in out
-    assert "| m | extended | search unfinished: 160 fits, 256 does not | 160,000 | plan160 | 2.00 GiB | 3 |" in out
+    assert "| m | capture | 128 (hidden size; own 64) | 128,000 | plan128 | 3.00 GiB |  | 4 |" in out
+    assert "| m | extended | search unfinished: 160 fits, 256 does not | 160,000 | plan160 | 2.00 GiB |  | 3 |" in out
     assert "| m | capture | 256 | 256,000 | no |  |  |" in out and "| m | capture | 192 | 192,000 | no | 5.00 GiB |  |" in out
