@@ -109,6 +109,27 @@ def test_frozen_heap_freezes_for_the_block_and_leaves_another_frozen_set_alone()
     assert gc.get_freeze_count() == 0
 
 
+def test_inside_the_block_the_heap_is_known_frozen_without_walking_the_frozen_set(monkeypatch):
+    """[Note: the frozen set is counted by walking it] (runtime/heap.py): gc.get_freeze_count() walks every frozen
+    object, so in the block neither heap_frozen() nor a nested block nor a simulated device asks it."""
+    from hybridplan.runtime import heap
+
+    real = gc.get_freeze_count
+    with frozen_heap():
+        def walked() -> int:
+            raise AssertionError("gc.get_freeze_count() called inside the block")
+
+        monkeypatch.setattr(heap.gc, "get_freeze_count", walked)
+        assert heap.heap_frozen()
+        with frozen_heap():
+            assert heap.heap_frozen()
+        assert heap.heap_frozen()  # the inner block released nothing
+        report = simulate_stage(RunConfig(model="gpt-tiny", plan=ONE_DEVICE, cluster=Cluster.parse("1x1"), backend="sim"), 0)
+        assert report.static[-1] > 0
+        monkeypatch.setattr(heap.gc, "get_freeze_count", real)
+    assert not heap.heap_frozen() and real() == 0
+
+
 def test_cannot_simulate_inside_a_process_group():
     with fake_process_group(0, 1):
         with pytest.raises(UsageError, match="already has a torch.distributed process group"):

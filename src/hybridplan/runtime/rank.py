@@ -26,6 +26,7 @@ from hybridplan.plan import Plan, StagePlan
 from hybridplan.runtime.config import DeviceType, RunConfig
 from hybridplan.runtime.executor import IterationRecord, StageExecutor, barrier
 from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, CudaDeviceModel, communicators_of, estimate_overhead_bytes
+from hybridplan.runtime.heap import heap_frozen
 from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
 from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
@@ -150,7 +151,7 @@ def run_rank(
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full
         # collection (runtime/executor.py) from rescanning every module and tensor (0.15 s each).
         gc.collect()
-        freeze = not simulated or gc.get_freeze_count() == 0  # never release someone else's frozen set
+        freeze = not simulated or not heap_frozen()  # never release someone else's frozen set (runtime/heap.py)
         if freeze:
             gc.freeze()
         records: list[IterationRecord] = []

@@ -39,7 +39,6 @@ Example::
 
 from __future__ import annotations
 
-import gc
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -54,6 +53,7 @@ from hybridplan.models.boundaries import BoundarySpec, boundary_specs
 from hybridplan.models.zoo import resolve_model
 from hybridplan.runtime.config import RunConfig, validate_config
 from hybridplan.runtime.gpu_memory import NCCL_COMMUNICATOR_BYTES, communicators_of
+from hybridplan.runtime.heap import frozen_heap
 from hybridplan.runtime.memory import DeviceOutOfMemory
 from hybridplan.runtime.rank import run_rank
 from hybridplan.runtime.result import RankReport, RunResult, aggregate, failed_result
@@ -80,30 +80,6 @@ def fake_process_group(rank: int, world: int) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
-
-
-@contextmanager
-def frozen_heap() -> Iterator[None]:
-    """The objects alive now frozen (``gc.freeze``) for the block.
-
-    Each simulated device starts with a full collection of the cyclic garbage collector (runtime/rank.py
-    ``run_rank``), which scans every object of the process: in a process that imported torch, several hundred
-    thousand of them, 0.2 to 0.9 s a device on the 2-core test machine (measured with a timed ``gc.collect`` over
-    ``measure_plan`` of the MLP on 2x2, 2026-11-25, machine shared). In the block those collections scan only
-    what was made after it began (their garbage is still collected). Freezing moves the collector's lists
-    without scanning them, so the block costs no collection of its own; garbage older than the block is kept
-    until the block ends (a simulation's tensors are fake: it holds their metadata only) and collected after.
-    A simulated device counts only storages made in its own run, so older objects never enter its bytes. Does
-    nothing if objects are frozen already (someone else's frozen set is never released).
-    """
-    if gc.get_freeze_count():
-        yield
-        return
-    gc.freeze()
-    try:
-        yield
-    finally:
-        gc.unfreeze()
 
 
 def _simulated_tensor_mode() -> Any:
