@@ -29,6 +29,7 @@ __all__ = [
     "LayerCosts",
     "stage_layer_costs",
     "core_sharing",
+    "optimizer_rate",
     "optimizer_seconds",
     "overhead_seconds",
     "recompute_seconds",
@@ -127,12 +128,19 @@ def _stage_device_type(profile: TimeProfile, cluster: Cluster, stage: StagePlan)
 
 def optimizer_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan, *, sharing: float = 1.0) -> float:
     """The stage's optimizer step ([Note: the terms AMP leaves out]); 0 if the profile measured none."""
+    return optimizer_rate(profile, cluster, stage, sharing=sharing) * parameter_bytes(profile.layers[stage.start : stage.stop])
+
+
+def optimizer_rate(profile: TimeProfile, cluster: Cluster, stage: StagePlan, *, sharing: float = 1.0) -> float:
+    """The stage's optimizer step in seconds per parameter byte of its layers (the stage's layers do not enter:
+    its devices, tensor degree and ZeRO level do): the profile's measured rate on its device type over the shards
+    one device steps (a tensor shard; under ZeRO each replica's share); 0 if the profile measured none."""
     dtype, speed = _stage_device_type(profile, cluster, stage)
     rate = profile.optimizer_seconds_per_byte(dtype, stage.tensor_degree)
     if rate is None:
         return 0.0
     shards = stage.tensor_degree * (stage.data_degree if stage.zero else 1)
-    return rate * parameter_bytes(profile.layers[stage.start : stage.stop]) / shards * sharing / speed
+    return rate / shards * sharing / speed
 
 
 def overhead_seconds(profile: TimeProfile, cluster: Cluster, stage: StagePlan, microbatch_size: int, *,

@@ -187,6 +187,61 @@ def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, nu
         assert found.objective == pytest.approx(total(found.boundaries, 0.0), rel=1e-12, abs=1e-12)
 
 
+@settings(max_examples=300, deadline=None)
+@given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans(),
+       latency=st.booleans(), memory=st.sampled_from([None, "monotone"]), scale=st.sampled_from([0.01, 0.3, 1.0, 5.0]))
+def test_with_the_optimizer_step_the_least_time_of_every_cut(data: st.DataObject, num_layers: int, gas: int,
+                                                             integers: bool, latency: bool, memory: str | None,
+                                                             scale: float) -> None:
+    """[Note: the optimizer step's maximum]: the pipeline term with the round trip, the slowest sync and the slowest
+    optimizer step (a third maximum, seconds per parameter byte per stage: ``scale`` from negligible to dominant),
+    written out again: the least over every cut (within memory windows: over every cut whose stages all fit)."""
+    from hybridplan.search.time.step_costs import StepCosts
+
+    k = data.draw(st.integers(1, num_layers))
+    in_flight = data.draw(st.integers(1, k + 1))
+    stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]
+    cut_costs = [_costs(data, num_layers, integers) for _ in range(k - 1)]
+    cut_floors = [c / 2 for c in cut_costs]
+    nbytes, tensors = _costs(data, num_layers, integers), _costs(data, num_layers, True)
+    factors = tuple(data.draw(st.sampled_from([0.0, 0.25, 1.0])) for _ in range(k))
+    latencies = tuple(data.draw(st.sampled_from([0.0, 0.1, 0.5])) for _ in range(k)) if latency else None
+    sync = SyncCosts(range_sums(nbytes), factors, range_sums(tensors) if latency else None, latencies)
+    rates = tuple(scale * data.draw(st.sampled_from([0.0, 0.5, 1.0, 2.0])) for _ in range(k))
+    step = StepCosts(range_sums(nbytes), rates)
+    fits = _memory(data, num_layers, k, True) if memory else None
+    starts = None if fits is None else [fitting_starts(f) for f in fits]
+    found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight, starts=starts, step=step)
+
+    def total(b: tuple[int, ...], tie: float = 1e-9) -> float:
+        period, fill = _period_and_fill(b, stage_costs, cut_costs, gas, in_flight)
+        w = [factors[j] * float(nbytes[b[j]:b[j + 1]].sum())
+             + (latencies[j] * float(tensors[b[j]:b[j + 1]].sum()) if latencies else 0.0) for j in range(k)]
+        r = [rates[j] * float(nbytes[b[j]:b[j + 1]].sum()) for j in range(k)]
+        return (gas - 1 or tie) * period + fill + max(w) + max(r)
+
+    if fits is None:
+        assert found is not None
+        assert total(found.boundaries) == pytest.approx(min(map(total, all_cuts(num_layers, k))), rel=1e-9, abs=1e-9)
+    else:
+        _assert_least_of_fitting(found, fits, total, True)
+    if found is not None:
+        assert found.objective == pytest.approx(total(found.boundaries, 0.0), rel=1e-9, abs=1e-9)
+
+
+def test_the_optimizer_step_moves_the_cut_by_hand() -> None:
+    """Two stages, layers of 1 s each, parameter bytes 0, 8, 0, 0, gas 2 (GPipe): without the step the balanced
+    cut (0, 2, 4) takes 1 x 2 + 4 = 6 s. Stage 0 steps 1 s per byte, stage 1 nothing (rates 1 and 0): the
+    balanced cut then steps layer 1's 8 bytes in 8 s, 14 s in all, and so does (0, 3, 4) (1 x 3 + 4 + 8 = 15 s);
+    (0, 1, 4) moves layer 1 to stage 1: 1 x 3 + 4 + 0 = 7 s, the least."""
+    from hybridplan.search.time.step_costs import StepCosts
+
+    ones, no_links = [np.ones(4)] * 2, [np.zeros(4)]
+    assert bottleneck_assignment(ones, no_links, 2).boundaries == (0, 2, 4)
+    found = bottleneck_assignment(ones, no_links, 2, step=StepCosts(range_sums([0.0, 8.0, 0.0, 0.0]), (1.0, 0.0)))
+    assert found.boundaries == (0, 1, 4) and found.objective == pytest.approx(7.0)
+
+
 @settings(max_examples=200, deadline=None)
 @given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans())
 def test_min_max_with_the_round_trip_the_least_period_of_every_cut(data: st.DataObject, num_layers: int, gas: int,

@@ -111,6 +111,20 @@ checks it against every cut whose stages all fit. :func:`bottleneck_min_max` (2B
 windows; AMP's program (``cuts="amp"``, the reference) does not, and the throughput search then cuts no strategy
 again (search/time/throughput.py: a strategy is cut within memory where its fastest cut does not fit, and with
 stage options where some stage fits under none).
+
+[Note: the optimizer step's maximum] The time model closes an iteration with the slowest stage's optimizer step
+(``max_j r_j``, ``r_j`` the stage's seconds per parameter byte times its range's bytes: predict/time_model.py,
+search/time/step_costs.py), a third maximum beside the bottleneck and the sync. Like the sync it grows with the
+range, so a cap ``R`` on it is a window per stage and end (the least start whose range steps within ``R``),
+which :func:`bottleneck_assignment` combines with the memory windows and hands to the search above: ``O(R)`` =
+the least pipeline term plus sync over the cuts whose every step is at most ``R``, non-increasing in ``R``. The
+optimum is ``min_R O(R) + R`` over the values a stage's step can take, found with the caps taken downwards from
+none: the cut found under ``R`` steps ``R' <= R`` and is also the best under every cap in ``[R', R]`` (it lies
+in them, and they hold fewer cuts), so the next cap is the largest value below ``R'``; the cap at or above the
+optimum's own step and nearest it is reached, and there the cut found is no slower than the optimum. The caps
+stop when ``O(R)`` alone reaches the best found (a lower cap only raises it, and the step is at least 0) or no
+cut is left: on the plan search's cases a few searches, where the step is small beside the pipeline. Checked
+against every cut (tests/search/time/test_bottleneck_cuts.py, test_throughput.py with a measured step).
 """
 
 from __future__ import annotations
@@ -125,6 +139,7 @@ from hybridplan.errors import PlanError
 from hybridplan.predict.time_model import pipeline_seconds_from
 from hybridplan.search.time.cut_problem import _Problem
 from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignment, _check
+from hybridplan.search.time.step_costs import StepCosts
 from hybridplan.search.time.sync_costs import SyncCosts
 
 __all__ = ["bottleneck_assignment", "bottleneck_min_max", "fitting_starts"]
@@ -197,7 +212,7 @@ def _sweep(problem: _Problem, caps: np.ndarray, pipeline: Pipeline, least_sum: f
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
-    starts: None = None,
+    starts: None = None, step: StepCosts | None = None,
 ) -> Assignment: ...
 
 
@@ -205,7 +220,7 @@ def bottleneck_assignment(
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
-    *, starts: Sequence[np.ndarray] | None,
+    *, starts: Sequence[np.ndarray] | None, step: StepCosts | None = None,
 ) -> Assignment | None: ...
 
 
@@ -217,11 +232,13 @@ def bottleneck_assignment(
     sync: SyncCosts | None = None,
     in_flight: int | None = None,
     starts: Sequence[np.ndarray] | None = None,
+    step: StepCosts | None = None,
 ) -> Assignment | None:
     """The boundaries minimising the time model's pipeline term (module note): without ``in_flight``
     :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the optimum of
     :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`), with it the round trip of 1F1B too; plus
-    ``sync.seconds`` when ``sync`` is given; by branch and bound on the bottleneck values.
+    ``sync.seconds`` when ``sync`` is given, and ``step.seconds`` when ``step`` is; by branch and bound on the
+    bottleneck values.
 
     Args: as :func:`~hybridplan.search.time.stage_cuts.amp_layer_assignment`; ``sync``: the data-parallel
     gradient all-reduce per stage, bandwidth and per-message latency
@@ -231,8 +248,10 @@ def bottleneck_assignment(
     (:func:`~hybridplan.predict.time_model.first_stage_in_flight`; None: as many as there are, GPipe), whose
     round trip bounds the period ([Note: the round trip of 1F1B] in predict/time_model.py); ``starts``: per
     stage, the least start of a range that fits its memory, per end ``i`` (``i``: none fits), so that only cuts
-    whose every stage fits are searched ([Note: cutting within memory]; None where no cut fits). The objective
-    returned is the time model's pipeline term (with one micro-batch, without the tie-break weight) plus the sync.
+    whose every stage fits are searched ([Note: cutting within memory]; None where no cut fits); ``step``: each
+    stage's optimizer step (:class:`~hybridplan.search.time.step_costs.StepCosts`), the slowest of which closes
+    the iteration ([Note: the optimizer step's maximum]). The objective returned is the time model's pipeline term
+    (with one micro-batch, without the tie-break weight) plus the sync and the step.
 
     Raises:
         PlanError: for more stages than layers, mismatched vector lengths or negative layer times.
@@ -242,6 +261,52 @@ def bottleneck_assignment(
         >>> a.boundaries, a.objective     # stages {0, 1} and {2}: 3 * 2 + 4
         ((0, 2, 3), 10.0)
     """
+    if step is None or not any(step.rates):
+        return _assignment(stage_costs, cut_costs, num_microbatches, cut_floors, sync, in_flight, starts)
+    # [Note: the optimizer step's maximum] the best cut under each cap R of the step, the caps taken downwards
+    k = len(stage_costs)
+    if len(step.rates) != k or step.range_bytes.shape != (len(stage_costs[0]) + 1,) * 2:
+        raise PlanError(f"optimizer step costs need {k} rates and {len(stage_costs[0]) + 1} x"
+                        f" {len(stage_costs[0]) + 1} range bytes")
+    upper = np.triu(np.ones(step.range_bytes.shape, dtype=bool), 1)
+    caps = np.unique(np.concatenate([step.matrix(j)[upper] for j in range(k)]))
+    best: tuple[float, tuple[int, ...]] | None = None
+    cap = np.inf
+    while True:
+        windows = [step.starts(j, cap) for j in range(k)]
+        if starts is not None:
+            windows = [np.maximum(w, np.asarray(s, dtype=np.intp)) for w, s in zip(windows, starts)]
+        found = _assignment(stage_costs, cut_costs, num_microbatches, cut_floors, sync, in_flight, windows)
+        if found is None:
+            break  # no cut steps within this cap (or fits memory): none does within a smaller one
+        own = step.seconds(found.boundaries)
+        if best is None or found.objective + own < best[0]:
+            best = (found.objective + own, found.boundaries)
+        # a smaller cap leaves fewer cuts: the rest of the objective only grows, the step is at least 0
+        if found.objective >= best[0]:
+            break
+        below = int(np.searchsorted(caps, own, side="left")) - 1  # caps in [own, cap] give this same cut
+        if below < 0:
+            break
+        cap = float(caps[below])
+    if best is None:
+        if starts is not None:
+            return None
+        raise PlanError("no cut of the layers into stages has a finite time",
+                        fix="check the stage and boundary costs: they must be finite")
+    return Assignment(best[1], best[0])
+
+
+def _assignment(
+    stage_costs: Sequence[np.ndarray],
+    cut_costs: Sequence[np.ndarray],
+    num_microbatches: int,
+    cut_floors: Sequence[np.ndarray] | None = None,
+    sync: SyncCosts | None = None,
+    in_flight: int | None = None,
+    starts: Sequence[np.ndarray] | None = None,
+) -> Assignment | None:
+    """:func:`bottleneck_assignment` without the optimizer step (the module note's search)."""
     problem = _Problem(stage_costs, cut_costs, cut_floors, sync, starts)
     if cut_floors is not None:
         _check(stage_costs, cut_floors)

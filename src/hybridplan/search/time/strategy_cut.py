@@ -26,13 +26,14 @@ from hybridplan.predict.communication import (
     slowest_link,
     sync_latency_per_tensor,
 )
-from hybridplan.predict.stage_compute import stage_layer_costs
+from hybridplan.predict.stage_compute import optimizer_rate, stage_layer_costs
 from hybridplan.predict.time_model import first_stage_in_flight
 from hybridplan.profiling.layer_info import parameter_tensors
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.time.stage_options import Option
+from hybridplan.search.time.step_costs import StepCosts
 from hybridplan.search.time.sync_costs import SyncCosts, range_sums
 
 __all__ = ["CutAlgorithm", "assign_layers", "parameter_range_bytes", "parameter_range_tensors"]
@@ -40,8 +41,8 @@ __all__ = ["CutAlgorithm", "assign_layers", "parameter_range_bytes", "parameter_
 CutAlgorithm = Literal["bottleneck", "amp"]
 """How :func:`assign_layers` cuts stages of a flushing schedule: "bottleneck" (default) minimises the predicted
 iteration time, the pipeline term as the time model has it (the round trip of 1F1B included) and the gradient sync
-(bandwidth and per-message latency), by branch and bound (search/time/bottleneck_cuts.py); not yet the slowest
-stage's optimizer step, which also grows with a stage's parameter bytes (0 for a profile that measured no step);
+(bandwidth and per-message latency) and the slowest stage's optimizer step (which also grows with a stage's
+parameter bytes; 0 for a profile that measured no step), by branch and bound (search/time/bottleneck_cuts.py);
 "amp" is AMP's dynamic program on eq. 5 alone (stage_cuts.py), the reference it replaced: exact for that term but
 O(k L^4), blind to the sync and to the round trip of 1F1B."""
 
@@ -160,12 +161,21 @@ def assign_layers(
             sync = SyncCosts(range_bytes, factors, range_tensors, latencies)
         else:
             sync = SyncCosts(range_bytes, factors)
+    step = None
+    if flush and cuts == "bottleneck":
+        # stage_compute.optimizer_seconds per range of layers: the slowest stage's step closes the iteration
+        rates = tuple(optimizer_rate(profile, cluster, replace(g, zero=z)) for z, g in zip(zeros, groups))
+        if any(rates):
+            if range_bytes is None:
+                range_bytes = parameter_range_bytes(profile)
+            step = StepCosts(range_bytes, rates)
     # the cut is timed with the round trip of 1F1B as the model times the plan (predict/time_model.py)
     in_flight = first_stage_in_flight(schedule, pp, gas) if cuts == "bottleneck" else None
     key = b""
     if cache is not None:
         key = np.concatenate([[gas, flush, cuts == "amp", in_flight or 0], *stage_costs, *cut_costs,
                               sync.factors if sync else [], (sync.latencies or []) if sync else [],
+                              [-2, *step.rates] if step else [],
                               *([[-1], *starts] if starts is not None else [])]).tobytes()
     if cuts == "amp" and starts is not None:
         raise UsageError("AMP's dynamic program cuts without memory windows", fix="use cuts='bottleneck'")
@@ -178,7 +188,8 @@ def assign_layers(
         if flush and cuts == "amp":
             assignment = amp_layer_assignment(stage_costs, cut_costs, gas, floors)
         elif flush:
-            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight, starts=starts)
+            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight, starts=starts,
+                                               step=step)
         else:
             assignment = (bottleneck_min_max(stage_costs, floors, cut_costs, gas, in_flight, starts=starts)
                           if cuts == "bottleneck" else min_max_assignment(stage_costs, floors, cut_costs))
