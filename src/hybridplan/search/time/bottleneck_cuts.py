@@ -297,15 +297,9 @@ def bottleneck_assignment(
     return Assignment(best[1], best[0])
 
 
-def _assignment(
-    stage_costs: Sequence[np.ndarray],
-    cut_costs: Sequence[np.ndarray],
-    num_microbatches: int,
-    cut_floors: Sequence[np.ndarray] | None = None,
-    sync: SyncCosts | None = None,
-    in_flight: int | None = None,
-    starts: Sequence[np.ndarray] | None = None,
-) -> Assignment | None:
+def _assignment(stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
+                cut_floors: Sequence[np.ndarray] | None, sync: SyncCosts | None, in_flight: int | None,
+                starts: Sequence[np.ndarray] | None) -> Assignment | None:
     """:func:`bottleneck_assignment` without the optimizer step (the module note's search)."""
     problem = _Problem(stage_costs, cut_costs, cut_floors, sync, starts)
     if cut_floors is not None:
