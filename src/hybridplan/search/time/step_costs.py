@@ -51,10 +51,19 @@ class StepCosts:
                    for j in range(len(boundaries) - 1))
 
     def starts(self, j: int, cap: float) -> np.ndarray:
-        """Per end ``i``, the least start ``a`` whose range ``[a, i)`` steps in at most ``cap`` on stage ``j`` (``i``
-        where none does): the window of :func:`~hybridplan.search.time.bottleneck_cuts.bottleneck_assignment`'s
-        ``starts``, a range's step growing with it."""
+        """Per end ``i``, the least start ``a`` whose every range ``[a', i)``, ``a <= a' < i``, steps in at most
+        ``cap`` on stage ``j`` (``i`` where ``[i - 1, i)`` does not): the window of
+        :func:`~hybridplan.search.time.bottleneck_cuts.bottleneck_assignment`'s ``starts``. A range's step grows
+        with it, but not always in floats: a range that starts after a tied layer counts its copy, summed in
+        another order (``range_sums``), a last bit apart; every range of the window is within the cap all the same.
+
+        Example:
+            >>> from hybridplan.search.time.sync_costs import range_sums
+            >>> StepCosts(range_sums([4.0, 1.0, 2.0]), (1.0,)).starts(0, 3.0)  # layer 0 alone steps 4: from 1
+            array([0, 1, 1, 1])
+        """
         m = self.matrix(j)
         n = m.shape[0] - 1
-        below = (m <= cap) & (np.arange(n + 1)[:, None] < np.arange(n + 1)[None, :])
-        return np.where(below.any(axis=0), below.argmax(axis=0), np.arange(n + 1)).astype(np.intp)
+        a = np.arange(n + 1)[:, None]
+        over = (m > cap) & (a < np.arange(n + 1)[None, :])
+        return np.where(over, a + 1, 0).max(axis=0).astype(np.intp)
