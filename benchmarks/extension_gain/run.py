@@ -35,6 +35,8 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
+from typing import Any
 
 from hybridplan.workflows.runs import ResultStore
 
@@ -71,7 +73,14 @@ def main() -> None:
     ap.add_argument("--largest-spaces", default=",".join(LARGEST_SPACES), help="comma-separated subset of"
                     f" {list(LARGEST_SPACES)} (searches of different spaces may run side by side, each with its own"
                     " --results file: a probe's profile is made by one of them while the others wait)")
+    ap.add_argument("--merge", help="comma-separated results files of searches run side by side (each with its own"
+                    " --results): their largest-model records copied into --results, then the tables")
     args = ap.parse_args()
+    if args.merge:
+        merged = merge_largest(ResultStore(args.results), [Path(f) for f in args.merge.split(",")])
+        print(f"merged {', '.join(merged) or 'nothing'} into {args.results}")
+        print_tables(ResultStore(args.results))
+        return
     for space in args.largest_spaces.split(","):
         if space not in LARGEST_SPACES:
             ap.error(f"unknown space {space!r} in --largest-spaces; choose from {', '.join(LARGEST_SPACES)}")
@@ -118,6 +127,30 @@ def main() -> None:
                 largest(ready, store, say, profile=args.profile, high_factor=args.largest_factor,
                         spaces_searched=tuple(args.largest_spaces.split(",")), validate=not args.no_validate)
     print_tables(store)
+
+
+def merge_largest(store: ResultStore, files: list[Path]) -> list[str]:
+    """Copy the largest-model records (``<model>/largest/<space>``) of ``files`` into ``store``, each file's as it
+    stands (a later file wins a key two hold); the keys copied. A file that is missing or not a results file
+    stops the merge before anything is written.
+
+    Raises:
+        SystemExit: naming the file and why.
+    """
+    records: dict[str, Any] = {}
+    for f in files:
+        if not f.is_file():
+            raise SystemExit(f"--merge: {f} does not exist (give the --results file a search wrote)")
+        try:
+            found = ResultStore(f).records
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"--merge: cannot read {f}: {e}") from None
+        if not isinstance(found, dict):
+            raise SystemExit(f"--merge: {f} is not a results file (a JSON object of records)")
+        records.update({k: v for k, v in found.items() if k.split("/")[1:2] == ["largest"]})
+    for key, record in records.items():
+        store.put(key, record)
+    return list(records)
 
 
 if __name__ == "__main__":

@@ -329,6 +329,33 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
     assert asked == [at_width("gpt-tiny", 148)] and len(ran) == 2
 
 
+def test_searches_run_side_by_side_merge_into_one_results_file(tmp_path: Path) -> None:
+    """--merge copies the largest-model records of each file (a later file winning a key), nothing else; a file
+    that cannot be read stops the merge before anything is written."""
+    from benchmarks.extension_gain.run import merge_largest
+
+    a, b = ResultStore(tmp_path / "a.json"), ResultStore(tmp_path / "b.json")
+    a.put("m/largest/capture", {"widest": 1})
+    a.put("m/peak/capture", {"label": "not copied"})
+    b.put("m/largest/capture", {"widest": 2})
+    b.put("n/largest/extended", {"widest": 3})
+    main = ResultStore(tmp_path / "results.json")
+    main.put("m/peak/capture", {"label": "kept"})
+    assert merge_largest(main, [a.path, b.path]) == ["m/largest/capture", "n/largest/extended"]
+    again = ResultStore(tmp_path / "results.json").records
+    assert again == {"m/peak/capture": {"label": "kept"}, "m/largest/capture": {"widest": 2},
+                     "n/largest/extended": {"widest": 3}}
+    (tmp_path / "bad.json").write_text("[1, 2]")
+    with pytest.raises(SystemExit, match="bad.json is not a results file"):
+        merge_largest(main, [a.path, tmp_path / "bad.json"])
+    with pytest.raises(SystemExit, match="missing.json does not exist"):
+        merge_largest(main, [a.path, tmp_path / "missing.json"])
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(SystemExit, match="cannot read .*broken.json"):
+        merge_largest(main, [tmp_path / "broken.json"])
+    assert ResultStore(tmp_path / "results.json").records == again
+
+
 @pytest.mark.slow  # profiles gpt-tiny at about 6 widths on simulated devices: minutes on 2 cores
 def test_largest_on_a_tiny_model_runs_within_the_capacity(tmp_path: Path) -> None:
     """The real search (profiles of each probed width, the space's solver): the widest plan found for CAPTURE's
