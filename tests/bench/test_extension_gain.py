@@ -128,6 +128,26 @@ def test_the_guided_search_needs_fewer_probes_on_a_smooth_growth() -> None:
     assert len(probed) <= 2 + 6
 
 
+def test_a_guess_within_a_step_of_the_widest_fit_is_taken_after_the_guesses_stall() -> None:
+    """MoE 1.3B's extended space (27 Nov): 8.70 GiB at 768, 50.37 at 3,520, then 3,072, 3,136 and 3,152 fitted
+    (38.37, 39.60, 39.92 GiB), each guess just below the limit, so the guesses had stopped halving the bracket and
+    the search bisected to 3,328. With 3,168 at 40.24 GiB (the line through the last two), the next probe is 3,168,
+    which ends the search."""
+    import numpy as np
+
+    gib = 2**30
+    points = {768: 8.70, 3072: 38.37, 3136: 39.60, 3152: 39.92, 3168: 40.24, 3520: 50.37}
+    probed: list[int] = []
+
+    def probe(w: int) -> tuple[bool, float | None]:
+        probed.append(w)
+        need = float(np.interp(w, list(points), list(points.values()))) * gib
+        return need <= 40 * gib, need
+
+    assert widest_guided(probe, 768, 3840, 16, 40 * gib) == 3152
+    assert probed == [768, 3520, 3072, 3136, 3152, 3168]  # the line through the origin first: 768 x 40 / 8.70
+
+
 def test_the_top_width_is_not_probed_where_the_needs_place_the_limit_below_it() -> None:
     """A search resumed above two widths that fit (GPT-3 2.6B's extended space: 9.71 GiB at 2,560, 37.56 GiB at
     7,680) goes to where their curve meets the capacity, never to the top (4 times the width: the dearest
