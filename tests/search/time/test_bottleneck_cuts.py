@@ -189,13 +189,16 @@ def test_with_the_round_trip_the_least_time_of_every_cut(data: st.DataObject, nu
 
 @settings(max_examples=300, deadline=None)
 @given(data=st.data(), num_layers=st.integers(1, 9), gas=st.integers(1, 9), integers=st.booleans(),
-       latency=st.booleans(), memory=st.sampled_from([None, "monotone"]), scale=st.sampled_from([0.01, 0.3, 1.0, 5.0]))
+       latency=st.booleans(), memory=st.sampled_from([None, "monotone"]), scale=st.sampled_from([0.01, 0.3, 1.0, 5.0]),
+       flush=st.booleans())
 def test_with_the_optimizer_step_the_least_time_of_every_cut(data: st.DataObject, num_layers: int, gas: int,
                                                              integers: bool, latency: bool, memory: str | None,
-                                                             scale: float) -> None:
+                                                             scale: float, flush: bool) -> None:
     """[Note: the optimizer step's maximum]: the pipeline term with the round trip, the slowest sync and the slowest
     optimizer step (a third maximum, seconds per parameter byte per stage: ``scale`` from negligible to dominant),
-    written out again: the least over every cut (within memory windows: over every cut whose stages all fit)."""
+    written out again: the least over every cut (within memory windows: over every cut whose stages all fit).
+    Without a ``flush`` (PipeDream-2BW: [Note: 2BW's cut with the sync and the step]) the pipeline term is ``gas``
+    periods, no fill."""
     from hybridplan.search.time.step_costs import StepCosts
 
     k = data.draw(st.integers(1, num_layers))
@@ -211,14 +214,16 @@ def test_with_the_optimizer_step_the_least_time_of_every_cut(data: st.DataObject
     step = StepCosts(range_sums(nbytes), rates)
     fits = _memory(data, num_layers, k, True) if memory else None
     starts = None if fits is None else [fitting_starts(f) for f in fits]
-    found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight, starts=starts, step=step)
+    found = bottleneck_assignment(stage_costs, cut_costs, gas, cut_floors, sync, in_flight, starts=starts, step=step,
+                                  flush=flush)
 
     def total(b: tuple[int, ...], tie: float = 1e-9) -> float:
         period, fill = _period_and_fill(b, stage_costs, cut_costs, gas, in_flight)
         w = [factors[j] * float(nbytes[b[j]:b[j + 1]].sum())
              + (latencies[j] * float(tensors[b[j]:b[j + 1]].sum()) if latencies else 0.0) for j in range(k)]
         r = [rates[j] * float(nbytes[b[j]:b[j + 1]].sum()) for j in range(k)]
-        return (gas - 1 or tie) * period + fill + max(w) + max(r)
+        pipe = (gas - 1 or tie) * period + fill if flush else gas * period
+        return pipe + max(w) + max(r)
 
     if fits is None:
         assert found is not None

@@ -265,7 +265,7 @@ def test_the_cut_minds_the_syncs_per_message_latency() -> None:
 
 
 @settings(max_examples=100, deadline=None)
-@given(seed=st.integers(0, 2**32 - 1), schedule=st.sampled_from(["1f1b", "gpipe"]), step=st.booleans())
+@given(seed=st.integers(0, 2**32 - 1), schedule=st.sampled_from(["1f1b", "gpipe", "2bw"]), step=st.booleans())
 @example(seed=1167, schedule="1f1b", step=True)  # tied layers' ranges a last bit apart: the caps once ran without end
 def test_the_cut_is_the_best_of_every_cut_with_the_syncs_latency(seed: int, schedule: str, step: bool) -> None:
     """3 to 7 random layers with 0 to 400 parameter tensors (or none recorded) and up to 10 MB of gradients, on 2
@@ -275,7 +275,8 @@ def test_the_cut_is_the_best_of_every_cut_with_the_syncs_latency(seed: int, sche
     collectives are cut per layer's bytes, the time model counts a tied pair once: no tied layers with them.)
     With ``step`` the profile also measured an optimizer step (0.01 to 10 ns per parameter byte: up to 0.1 s for
     a stage's 10 MB, under ZeRO over the replicas' shares), whose slowest stage's the time model adds ([Note: the
-    optimizer step's maximum] in search/time/bottleneck_cuts.py)."""
+    optimizer step's maximum] in search/time/bottleneck_cuts.py). PipeDream-2BW (no ZeRO: its two weight versions
+    are whole) is cut for its period, sync and step together ([Note: 2BW's cut with the sync and the step])."""
     from hybridplan.search.time.stage_options import with_options
     from hybridplan.search.time.strategy_cut import assign_layers
 
@@ -284,6 +285,8 @@ def test_the_cut_is_the_best_of_every_cut_with_the_syncs_latency(seed: int, sche
     pp = int(rng.choice([p for p in (1, 2) if p <= layers])) if devices == 2 else int(rng.choice([1, 2]))
     dp = devices // pp
     zeros = [int(rng.integers(0, 4)) for _ in range(pp)]
+    if schedule == "2bw":
+        zeros = [0] * pp
     tied = tuple(sorted(rng.choice(layers, 2, replace=False).tolist())) if rng.random() < 0.5 and max(zeros) < 2 else ()
     tensors: list[int | None] = [None if rng.random() < 0.2 else int(rng.integers(0, 400)) for _ in range(layers)]
     nbytes = [float(rng.choice([0.0, rng.uniform(1e4, 1e7)])) for _ in range(layers)]

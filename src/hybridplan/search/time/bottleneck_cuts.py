@@ -112,6 +112,16 @@ windows; AMP's program (``cuts="amp"``, the reference) does not, and the through
 again (search/time/throughput.py: a strategy is cut within memory where its fastest cut does not fit, and with
 stage options where some stage fits under none).
 
+[Note: 2BW's cut with the sync and the step] A schedule that never flushes (PipeDream-2BW) pays ``gas`` periods
+per iteration, ``pipe(U, S) = gas max(U, S / k)`` (the fill once per run: predict/time_model.py), and the time model
+adds the sync and the step to it as for the others. The search above needs of ``pipe`` that it grows with ``U`` and
+``S`` and bounds the objective from below by a line ``g U + w S + Q``: here ``g = gas`` and ``w`` the fill's
+tie-break weight (1e-9, as :func:`bottleneck_min_max` breaks ties), so the caps' ranges and the boxes' bounds hold
+as they are, and the same search (``flush=False``) cuts 2BW for its period, sync and step together.
+:func:`bottleneck_min_max`, the period alone, stays where there is neither (one data replica, no measured step).
+On test_throughput.py's random cases under 2BW (seeds 0-1999, no ZeRO, a measured step), the cut for the period
+alone was slower in 134 (6.7%), by up to 75.7%; checked against every cut there and in test_bottleneck_cuts.py.
+
 [Note: the optimizer step's maximum] The time model closes an iteration with the slowest stage's optimizer step
 (``max_j r_j``, ``r_j`` the stage's seconds per parameter byte times its range's bytes: predict/time_model.py,
 search/time/step_costs.py), a third maximum beside the bottleneck and the sync. Like the sync it grows with the
@@ -218,7 +228,7 @@ def _sweep(problem: _Problem, caps: np.ndarray, pipeline: Pipeline, least_sum: f
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
-    starts: None = None, step: StepCosts | None = None,
+    starts: None = None, step: StepCosts | None = None, flush: bool = True,
 ) -> Assignment: ...
 
 
@@ -226,7 +236,7 @@ def bottleneck_assignment(
 def bottleneck_assignment(
     stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
     cut_floors: Sequence[np.ndarray] | None = None, sync: SyncCosts | None = None, in_flight: int | None = None,
-    *, starts: Sequence[np.ndarray] | None, step: StepCosts | None = None,
+    *, starts: Sequence[np.ndarray] | None, step: StepCosts | None = None, flush: bool = True,
 ) -> Assignment | None: ...
 
 
@@ -239,6 +249,7 @@ def bottleneck_assignment(
     in_flight: int | None = None,
     starts: Sequence[np.ndarray] | None = None,
     step: StepCosts | None = None,
+    flush: bool = True,
 ) -> Assignment | None:
     """The boundaries minimising the time model's pipeline term (module note): without ``in_flight``
     :func:`~hybridplan.search.time.stage_cuts.assignment_objective` (the optimum of
@@ -256,8 +267,10 @@ def bottleneck_assignment(
     stage, the least start of a range that fits its memory, per end ``i`` (``i``: none fits), so that only cuts
     whose every stage fits are searched ([Note: cutting within memory]; None where no cut fits); ``step``: each
     stage's optimizer step (:class:`~hybridplan.search.time.step_costs.StepCosts`), the slowest of which closes
-    the iteration ([Note: the optimizer step's maximum]). The objective returned is the time model's pipeline term
-    (with one micro-batch, without the tie-break weight) plus the sync and the step.
+    the iteration ([Note: the optimizer step's maximum]); ``flush`` False: a schedule that never flushes
+    (PipeDream-2BW), its pipeline term ``gas`` periods, the fill breaking ties ([Note: 2BW's cut with the sync and
+    the step]). The objective returned is the time model's pipeline term (with one micro-batch, without the
+    tie-break weight) plus the sync and the step.
 
     Raises:
         PlanError: for more stages than layers, mismatched vector lengths or negative layer times.
@@ -268,7 +281,7 @@ def bottleneck_assignment(
         ((0, 2, 3), 10.0)
     """
     if step is None or not any(step.rates):
-        return _assignment(stage_costs, cut_costs, num_microbatches, cut_floors, sync, in_flight, starts)
+        return _assignment(stage_costs, cut_costs, num_microbatches, cut_floors, sync, in_flight, starts, flush)
     # [Note: the optimizer step's maximum] the best cut under each cap R of the step, the caps taken downwards
     k = len(stage_costs)
     if len(step.rates) != k or step.range_bytes.shape != (len(stage_costs[0]) + 1,) * 2:
@@ -282,7 +295,7 @@ def bottleneck_assignment(
         windows = [step.starts(j, cap) for j in range(k)]
         if starts is not None:
             windows = [np.maximum(w, np.asarray(s, dtype=np.intp)) for w, s in zip(windows, starts)]
-        found = _assignment(stage_costs, cut_costs, num_microbatches, cut_floors, sync, in_flight, windows)
+        found = _assignment(stage_costs, cut_costs, num_microbatches, cut_floors, sync, in_flight, windows, flush)
         if found is None:
             break  # no cut steps within this cap (or fits memory): none does within a smaller one
         own = step.seconds(found.boundaries)
@@ -305,19 +318,26 @@ def bottleneck_assignment(
 
 def _assignment(stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray], num_microbatches: int,
                 cut_floors: Sequence[np.ndarray] | None, sync: SyncCosts | None, in_flight: int | None,
-                starts: Sequence[np.ndarray] | None) -> Assignment | None:
-    """:func:`bottleneck_assignment` without the optimizer step (the module note's search)."""
+                starts: Sequence[np.ndarray] | None, flush: bool = True) -> Assignment | None:
+    """:func:`bottleneck_assignment` without the optimizer step (the module note's search); ``flush`` False:
+    PipeDream-2BW's pipeline term ([Note: 2BW's cut with the sync and the step])."""
     problem = _Problem(stage_costs, cut_costs, cut_floors, sync, starts)
     if cut_floors is not None:
         _check(stage_costs, cut_floors)
-    g = float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT
+    # the search's bound: the objective is at least g U + w S + Q (module note: with a flush g = gas - 1 and w = 1;
+    # without one g = gas and w the tie-break weight on the fill)
+    g = (float(num_microbatches - 1) or _SINGLE_MICROBATCH_WEIGHT) if flush else float(num_microbatches)
+    w = 1.0 if flush else _SINGLE_MICROBATCH_WEIGHT
 
     def exact(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
         """The time model's pipeline term of cuts of bottleneck ``u`` and round trip ``total``."""
-        return pipeline_seconds_from(u, total, num_microbatches, in_flight=in_flight)
+        return pipeline_seconds_from(u, total, num_microbatches, flush=flush, in_flight=in_flight)
 
     def pipeline(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
-        """What the search minimises: :func:`exact`, with gas = 1 the tie-break weight on ``u`` too."""
+        """What the search minimises: :func:`exact`, with gas = 1 the tie-break weight on ``u`` too; without a flush
+        the fill (paid once per run) breaking ties."""
+        if not flush:
+            return exact(u, total) + w * np.asarray(total, dtype=float)
         return exact(u, total) + (g - (num_microbatches - 1)) * np.asarray(u, dtype=float)
 
     # incumbents: the least sum without caps (its sum bounds every sum), and balanced stages
@@ -332,13 +352,13 @@ def _assignment(stage_costs: Sequence[np.ndarray], cut_costs: Sequence[np.ndarra
     balanced = problem.balanced_cut() if problem.fits(problem.balanced_cut()) else first
     if problem.value(balanced, pipeline)[0] < best_value:
         best_value, best_cut = problem.value(balanced, pipeline)[0], balanced
-    # a better cut has g P + Q + S <= its objective < best with S >= least_sum (the round trip only adds):
+    # a better cut has g P + Q + w S <= its objective < best with S >= least_sum (the round trip only adds):
     # only caps in these ranges can matter
     # (the slack covers rounding of the sums, so that the optimum's own maxima stay inside)
     slack = 1e-9 * (abs(best_value) + abs(least_sum))
     p_floor = problem.bottleneck_floor() * (1 - 1e-9)
-    p_max = (best_value - least_sum + slack) / g
-    q_max = best_value - least_sum - g * p_floor + slack
+    p_max = (best_value - w * least_sum + slack) / g
+    q_max = best_value - w * least_sum - g * p_floor + slack
     ps, qs = problem.candidates((p_floor, p_max), q_max)
     if len(ps) == 0:
         ps = np.array([np.inf])  # unreachable: the incumbent's own bottleneck is in range

@@ -111,8 +111,9 @@ def assign_layers(
     starts: Sequence[np.ndarray] | None = None,
 ) -> Plan | None:
     """The plan of a strategy whose stages are cut to minimise its predicted iteration time on these devices
-    (``cuts``, see :data:`CutAlgorithm`); for "2bw", which never flushes, by the min-max partition of the
-    steady-state period.
+    (``cuts``, see :data:`CutAlgorithm`); for "2bw", which never flushes, by its periods, sync and step together
+    (the min-max partition of the steady-state period where there is neither sync nor step: [Note: 2BW's cut with
+    the sync and the step] in search/time/bottleneck_cuts.py).
 
     ``cache`` memoises the cut on its inputs: annealing mostly visits placements whose stage and boundary
     costs equal ones already solved (identical devices and links). ``range_bytes`` and ``range_tensors``
@@ -144,7 +145,7 @@ def assign_layers(
     gas = global_batch_size // m
     flush = spec(schedule).flushes
     sync = None
-    if flush and cuts == "bottleneck" and dp > 1:
+    if cuts == "bottleneck" and dp > 1:
         # communication.sync_seconds, per range of layers: the ring all-reduce of the stage's gradient bytes / tp on
         # its slowest data group capped by the measured bandwidth, plus its per-message latency (the stage's
         # parameter tensors x 2(dp-1) x alpha: sync_latency_per_tensor), both times the ZeRO level's all-reduces
@@ -162,7 +163,7 @@ def assign_layers(
         else:
             sync = SyncCosts(range_bytes, factors)
     step = None
-    if flush and cuts == "bottleneck":
+    if cuts == "bottleneck":
         # stage_compute.optimizer_seconds per range of layers: the slowest stage's step closes the iteration
         rates = tuple(optimizer_rate(profile, cluster, replace(g, zero=z)) for z, g in zip(zeros, groups))
         if any(rates):
@@ -190,6 +191,9 @@ def assign_layers(
         elif flush:
             assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight, starts=starts,
                                                step=step)
+        elif cuts == "bottleneck" and (sync is not None or step is not None):  # [Note: 2BW's cut with the sync and the step]
+            assignment = bottleneck_assignment(stage_costs, cut_costs, gas, floors, sync, in_flight, starts=starts,
+                                               step=step, flush=False)
         else:
             assignment = (bottleneck_min_max(stage_costs, floors, cut_costs, gas, in_flight, starts=starts)
                           if cuts == "bottleneck" else min_max_assignment(stage_costs, floors, cut_costs))
