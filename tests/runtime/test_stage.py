@@ -92,3 +92,44 @@ def test_a_tensor_parallel_stage_gathers_back_into_the_unsplit_stage(gloo_pool: 
     for report in gloo_pool(WORLD).run(_tensor_parallel_stage):
         assert report["keys"] and report["weights"]  # each layer built whole from its seed, then sharded
         assert report["grads"] < 1e-5  # float32 sums over shards in another order
+
+
+def test_each_layer_is_handed_on_before_the_next_is_built():
+    """[Note: a layer is sharded before the next is built]: ``each_layer`` sees every layer, in order, while the
+    layers after it are not built yet; the weights are those of the stage built at once."""
+    model = get_model(MLP)
+    seen: list[tuple[int, int]] = []
+    built = []
+    real = build_layers
+
+    def counting(m: Any, start: int, stop: int, seed: int) -> list[nn.Module]:
+        built.append(start)
+        return real(m, start, stop, seed)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("hybridplan.runtime.stage.build_layers", counting)
+        stage = build_stage_module(model, StagePlan.of(1, 5, [0]), seed=3, device=CPU, tp=None,
+                                   each_layer=lambda layer: seen.append((len(built), len(list(layer.parameters())))))
+    assert [n for n, _ in seen] == [1, 2, 3, 4] and [p for _, p in seen] == [0, 2, 0, 2]  # ReLU, Linear, ...
+    whole = build_layers(model, 1, 5, 3)
+    assert all(torch.equal(a, b) for a, b in zip(stage.parameters(), nn.Sequential(*whole).parameters(), strict=True))
+
+
+def test_a_device_of_the_iterations_peak_builds_a_sharded_stage():
+    """gpt-tiny's ten layers as one data 2 x tensor 4 ZeRO-1 stage in bf16 (simulated, global batch 4): its
+    iteration peaks at the bytes asked of the device below, and a device of exactly that many bytes builds and
+    trains it. Built all at once, the whole fp32 layers needed 1,677,824 bytes of device first (456,768 more)."""
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.sim import simulate_stage
+
+    plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 4, "num_microbatches": 2, "stages": [
+        {"layers": [0, 10], "parallelism": "data+tensor", "degree": 8, "tensor_degree": 4, "zero": 1,
+         "devices": list(range(8))}]})
+
+    def run(memory: str | None) -> Any:
+        return simulate_stage(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x8", device_memory=memory),
+                                        backend="sim", precision="bf16"), 0)
+
+    peak = max(run(None).iteration_peaks)
+    assert max(run(str(peak)).iteration_peaks) == peak

@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -30,7 +31,7 @@ from hybridplan.runtime.heap import heap_frozen
 from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
 from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
-from hybridplan.runtime.sharding import shard_stage, zero1_optimizer
+from hybridplan.runtime.sharding import shard_layer, shard_stage, zero1_optimizer
 from hybridplan.runtime.result import RankFailure, RankReport
 from hybridplan.runtime.stage import build_stage_module, unsplit_state
 
@@ -108,8 +109,12 @@ def run_rank(
     specs = specs if specs is not None else boundary_specs(model, stop=stage.stop)
     with meter:
         with meter.in_phase("parameters"):
+            # a ZeRO-2/3 stage's layers become FSDP units as they are built ([Note: a layer is sharded before the
+            # next is built] in runtime/stage.py)
+            each_layer = (partial(shard_layer, zero=stage.zero, dp_mesh=meshes.data, precision=cfg.precision)
+                          if stage.zero >= 2 else None)
             module = build_stage_module(
-                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing
+                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing, each_layer=each_layer
             )
             if stage.zero >= 2:
                 shard_stage(module, stage.zero, meshes.data, settle_for=meter if device.type == "cpu" else None,

@@ -58,7 +58,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["shard_stage", "zero1_optimizer", "ZeroOneOptimizer", "optimizer_state", "reduces_gradients", "SettledReduceScatter"]
+__all__ = ["shard_stage", "shard_layer", "zero1_optimizer", "ZeroOneOptimizer", "optimizer_state", "reduces_gradients", "SettledReduceScatter"]
 
 _SETTLE_LIMIT_S = 1.0
 """How long a reduce-scatter waits for the transport to let go of its buffers (microseconds in practice)."""
@@ -144,19 +144,12 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
     """
     if zero not in (2, 3):
         raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
-    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    from hybridplan.runtime.precision import compute_dtype
-
-    mesh = dp_mesh
-    reshard = zero == 3
-    low = compute_dtype(precision)
-    policy = MixedPrecisionPolicy() if precision == "fp32" else MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
-    layers = list(module.children())
-    for layer in layers:
-        if any(p.requires_grad for p in layer.parameters()):
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(module, mesh=mesh, reshard_after_forward=reshard, mp_policy=policy)
+    for layer in module.children():
+        if not isinstance(layer, FSDPModule):  # (not sharded as it was built: build_stage_module's each_layer)
+            shard_layer(layer, zero, dp_mesh, precision=precision)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision))
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(loss_scale)
@@ -164,6 +157,30 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
             if settle_for is not None:
                 unit.set_custom_all_gather(SettledAllGather(settle_for))  # type: ignore[arg-type]  # duck-typed Comm
                 unit.set_custom_reduce_scatter(SettledReduceScatter(settle_for))  # type: ignore[arg-type]
+
+
+def shard_layer(layer: nn.Module, zero: int, dp_mesh: Any, *, precision: str = "fp32") -> None:
+    """One layer of a ZeRO-2 (``zero=2``) or ZeRO-3 (``zero=3``) stage as its FSDP2 unit over ``dp_mesh``, in place
+    (nothing for a layer without trainable parameters): :func:`shard_stage`'s per-layer units, made by
+    ``build_stage_module`` as each layer is built ([Note: a layer is sharded before the next is built] in
+    runtime/stage.py), so that the device never holds the stage's whole parameters; :func:`shard_stage` then
+    makes the stage's own unit."""
+    if zero not in (2, 3):
+        raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
+    from torch.distributed.fsdp import fully_shard
+
+    if any(p.requires_grad for p in layer.parameters()):
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision))
+
+
+def _policy(precision: str) -> Any:
+    """FSDP2's mixed precision policy for ``precision``: the low dtype for compute and gradient reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    from hybridplan.runtime.precision import compute_dtype
+
+    low = compute_dtype(precision)
+    return MixedPrecisionPolicy() if precision == "fp32" else MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
