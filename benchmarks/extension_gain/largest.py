@@ -16,6 +16,16 @@ the lowest-peak column finds a plan that fits; if a space has none, its answer i
 ``high_factor`` times it (if that fits, the answer is "at least"). Every probe's
 answer is kept in the results file, so an interrupted search resumes; a probe whose profile is missing is not
 run (unless ``profile``): the column then says which profile, and the command that makes it.
+
+[Note: an answer refuted by its run] With ``validate`` the answer's plan runs on simulated devices of the
+capacity (:func:`run_answer`). A plan predicted to fit can still run out of memory there: what the caching
+allocator reserves beyond the tensor peak (fragmentation) is predicted from the profile's nearest measured span
+(predict/reserved.py), and at paper size it is gigabytes that the two-micro-batch profiling runs measure only
+roughly. MoE 1.3B at 3,152 hidden (extended space) was predicted to need 42.86 GB of its 42.95 GB devices
+(0.09 GB spare); run, its ZeRO-1 stage's first device reserved 40.81 GB where 39.77 GB was predicted (the
+tensor peak itself predicted within 5 MB: 35.376 GB predicted, 35.371 GB measured), and ran out of memory. Such
+a width is not an answer: its probe is marked not fitting (``refuted``: the run's reason) and the search goes
+on below it, so the answer is the widest width whose predicted plan also ran.
 """
 
 from __future__ import annotations
@@ -162,32 +172,55 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
             r = record["probes"][str(w)]
             return bool(r["fits"]), r.get("needed_bytes")
 
-        # what earlier searches (a lower ``high_factor``, an interrupted run) found narrows the bracket: fitting
-        # is monotone in the width, so the widest known fit is a low end and the narrowest known miss a high one
-        known = {int(w): r for w, r in record["probes"].items() if "needed_bytes" in r and int(w) <= high}
-        low = max([width] + [w for w, r in known.items() if r["fits"]])
-        top = min([high] + [w for w, r in known.items() if not r["fits"] and w > low])
-        try:
-            found = widest_guided(probe, low, top, step, float(parse_bytes(capacity)),
-                                  known={w: r["needed_bytes"] for w, r in known.items() if r["needed_bytes"] is not None})
-        except NotProfiled as e:
-            record["not run"] = str(e)
+        while True:
+            found = search(s, record, key, width, high, step, capacity, probe, say)
             store.put(key, record)
-            say(f"{s.case.model} largest {space}: not run: {e}")
-            continue
-        best = record["probes"].get(str(found), {})
-        record.update({"widest": found, "width_name": "channels" if "wresnet" in s.case.model else "hidden size",
-                       "own_width": width, "high": high, "at_least": found == high,
-                       "parameters": best.get("parameters"), "label": best.get("label"), "capacity": capacity})
-        store.put(key, record)
-        say(f"{s.case.model} largest {space}: width {found}{' or more' if found == high else ''},"
-            f" {best.get('parameters')} parameters")
-        if validate:
+            if found is None or not validate:
+                break
             try:
                 ran = run_answer(s, space, record, cluster, profile, say)
             except NotProfiled as e:
                 say(f"{s.case.model} largest {space}: its plan not run: {e}")
-                continue
+                break
             store.put(key, record)
-            if ran is not None:
-                say(f"  run: {ran['status']}, measured {format_bytes(ran['measured_peak_bytes'])}")
+            if ran is None:
+                break
+            say(f"  run: {ran['status']}, measured {format_bytes(ran['measured_peak_bytes'])}")
+            if ran["status"] != "oom":
+                break
+            # [Note: an answer refuted by its run]
+            refuted = record["probes"][str(found)]
+            refuted.update({"fits": False, "refuted": ran["reason"]})
+            store.put(key, record)
+            say(f"  {s.case.model} {space} width {found}: predicted to fit, ran out of memory: searching below it")
+
+
+def search(s: Setting, record: dict[str, Any], key: str, width: int, high: int, step: int, capacity: str,
+           probe: Callable[[int], tuple[bool, float | None]], say: Callable[[str], None]) -> int | None:
+    """One widest-width search of ``record``'s space from what its probes know; the answer kept in ``record``
+    (the caller stores it). None where a probe's profile is missing (the reason kept as ``not run``)."""
+    # what earlier searches (a lower ``high_factor``, an interrupted run) found narrows the bracket: fitting
+    # is monotone in the width, so the widest known fit is a low end and the narrowest known miss a high one
+    known = {int(w): r for w, r in record["probes"].items() if "needed_bytes" in r and int(w) <= high}
+    low = max([width] + [w for w, r in known.items() if r["fits"]])
+    top = min([high] + [w for w, r in known.items() if not r["fits"] and w > low])
+    # (a refuted width's need was predicted below the capacity: not a point of the growth the guesses follow)
+    needs = {w: r["needed_bytes"] for w, r in known.items() if r["needed_bytes"] is not None and "refuted" not in r}
+    try:
+        found = widest_guided(probe, low, top, step, float(parse_bytes(capacity)), known=needs)
+    except NotProfiled as e:
+        record["not run"] = str(e)
+        say(f"{s.case.model} largest {record_space(key)}: not run: {e}")
+        return None
+    best = record["probes"].get(str(found), {})
+    record.update({"widest": found, "width_name": "channels" if "wresnet" in s.case.model else "hidden size",
+                   "own_width": width, "high": high, "at_least": found == high,
+                   "parameters": best.get("parameters"), "label": best.get("label"), "capacity": capacity})
+    say(f"{s.case.model} largest {record_space(key)}: width {found}{' or more' if found == high else ''},"
+        f" {best.get('parameters')} parameters")
+    return found
+
+
+def record_space(key: str) -> str:
+    """The space of a results key ``model/largest/space``."""
+    return key.rpartition("/")[2]

@@ -3,6 +3,7 @@ and that search's bookkeeping (its probes faked: a real probe profiles a model, 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -306,6 +307,23 @@ def test_a_probe_without_its_profile_is_not_run(tmp_path: Path) -> None:
         assert "hybridplan profile --model gpt-tiny" in r["not run"]
 
 
+def fake_probes_and_runs(monkeypatch: pytest.MonkeyPatch, simulate: Callable[..., dict[str, Any]],
+                         asked: list[str]) -> None:
+    """Probes answered without profiles (a gpt-tiny width fits up to gpt_tiny_parameters(150), its plan data2;
+    each probed model appended to ``asked``) and answers run by ``simulate``."""
+    plan = {"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2,
+            "stages": [{"layers": [0, 10], "parallelism": "data", "degree": 2, "devices": [0, 1]}]}
+
+    def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
+        asked.append(s.case.model)
+        n = get_model(s.case.model).parameter_count()
+        return {"fits": n <= gpt_tiny_parameters(150), "needed_bytes": n, "label": "data2", "plan": plan}
+
+    monkeypatch.setattr(largest_module, "answer", answer)
+    monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
+    monkeypatch.setattr(largest_module, "simulate", simulate)
+
+
 def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture[str]) -> None:
     """With ``validate`` the plan found at the widest width runs on simulated devices of the capacity (its
@@ -313,24 +331,15 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
     of an earlier search that kept no plan is asked again for it."""
     from benchmarks.extension_gain.tables import print_tables
 
-    plan = {"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2,
-            "stages": [{"layers": [0, 10], "parallelism": "data", "degree": 2, "devices": [0, 1]}]}
     asked: list[str] = []
     ran: list[tuple[str, Any]] = []
-
-    def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
-        asked.append(s.case.model)
-        n = get_model(s.case.model).parameter_count()
-        return {"fits": n <= gpt_tiny_parameters(150), "needed_bytes": n, "label": "data2", "plan": plan}
 
     def simulate(s: Setting, p: Plan, cluster: Any, recompute_db: Any = None) -> dict[str, Any]:
         ran.append((s.case.model, cluster.memory_of(0)))
         return {"status": "ok", "reason": None, "measured_peak_bytes": 3 * 2**30, "predicted_peak_bytes": 3 * 2**30,
                 "seconds": 1.0, "devices": []}
 
-    monkeypatch.setattr(largest_module, "answer", answer)
-    monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
-    monkeypatch.setattr(largest_module, "simulate", simulate)
+    fake_probes_and_runs(monkeypatch, simulate, asked)
     store = ResultStore(tmp_path / "r.json")
     largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
     r = ResultStore(tmp_path / "r.json")["gpt-tiny/largest/capture"]
@@ -347,6 +356,31 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
     asked.clear()
     largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
     assert asked == [at_width("gpt-tiny", 148)] and len(ran) == 2
+
+
+def test_an_answer_that_runs_out_of_memory_is_refuted_and_the_search_goes_on_below_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[Note: an answer refuted by its run]: every width up to 148 is predicted to fit, but 148's plan runs out of
+    memory on the simulated devices and 144's runs: the answer is 144, 148 kept as not fitting with the run's
+    reason; searched again, nothing runs again."""
+    ran: list[str] = []
+
+    def simulate(s: Setting, p: Plan, cluster: Any, recompute_db: Any = None) -> dict[str, Any]:
+        ran.append(s.case.model)
+        oom = s.case.model == at_width("gpt-tiny", 148)
+        return {"status": "oom" if oom else "ok", "reason": "device 1 (stage 0): out of memory" if oom else None,
+                "measured_peak_bytes": None if oom else 2**30, "predicted_peak_bytes": 2**30, "seconds": 1.0}
+
+    fake_probes_and_runs(monkeypatch, simulate, [])
+    store = ResultStore(tmp_path / "r.json")
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
+    r = ResultStore(tmp_path / "r.json")["gpt-tiny/largest/capture"]
+    assert r["widest"] == 144 and r["parameters"] == gpt_tiny_parameters(144)
+    assert r["probes"]["148"]["fits"] is False and r["probes"]["148"]["refuted"] == "device 1 (stage 0): out of memory"
+    assert r["probes"]["144"]["simulated"]["status"] == "ok"
+    assert ran == [at_width("gpt-tiny", 148), at_width("gpt-tiny", 144)]
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
+    assert len(ran) == 2 and store["gpt-tiny/largest/capture"]["widest"] == 144
 
 
 def test_searches_run_side_by_side_merge_into_one_results_file(tmp_path: Path) -> None:
