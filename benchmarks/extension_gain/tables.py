@@ -118,14 +118,16 @@ def print_tables(store: ResultStore) -> None:
     print()
     print("Every probe of the largest-model searches (in the order made; *needs*: what the space's lowest-memory plan")
     print("needs, predicted (the uniform plans: the first that fits, as in the fewest-devices column); none where no")
-    print("plan of the space could be predicted):")
+    print("plan of the space could be predicted; a width predicted to fit whose plan ran out of memory on the simulated")
+    print("devices is not an answer, [Note: an answer refuted by its run] in largest.py):")
     print()
     print("| model | space | width | parameters | fits | needs (predicted) | plan |")
     print("|---|---|---:|---:|---|---:|---|")
     for key, r in largest_rows:
         m, _, space = key.split("/", 2)
         for w, p in r["probes"].items():
-            print(f"| {m} | {space} | {w} | {p['parameters']:,} | {'yes' if p['fits'] else 'no'} |"
+            fits = "yes" if p["fits"] else "no: predicted to fit, out of memory when run" if "refuted" in p else "no"
+            print(f"| {m} | {space} | {w} | {p['parameters']:,} | {fits} |"
                   f" {_gib(p.get('needed_bytes'))} | {md_cell(p.get('label') or '')} |")
 
 

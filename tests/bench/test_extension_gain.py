@@ -359,10 +359,12 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
 
 
 def test_an_answer_that_runs_out_of_memory_is_refuted_and_the_search_goes_on_below_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     """[Note: an answer refuted by its run]: every width up to 148 is predicted to fit, but 148's plan runs out of
     memory on the simulated devices and 144's runs: the answer is 144, 148 kept as not fitting with the run's
-    reason; searched again, nothing runs again."""
+    reason (and so shown); searched again, nothing runs again."""
+    from benchmarks.extension_gain.tables import print_tables
+
     ran: list[str] = []
 
     def simulate(s: Setting, p: Plan, cluster: Any, recompute_db: Any = None) -> dict[str, Any]:
@@ -381,6 +383,10 @@ def test_an_answer_that_runs_out_of_memory_is_refuted_and_the_search_goes_on_bel
     assert ran == [at_width("gpt-tiny", 148), at_width("gpt-tiny", 144)]
     largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
     assert len(ran) == 2 and store["gpt-tiny/largest/capture"]["widest"] == 144
+    print_tables(store)
+    shown = capsys.readouterr().out
+    assert "| gpt-tiny | capture | 148 | " in shown and "| no: predicted to fit, out of memory when run |" in shown
+    assert "| gpt-tiny | capture | 144 (hidden size; own 64) | " in shown
 
 
 def test_searches_run_side_by_side_merge_into_one_results_file(tmp_path: Path) -> None:
