@@ -17,6 +17,13 @@ the lowest-peak column finds a plan that fits; if a space has none, its answer i
 answer is kept in the results file, so an interrupted search resumes; a probe whose profile is missing is not
 run (unless ``profile``): the column then says which profile, and the command that makes it.
 
+[Note: twins share their widths] Two zoo models that differ only in their width (GPT-3 2.6B and 6.7B: 32 blocks
+of 32 heads, sequence 1,024, vocabulary 51,200; hidden 2,560 and 4,096) with the same training settings are,
+widened or narrowed to one width, one model. Their searches share it: a probe is profiled under the first
+twin's name (GPT-3 6.7B's 7,680 is ``gpt3_2p6b_w7680``; a twin's own width is its own zoo profile), and a
+search starts from what a twin's search in the same results file found inside its range (each such probe
+kept with ``from``: the twin). GPT-3 6.7B's largest model is thus searched from 2.6B's probes above 4,096.
+
 [Note: an answer refuted by its run] With ``validate`` the answer's plan runs on simulated devices of the
 capacity (:func:`run_answer`). A plan predicted to fit can still run out of memory there: what the caching
 allocator reserves beyond the tensor peak (fragmentation) is predicted from the profile's nearest measured span
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import fcntl
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,8 +52,8 @@ from hybridplan.workflows.runs import ResultStore
 
 from benchmarks.extension_gain.megatron import megatron
 from benchmarks.extension_gain.plans import label, needed, simulate
-from benchmarks.extension_gain.settings import MEGATRON, Setting, profile_commands, spaces, unfinished
-from benchmarks.extension_gain.widths import at_width, width_of
+from benchmarks.extension_gain.settings import MEGATRON, SETTINGS, Setting, profile_commands, spaces, unfinished
+from benchmarks.extension_gain.widths import at_width, same_but_width, width_of
 from benchmarks.largest_model.search import widest_guided
 from benchmarks.paper_profiles import CAPACITY
 
@@ -56,10 +64,23 @@ class NotProfiled(Exception):
     """A probe's profile is missing and may not be made now: the search stops there."""
 
 
+def twins(s: Setting) -> list[str]:
+    """The models of :data:`~.settings.SETTINGS` that are ``s``'s model at another width (:func:`.widths.same_but_width`)
+    with ``s``'s training settings, in that order, ``s``'s own model among them: at any width they are one model,
+    profiled and searched once ([Note: twins share their widths])."""
+    names = [t.case.model for t in SETTINGS.values() if same_but_width(t.case.model, s.case.model)
+             and replace(t, case=replace(t.case, model=s.case.model), work=s.work) == s]
+    return names if s.case.model in names else [s.case.model, *names]
+
+
 def probe_setting(s: Setting, width: int) -> Setting:
-    """The setting of the model at ``width`` (itself at its own width; a wider one profiles into ``work/largest``)."""
-    name = at_width(s.case.model, width)
-    return s if name == s.case.model else s.of_model(name, s.work / "largest")
+    """The setting of the model at ``width``: itself at its own width, a twin zoo model at that one's (its own
+    profiles), else a wider or narrower model named after the first twin, profiled into ``work/largest``."""
+    names = twins(s)
+    if width == width_of(s.case.model)[0]:
+        return s
+    own = next((m for m in names if width_of(m)[0] == width), None)
+    return s.of_model(own, s.work) if own is not None else s.of_model(at_width(names[0], width), s.work / "largest")
 
 
 def needed_profiles(s: Setting, space: str) -> list[list[str]]:
@@ -158,6 +179,11 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
         record: dict[str, Any] = store.records.get(key) or {"probes": {}}
         for stale in ("not run", "widest", "at_least", "high", "parameters", "label"):  # (an earlier search's answer:
             record.pop(stale, None)                                                    # until this one ends, none)
+        for twin in twins(s):  # [Note: twins share their widths]
+            earlier = store.records.get(f"{twin}/largest/{space}", {}) if twin != s.case.model else {}
+            for w, p in earlier.get("probes", {}).items():
+                if width <= int(w) <= high and w not in record["probes"] and "needed_bytes" in p:
+                    record["probes"][w] = {**p, "from": twin}
 
         def probe(w: int, space: str = space, record: dict[str, Any] = record, key: str = key) -> tuple[bool, float | None]:
             known = record["probes"].get(str(w))

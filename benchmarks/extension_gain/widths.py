@@ -42,6 +42,16 @@ def width_of(model: str) -> tuple[int, int]:
     return int(getattr(cfg, field)), int(step)
 
 
+def same_but_width(a: str, b: str) -> bool:
+    """Whether zoo models ``a`` and ``b`` differ in their width only, so that at any width they are the same model
+    (GPT-3 2.6B and 6.7B: 32 blocks of 32 heads, the same sequence and vocabulary; hidden 2,560 and 4,096)."""
+    try:
+        (cfg_a, cls_a, field), (cfg_b, cls_b, _) = _family(a), _family(b)
+    except SystemExit:
+        return False
+    return cls_a is cls_b and replace(cfg_a, **{field: 0}) == replace(cfg_b, **{field: 0})  # type: ignore[type-var]
+
+
 def at_width(model: str, width: int) -> str:
     """The model's name at ``width``: the zoo name itself at its own width, else a user model of this module."""
     own, step = width_of(model)

@@ -188,6 +188,62 @@ def test_widths_grow_only_the_width() -> None:
         at_width("gpt-tiny", 66)
 
 
+def gpt3_parameters(h: int) -> int:
+    """GPT-3 2.6B's or 6.7B's parameters at hidden size ``h`` (gpt_tiny_parameters' sums for 32 blocks, vocabulary
+    51,200 and sequence 1,024)."""
+    return 32 * (12 * h * h + 13 * h) + (51200 + 1024) * h + 2 * h + 51200 * h
+
+
+def test_gpt3_2p6b_and_6p7b_are_one_model_at_every_width() -> None:
+    """[Note: twins share their widths]: they differ in the hidden size only; at a width of neither, a probe of
+    either is the first twin's model; at a twin's own width, that twin's own profile; a setting that trains
+    differently has no twin."""
+    from dataclasses import replace
+
+    from benchmarks.extension_gain.largest import probe_setting, twins
+    from benchmarks.extension_gain.widths import same_but_width
+
+    assert same_but_width("gpt3-2.6b", "gpt3-6.7b") and not same_but_width("gpt3-1.3b", "gpt3-2.6b")
+    assert not same_but_width("gpt3-2.6b", "moe-1.3b") and not same_but_width("gpt3-2.6b", "resnet-50")
+    big = SETTINGS["gpt3-6.7b"]
+    assert twins(big) == twins(SETTINGS["gpt3-2.6b"]) == ["gpt3-2.6b", "gpt3-6.7b"] and twins(SETTINGS["moe-1.3b"]) == ["moe-1.3b"]
+    wider = probe_setting(big, 7680)
+    assert wider.case.model == at_width("gpt3-2.6b", 7680) and wider.db.parent == big.work / "largest"
+    assert get_model(wider.case.model).parameter_count() == gpt3_parameters(7680) == 23_446_748_160
+    assert probe_setting(big, 2560).db == SETTINGS["gpt3-2.6b"].db and probe_setting(big, 4096) == big
+    alone = replace(big, case=replace(big.case, global_batch_size=512))
+    assert twins(alone) == ["gpt3-6.7b"] and probe_setting(alone, 7680).case.model == at_width("gpt3-6.7b", 7680)
+
+
+def test_a_twins_search_starts_from_the_other_twins_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GPT-3 6.7B's search (from 4,096 to 3 times it) after 2.6B's (from 2,560 to 1.75 times it) in one results
+    file: the widths 2.6B probed between 4,096 and 12,288 are 6.7B's too (``from`` 2.6B); 6.7B's own probes are
+    only wider ones, profiled under 2.6B's names."""
+    from dataclasses import replace
+
+    calls: list[str] = []
+
+    def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
+        calls.append(s.case.model)
+        n = get_model(s.case.model).parameter_count()
+        return {"fits": n <= gpt3_parameters(5000), "needed_bytes": n}
+
+    monkeypatch.setattr(largest_module, "answer", answer)
+    monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
+    store = ResultStore(tmp_path / "r.json")
+    for model, factor in (("gpt3-2.6b", 1.75), ("gpt3-6.7b", 3)):
+        s = replace(SETTINGS[model], work=tmp_path)
+        largest(s, store, lambda _: None, profile=False, spaces_searched=("capture",), high_factor=factor)
+    small, big = store["gpt3-2.6b/largest/capture"], store["gpt3-6.7b/largest/capture"]
+    assert small["widest"] == 4480 and small["at_least"]  # 1.75 x 2,560: every width fits
+    assert big["widest"] == 4992 and not big["at_least"]  # the widest multiple of 32 heads up to 5,000
+    shared = {w for w in small["probes"] if 4096 <= int(w) <= 12288}
+    assert shared and all(big["probes"][w]["from"] == "gpt3-2.6b" for w in shared)
+    own = [w for w in big["probes"] if "from" not in big["probes"][w]]
+    assert own and not shared & set(own) and min(map(int, own)) > 4480  # (fitting is monotone: 4,480 fits)
+    assert calls[len(small["probes"]):] == [at_width("gpt3-2.6b", int(w)) if w != "4096" else "gpt3-6.7b" for w in own]
+
+
 def test_a_model_whose_profile_is_unfinished_is_skipped_with_the_reason(tmp_path: Path) -> None:
     s = setting(tmp_path)
     ready, notes = usable(s)
