@@ -51,3 +51,21 @@ def test_gathered_bytes_pad_each_parameter_to_whole_chunks():
     assert layout.gathered_bytes(0, 3, 2) == [4 * 544, 0, 4 * 1056]
     # 4 ranks: [10, 32] is gathered as 4 chunks of 3 rows (12 rows), [10] as 4 chunks of 3
     assert layout.gathered_bytes(4, 5, 4) == [4 * (12 * 32 + 12)]
+
+
+def test_every_ranks_shift_at_once_is_each_ranks_shift():
+    """``shifts`` (every rank, one partition) against ``shift`` per rank, which partitions twice per rank: the
+    MLP's spans at every level, degree and precision, and ZeRO-1's by hand on layers 2-4 over 2 ranks (rank 0
+    steps the 1024-element weight, the stage's largest; rank 1 the 320, its largest 1280 bytes)."""
+    for precision in ("fp32", "bf16"):
+        layout = ZeroLayout(MLP_SHAPES, precision=precision)
+        for start in range(5):
+            for stop in range(start + 1, 6):
+                for zero in (1, 2, 3):
+                    for degree in (1, 2, 3, 4):
+                        expected = [layout.shift(start, stop, zero, degree, r) for r in range(degree)]
+                        assert layout.shifts(start, stop, zero, degree) == expected
+                        assert layout.shifts(start, stop, zero, degree) == expected  # (asked again: kept)
+    layout = ZeroLayout(MLP_SHAPES)
+    whole = 8 * (1024 + 32 + 320 + 10) + 4 * 4
+    assert layout.shifts(2, 5, 1, 2) == [(8 * 1024 + 4 - whole, 0), (8 * 362 + 3 * 4 - whole, 2 * (1280 - 4096))]

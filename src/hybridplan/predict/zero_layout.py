@@ -123,13 +123,19 @@ class ZeroLayout:
         self.shapes = [[(int(p[0]), tuple(int(x) for x in p[1:])) for p in layer] for layer in shapes]
         self.tensor_shards = dict(tensor_shards or {})
         self.precision = precision
+        # (a search asks every span at every degree, once per later-stage count: kept, not recomputed)
+        self._of_degree: dict[int, ZeroLayout | None] = {}
+        self._shifts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
 
     def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
         """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
         or None where the profile did not record that degree. A layer that does not split holds nothing here
         (no tensor stage can hold it)."""
-        shards = self.tensor_shards.get(str(tensor_degree))
-        return None if shards is None else ZeroLayout([layer or [] for layer in shards], precision=self.precision)
+        if tensor_degree not in self._of_degree:
+            shards = self.tensor_shards.get(str(tensor_degree))
+            self._of_degree[tensor_degree] = (None if shards is None else
+                                              ZeroLayout([layer or [] for layer in shards], precision=self.precision))
+        return self._of_degree[tensor_degree]
 
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
         return [p for layer in self.shapes[start:stop] for p in layer]
@@ -166,6 +172,26 @@ class ZeroLayout:
         """How ``rank``'s ``static`` and step transient differ from the profiled device's: (:meth:`static_delta`,
         :meth:`step_delta`)."""
         return self.static_delta(start, stop, zero, degree, rank), self.step_delta(start, stop, zero, degree, rank)
+
+    def shifts(self, start: int, stop: int, zero: int, degree: int) -> list[tuple[int, int]]:
+        """:meth:`shift` of every rank ``0 .. degree - 1``, computed once per span (ZeRO-1: one partition for all
+        ranks, where :meth:`shift` partitions the stage's parameters twice per rank)."""
+        key = (start, stop, zero, degree)
+        if key not in self._shifts:
+            if zero != 1:
+                self._shifts[key] = [self.shift(start, stop, zero, degree, r) for r in range(degree)]
+            else:
+                params = self._params(start, stop)
+                numels = [math.prod(shape) for _, shape in params]
+                sizes = [e * n for (e, _), n in zip(params, numels)]
+                states = [self._state(e, n, 1) for (e, _), n in zip(params, numels)]
+                whole = sum(self._state(e, n, 0) for (e, _), n in zip(params, numels))
+                temporaries = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
+                largest = max(sizes, default=0)
+                self._shifts[key] = [(sum(states[i] for i in share) - whole,
+                                      temporaries * (max((sizes[i] for i in share), default=0) - largest))
+                                     for share in zero1_shares(numels, degree)]
+        return self._shifts[key]
 
     def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
         """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over

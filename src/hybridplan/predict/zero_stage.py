@@ -57,7 +57,7 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
         moved = [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)]
         return _shifted_peaks(narrow, start, stop, source, profiled, stages_after, moved,
                               partial(_wider_zero3_quantities, narrow, over=degree))
-    shifts = [layout.shift(start, stop, zero, degree, r) for r in range(degree)]
+    shifts = layout.shifts(start, stop, zero, degree)
     refine = partial(_zero3_quantities, predictor) if zero == 3 and layout.precision == "fp32" else None
     return _shifted_peaks(predictor, start, stop, source, degree, stages_after, shifts, refine)
 
@@ -77,7 +77,7 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
             return None  # refused with the reason by predict/plan_checks.py
         composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
         return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
-    shifts = [layout.shift(start, stop, zero, data, r) for r in range(data)]
+    shifts = layout.shifts(start, stop, zero, data)
     return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
 
 
