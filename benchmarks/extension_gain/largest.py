@@ -148,7 +148,8 @@ def run_answer(s: Setting, space: str, record: dict[str, Any], cluster: Cluster,
     """The plan a finished search found at its widest width, run on simulated devices of ``cluster`` (the
     capacity its answer was predicted to fit): the answer measured, not only predicted. Kept in the probe
     (``simulated``: the run's status, measured and predicted peaks, seconds); a probe of an earlier search that
-    kept no plan is asked again (its profiles made, with ``profile``, or checked). None where no plan fits."""
+    kept no plan is asked again (its profiles made, with ``profile``, or checked; the answer replaces the probe's,
+    so a probe that no longer fits says so and :func:`largest` searches below it). None where no plan fits."""
     probe = record["probes"].get(str(record.get("widest")))
     if probe is None or not probe.get("fits"):
         return None
@@ -209,8 +210,11 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
                 say(f"{s.case.model} largest {space}: its plan not run: {e}")
                 break
             store.put(key, record)
-            if ran is None:
-                break
+            if ran is None:  # no plan to run; or asked again (an earlier search's probe), it no longer fits
+                if record["probes"][str(found)]["fits"]:
+                    break
+                say(f"  {s.case.model} {space} width {found}: asked again, does not fit: searching below it")
+                continue
             say(f"  run: {ran['status']}, measured {format_bytes(ran['measured_peak_bytes'])}")
             if ran["status"] != "oom":
                 break

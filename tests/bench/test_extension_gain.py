@@ -364,16 +364,17 @@ def test_a_probe_without_its_profile_is_not_run(tmp_path: Path) -> None:
 
 
 def fake_probes_and_runs(monkeypatch: pytest.MonkeyPatch, simulate: Callable[..., dict[str, Any]],
-                         asked: list[str]) -> None:
-    """Probes answered without profiles (a gpt-tiny width fits up to gpt_tiny_parameters(150), its plan data2;
-    each probed model appended to ``asked``) and answers run by ``simulate``."""
+                         asked: list[str], refused: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    """Probes answered without profiles (a gpt-tiny width fits up to gpt_tiny_parameters(150), its plan data2,
+    except the models in ``refused``; each probed model appended to ``asked``) and answers run by ``simulate``."""
     plan = {"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2,
             "stages": [{"layers": [0, 10], "parallelism": "data", "degree": 2, "devices": [0, 1]}]}
 
     def answer(s: Setting, space: str, cluster: Any, say: Any) -> dict[str, Any]:
         asked.append(s.case.model)
         n = get_model(s.case.model).parameter_count()
-        return {"fits": n <= gpt_tiny_parameters(150), "needed_bytes": n, "label": "data2", "plan": plan}
+        fits = n <= gpt_tiny_parameters(150) and s.case.model not in refused
+        return {"fits": fits, "needed_bytes": n, "label": "data2", **({"plan": plan} if fits else {})}
 
     monkeypatch.setattr(largest_module, "answer", answer)
     monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
@@ -395,7 +396,8 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
         return {"status": "ok", "reason": None, "measured_peak_bytes": 3 * 2**30, "predicted_peak_bytes": 3 * 2**30,
                 "seconds": 1.0, "devices": []}
 
-    fake_probes_and_runs(monkeypatch, simulate, asked)
+    refused: set[str] = set()
+    fake_probes_and_runs(monkeypatch, simulate, asked, refused)
     store = ResultStore(tmp_path / "r.json")
     largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
     r = ResultStore(tmp_path / "r.json")["gpt-tiny/largest/capture"]
@@ -412,6 +414,16 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
     asked.clear()
     largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
     assert asked == [at_width("gpt-tiny", 148)] and len(ran) == 2
+    # asked again (its profile made again by a later version), 148 no longer fits: the search goes on below it
+    record = store["gpt-tiny/largest/capture"]
+    del record["probes"]["148"]["plan"], record["probes"]["148"]["simulated"]
+    store.put("gpt-tiny/largest/capture", record)
+    asked.clear()
+    refused.add(at_width("gpt-tiny", 148))
+    largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
+    r = store["gpt-tiny/largest/capture"]
+    assert r["widest"] == 144 and r["probes"]["148"]["fits"] is False and r["probes"]["144"]["simulated"]["status"] == "ok"
+    assert asked[0] == at_width("gpt-tiny", 148) and ran[-1][0] == at_width("gpt-tiny", 144)  # (then probes below 148)
 
 
 def test_an_answer_that_runs_out_of_memory_is_refuted_and_the_search_goes_on_below_it(
