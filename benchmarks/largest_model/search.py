@@ -120,15 +120,26 @@ def _guess_up(needs: dict[int, float], lo: int, top: int, capacity: float) -> fl
     return guess if guess is not None and guess < top else None
 
 
+def _growing(widths: list[int], needs: dict[int, float]) -> bool:
+    """Whether the needs grow with the width over ``widths``."""
+    ordered = [needs[w] for w in sorted(widths)]
+    return all(a < b for a, b in zip(ordered, ordered[1:]))
+
+
 def _guess(needs: dict[int, float], lo: int, hi: int, capacity: float) -> float | None:
     """Where ``a + b w + c w^2`` through the three probes nearest ``[lo, hi]`` (two: ``a + c w^2``) crosses
     ``capacity`` inside ``(lo, hi)``: between the bracket's ends, or beyond the fitting end where the other end's
     need is unknown (a width whose every plan holds a stage the profile could not measure: no need to say).
+    Where the three needs do not grow with the width (the uniform plans: each width's best shape differs, GPT-3
+    2.6B's needing 39.47 GiB at 5,056 and 34.48 at 5,152), the curve is the one through the bracket's two ends:
+    the parabola through those three crossed 40 GiB at 7,373 of the bracket 5,152 to 7,680, the two ends' at 5,817.
     None where the fitting end's need is unknown, fewer than two needs are known, or the curve does not cross
     inside the bracket (needs that do not grow)."""
     if lo not in needs or needs[lo] > capacity or needs.get(hi, np.inf) <= capacity:
         return None
     near = sorted(needs, key=lambda w: (max(lo - w, w - hi, 0), w))[:3]
+    if len(near) == 3 and hi in needs and not _growing(near, needs):
+        near = [lo, hi]  # (needs that fall somewhere: a parabola through them crosses far from the bracket's line)
     if len(near) == 3:
         c2, c1, c0 = (float(x) for x in np.polyfit(near, [needs[w] for w in near], 2))
     elif len(near) == 2:

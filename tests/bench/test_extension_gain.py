@@ -149,6 +149,22 @@ def test_a_guess_within_a_step_of_the_widest_fit_is_taken_after_the_guesses_stal
     assert probed == [768, 3520, 3072, 3136, 3152, 3168]  # the line through the origin first: 768 x 40 / 8.70
 
 
+def test_needs_that_do_not_grow_aim_by_the_brackets_ends() -> None:
+    """GPT-3 2.6B's uniform plans (27 Nov): 39.47 GiB at 5,056, 34.48 at 5,152 (another shape), 59.04 at 7,680;
+    the parabola through the three crossed 40 GiB near 7,373 and the search probed 7,360, then 7,104. Through the
+    bracket's ends, ``a + c w^2``: w = sqrt(5152^2 + (40 - 34.48) (7680^2 - 5152^2) / (59.04 - 34.48)) = 5,816.7."""
+    from benchmarks.largest_model.search import _guess
+
+    gib = 2**30
+    needs = {5056: 39.47 * gib, 5152: 34.48 * gib, 7680: 59.04 * gib}
+    expected = (5152**2 + (40 - 34.48) * (7680**2 - 5152**2) / (59.04 - 34.48)) ** 0.5
+    assert abs(expected - 5816.7) < 0.1
+    assert _guess(needs, 5152, 7680, 40 * gib) == pytest.approx(expected, rel=1e-9)
+    # growing needs keep the parabola through the three nearest
+    grow = {5056: 30.0 * gib, 5152: 34.48 * gib, 7680: 59.04 * gib}
+    assert _guess(grow, 5152, 7680, 40 * gib) != pytest.approx(_guess({5152: grow[5152], 7680: grow[7680]}, 5152, 7680, 40 * gib))
+
+
 def test_the_top_width_is_not_probed_where_the_needs_place_the_limit_below_it() -> None:
     """A search resumed above two widths that fit (GPT-3 2.6B's extended space: 9.71 GiB at 2,560, 37.56 GiB at
     7,680) goes to where their curve meets the capacity, never to the top (4 times the width: the dearest
