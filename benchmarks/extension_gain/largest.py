@@ -157,6 +157,7 @@ def run_answer(s: Setting, space: str, record: dict[str, Any], cluster: Cluster,
         sw = probe_setting(s, int(record["widest"]))
         if "plan" not in probe:
             ensure_profiles(sw, space, profile, say)
+            probe.pop("label", None)  # (the earlier answer's: a probe that no longer fits has none)
             probe.update(answer(sw, space, cluster, say))
         if "plan" not in probe:
             return None

@@ -390,7 +390,7 @@ def fake_probes_and_runs(monkeypatch: pytest.MonkeyPatch, simulate: Callable[...
         asked.append(s.case.model)
         n = get_model(s.case.model).parameter_count()
         fits = n <= gpt_tiny_parameters(150) and s.case.model not in refused
-        return {"fits": fits, "needed_bytes": n, "label": "data2", **({"plan": plan} if fits else {})}
+        return {"fits": fits, "needed_bytes": n, **({"label": "data2", "plan": plan} if fits else {})}
 
     monkeypatch.setattr(largest_module, "answer", answer)
     monkeypatch.setattr(largest_module, "ensure_profiles", lambda *args: None)
@@ -439,6 +439,7 @@ def test_the_answer_is_run_on_simulated_devices_once(tmp_path: Path, monkeypatch
     largest(setting(tmp_path), store, lambda _: None, profile=False, spaces_searched=("capture",), validate=True)
     r = store["gpt-tiny/largest/capture"]
     assert r["widest"] == 144 and r["probes"]["148"]["fits"] is False and r["probes"]["144"]["simulated"]["status"] == "ok"
+    assert "label" not in r["probes"]["148"] and "plan" not in r["probes"]["148"]
     assert asked[0] == at_width("gpt-tiny", 148) and ran[-1][0] == at_width("gpt-tiny", 144)  # (then probes below 148)
 
 
