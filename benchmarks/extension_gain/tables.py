@@ -127,6 +127,7 @@ def print_tables(store: ResultStore) -> None:
         m, _, space = key.split("/", 2)
         for w, p in r["probes"].items():
             fits = "yes" if p["fits"] else "no: predicted to fit, out of memory when run" if "refuted" in p else "no"
+            fits += f" ({p['from']}'s probe)" if "from" in p else ""  # [Note: twins share their widths] (largest.py)
             print(f"| {m} | {space} | {w} | {p['parameters']:,} | {fits} |"
                   f" {_gib(p.get('needed_bytes'))} | {md_cell(p.get('label') or '')} |")
 

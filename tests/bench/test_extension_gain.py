@@ -231,11 +231,14 @@ def test_gpt3_2p6b_and_6p7b_are_one_model_at_every_width() -> None:
     assert twins(alone) == ["gpt3-6.7b"] and probe_setting(alone, 7680).case.model == at_width("gpt3-6.7b", 7680)
 
 
-def test_a_twins_search_starts_from_the_other_twins_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_twins_search_starts_from_the_other_twins_probes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """GPT-3 6.7B's search (from 4,096 to 3 times it) after 2.6B's (from 2,560 to 1.75 times it) in one results
     file: the widths 2.6B probed between 4,096 and 12,288 are 6.7B's too (``from`` 2.6B); 6.7B's own probes are
-    only wider ones, profiled under 2.6B's names."""
+    only wider ones, profiled under 2.6B's names; the probes table says whose probe."""
     from dataclasses import replace
+
+    from benchmarks.extension_gain.tables import print_tables
 
     calls: list[str] = []
 
@@ -257,6 +260,8 @@ def test_a_twins_search_starts_from_the_other_twins_probes(tmp_path: Path, monke
     assert shared and all(big["probes"][w]["from"] == "gpt3-2.6b" for w in shared)
     own = [w for w in big["probes"] if "from" not in big["probes"][w]]
     assert own and not shared & set(own) and min(map(int, own)) > 4480  # (fitting is monotone: 4,480 fits)
+    print_tables(store)
+    assert "| gpt3-6.7b | capture | 4480 | 8,172,245,760 | yes (gpt3-2.6b's probe) |" in capsys.readouterr().out
     assert calls[len(small["probes"]):] == [at_width("gpt3-2.6b", int(w)) if w != "4096" else "gpt3-6.7b" for w in own]
 
 
