@@ -54,7 +54,7 @@ def test_gathered_bytes_pad_each_parameter_to_whole_chunks():
 
 
 def test_every_ranks_shift_at_once_is_each_ranks_shift():
-    """``shifts`` (every rank, one partition) against ``shift`` per rank, which partitions twice per rank: the
+    """``shifts`` (every rank, kept per span) against ``shift`` asked per rank: the
     MLP's spans at every level, degree and precision, and ZeRO-1's by hand on layers 2-4 over 2 ranks (rank 0
     steps the 1024-element weight, the stage's largest; rank 1 the 320, its largest 1280 bytes)."""
     for precision in ("fp32", "bf16"):

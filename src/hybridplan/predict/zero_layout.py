@@ -126,6 +126,7 @@ class ZeroLayout:
         # (a search asks every span at every degree, once per later-stage count: kept, not recomputed)
         self._of_degree: dict[int, ZeroLayout | None] = {}
         self._shifts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+        self._zero1: dict[tuple[int, int, int], list[list[int]]] = {}
 
     def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
         """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
@@ -154,13 +155,21 @@ class ZeroLayout:
         if zero == 0:
             return sum(self._state(e, n, zero) for (e, _), n in zip(params, numels))
         if zero == 1:
-            share = zero1_shares(numels, degree)[rank]
+            share = self._zero1_shares(start, stop, degree)[rank]
             return sum(self._state(params[i][0], numels[i], zero) for i in share)
         out = 0
         for element, shape in params:
             dims = shape or (1,)
             out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]), zero)
         return out
+
+    def _zero1_shares(self, start: int, stop: int, degree: int) -> list[list[int]]:
+        """:func:`zero1_shares` of the span's parameters over ``degree`` ranks, partitioned once (a sort of the
+        stage's parameters, which every rank's state and step ask for)."""
+        key = (start, stop, degree)
+        if key not in self._zero1:
+            self._zero1[key] = zero1_shares([math.prod(shape) for _, shape in self._params(start, stop)], degree)
+        return self._zero1[key]
 
     def static_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """Static bytes of ``rank`` minus those of the profiled device it is predicted from: for ZeRO-1 the
@@ -174,23 +183,11 @@ class ZeroLayout:
         return self.static_delta(start, stop, zero, degree, rank), self.step_delta(start, stop, zero, degree, rank)
 
     def shifts(self, start: int, stop: int, zero: int, degree: int) -> list[tuple[int, int]]:
-        """:meth:`shift` of every rank ``0 .. degree - 1``, computed once per span (ZeRO-1: one partition for all
-        ranks, where :meth:`shift` partitions the stage's parameters twice per rank)."""
+        """:meth:`shift` of every rank ``0 .. degree - 1``, computed once per span (a search asks each span once per
+        later-stage count; ZeRO-1's partition is made once for all ranks: :meth:`_zero1_shares`)."""
         key = (start, stop, zero, degree)
         if key not in self._shifts:
-            if zero != 1:
-                self._shifts[key] = [self.shift(start, stop, zero, degree, r) for r in range(degree)]
-            else:
-                params = self._params(start, stop)
-                numels = [math.prod(shape) for _, shape in params]
-                sizes = [e * n for (e, _), n in zip(params, numels)]
-                states = [self._state(e, n, 1) for (e, _), n in zip(params, numels)]
-                whole = sum(self._state(e, n, 0) for (e, _), n in zip(params, numels))
-                temporaries = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
-                largest = max(sizes, default=0)
-                self._shifts[key] = [(sum(states[i] for i in share) - whole,
-                                      temporaries * (max((sizes[i] for i in share), default=0) - largest))
-                                     for share in zero1_shares(numels, degree)]
+            self._shifts[key] = [self.shift(start, stop, zero, degree, r) for r in range(degree)]
         return self._shifts[key]
 
     def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
@@ -254,7 +251,7 @@ class ZeroLayout:
             return 0
         params = self._params(start, stop)
         sizes = [e * math.prod(shape) for e, shape in params]
-        share = zero1_shares([math.prod(shape) for _, shape in params], degree)[rank]
+        share = self._zero1_shares(start, stop, degree)[rank]
         # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
         temporaries = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
         return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
