@@ -201,7 +201,7 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
             return bool(r["fits"]), r.get("needed_bytes")
 
         while True:
-            found = search(s, record, key, width, high, step, capacity, probe, say)
+            found = search(s, record, space, width, high, step, capacity, probe, say)
             store.put(key, record)
             if found is None or not validate:
                 break
@@ -226,7 +226,7 @@ def largest(s: Setting, store: ResultStore, say: Callable[[str], None], *, profi
             say(f"  {s.case.model} {space} width {found}: predicted to fit, ran out of memory: searching below it")
 
 
-def search(s: Setting, record: dict[str, Any], key: str, width: int, high: int, step: int, capacity: str,
+def search(s: Setting, record: dict[str, Any], space: str, width: int, high: int, step: int, capacity: str,
            probe: Callable[[int], tuple[bool, float | None]], say: Callable[[str], None]) -> int | None:
     """One widest-width search of ``record``'s space from what its probes know; the answer kept in ``record``
     (the caller stores it). None where a probe's profile is missing (the reason kept as ``not run``)."""
@@ -241,17 +241,13 @@ def search(s: Setting, record: dict[str, Any], key: str, width: int, high: int, 
         found = widest_guided(probe, low, top, step, float(parse_bytes(capacity)), known=needs)
     except NotProfiled as e:
         record["not run"] = str(e)
-        say(f"{s.case.model} largest {record_space(key)}: not run: {e}")
+        say(f"{s.case.model} largest {space}: not run: {e}")
         return None
     best = record["probes"].get(str(found), {})
     record.update({"widest": found, "width_name": "channels" if "wresnet" in s.case.model else "hidden size",
                    "own_width": width, "high": high, "at_least": found == high,
                    "parameters": best.get("parameters"), "label": best.get("label"), "capacity": capacity})
-    say(f"{s.case.model} largest {record_space(key)}: width {found}{' or more' if found == high else ''},"
+    say(f"{s.case.model} largest {space}: width {found}{' or more' if found == high else ''},"
         f" {best.get('parameters')} parameters")
     return found
 
-
-def record_space(key: str) -> str:
-    """The space of a results key ``model/largest/space``."""
-    return key.rpartition("/")[2]

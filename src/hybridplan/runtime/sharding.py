@@ -166,7 +166,7 @@ def shard_layer(layer: nn.Module, zero: int, dp_mesh: Any, *, precision: str = "
     runtime/stage.py), so that the device never holds the stage's whole parameters; :func:`shard_stage` then
     makes the stage's own unit."""
     if zero not in (2, 3):
-        raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
+        raise ValueError(f"shard_layer shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
     from torch.distributed.fsdp import fully_shard
 
     if any(p.requires_grad for p in layer.parameters()):
