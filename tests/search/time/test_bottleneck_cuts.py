@@ -253,7 +253,7 @@ def test_min_max_with_the_round_trip_the_least_period_of_every_cut(data: st.Data
                                                                    integers: bool) -> None:
     """PipeDream-2BW's period with the round trip (time_model's [Note: the round trip of 1F1B]): max(max t, max e / 2,
     (sum t + sum e) / in_flight) written out again; the least over every cut, the fill breaking ties."""
-    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+    from hybridplan.search.time.period_cut import bottleneck_min_max
 
     k = data.draw(st.integers(1, num_layers))
     in_flight = data.draw(st.integers(1, k + 1))
@@ -351,7 +351,7 @@ def test_rejects_negative_layer_times_and_too_many_stages() -> None:
 @given(data=st.data(), num_layers=st.integers(1, 10), integers=st.booleans(), own_costs=st.booleans())
 def test_min_max_same_period_and_fill_as_the_reference(data: st.DataObject, num_layers: int, integers: bool,
                                                        own_costs: bool) -> None:
-    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+    from hybridplan.search.time.period_cut import bottleneck_min_max
     from hybridplan.search.time.stage_cuts import min_max_assignment
 
     k = data.draw(st.integers(1, num_layers))
@@ -498,7 +498,7 @@ def test_window_minima_both_ways_are_the_minimum_of_each_window(data: st.DataObj
 @given(data=st.data(), num_layers=st.integers(1, 8), gas=st.integers(1, 9), integers=st.booleans())
 def test_min_max_within_memory_windows_the_least_period_of_every_fitting_cut(
         data: st.DataObject, num_layers: int, gas: int, integers: bool) -> None:
-    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+    from hybridplan.search.time.period_cut import bottleneck_min_max
 
     k = data.draw(st.integers(1, num_layers))
     in_flight = data.draw(st.integers(1, k + 1))
@@ -520,7 +520,7 @@ def test_min_max_within_memory_windows_the_least_period_of_every_fitting_cut(
 def test_windows_that_hold_every_range_change_nothing(data: st.DataObject, num_layers: int, gas: int,
                                                       integers: bool, with_sync: bool) -> None:
     """Windows starting at 0 everywhere: the same boundaries and the same float objective as without."""
-    from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+    from hybridplan.search.time.period_cut import bottleneck_min_max
 
     k = data.draw(st.integers(1, num_layers))
     stage_costs = [_costs(data, num_layers, integers) for _ in range(k)]

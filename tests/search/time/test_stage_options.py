@@ -308,7 +308,7 @@ def test_without_options_the_fastest_cut_that_fits(seed, schedule):
     """No stage options: with the memory windows, the fastest plan over every strategy and every cut that fits, as
     enumerating them finds it (this memory grows with a stage's range, so the windows hold every fitting range:
     [Note: cutting within memory]); without them, no faster than that either. 2BW's cut minimises its period and
-    fill, not the whole iteration time (search/time/bottleneck_cuts.py ``bottleneck_min_max``: no gradient sync),
+    fill, not the whole iteration time (search/time/period_cut.py ``bottleneck_min_max``: no gradient sync),
     so there only: a plan that fits wherever one does, never slower than without the windows (seed 1: (0, 1, 4)
     on pp 2 x dp 2, 0.21% slower than the enumeration's (0, 2, 4))."""
     profile, cluster, memory, _ = _random_case(seed, 6)

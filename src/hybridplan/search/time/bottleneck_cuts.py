@@ -107,7 +107,7 @@ predicted memory does not fall as its range grows (a range's parameters and acti
 cut is then the fastest of the cuts that fit; where the prediction is not monotone (a loss head whose backward
 floor a longer range hides, measurement noise between spans), a fitting range beyond a non-fitting one is left
 out: the cut found then fits but may not be the fastest that does. tests/search/time/test_bottleneck_cuts.py
-checks it against every cut whose stages all fit. :func:`bottleneck_min_max` (2BW's period) takes the same
+checks it against every cut whose stages all fit. :func:`~hybridplan.search.time.period_cut.bottleneck_min_max` (2BW's period) takes the same
 windows; AMP's program (``cuts="amp"``, the reference) does not, and the throughput search then cuts no strategy
 again (search/time/throughput.py: a strategy is cut within memory where its fastest cut does not fit, and with
 stage options where some stage fits under none).
@@ -116,9 +116,9 @@ stage options where some stage fits under none).
 per iteration, ``pipe(U, S) = gas max(U, S / k)`` (the fill once per run: predict/time_model.py), and the time model
 adds the sync and the step to it as for the others. The search above needs of ``pipe`` that it grows with ``U`` and
 ``S`` and bounds the objective from below by a line ``g U + w S + Q``: here ``g = gas`` and ``w`` the fill's
-tie-break weight (1e-9, as :func:`bottleneck_min_max` breaks ties), so the caps' ranges and the boxes' bounds hold
+tie-break weight (1e-9, as :func:`~hybridplan.search.time.period_cut.bottleneck_min_max` breaks ties), so the caps' ranges and the boxes' bounds hold
 as they are, and the same search (``flush=False``) cuts 2BW for its period, sync and step together.
-:func:`bottleneck_min_max`, the period alone, stays where there is neither (one data replica, no measured step).
+:func:`~hybridplan.search.time.period_cut.bottleneck_min_max`, the period alone, stays where there is neither (one data replica, no measured step).
 On test_throughput.py's random cases under 2BW (seeds 0-1999, no ZeRO, a measured step), the cut for the period
 alone was slower in 134 (6.7%), by up to 75.7%; checked against every cut there and in test_bottleneck_cuts.py.
 
@@ -158,7 +158,7 @@ from hybridplan.search.time.stage_cuts import _SINGLE_MICROBATCH_WEIGHT, Assignm
 from hybridplan.search.time.step_costs import StepCosts
 from hybridplan.search.time.sync_costs import SyncCosts
 
-__all__ = ["bottleneck_assignment", "bottleneck_min_max", "fitting_starts"]
+__all__ = ["bottleneck_assignment", "fitting_starts"]
 
 
 SWEEP_AFTER = 64
@@ -466,76 +466,3 @@ def fitting_starts(fits: np.ndarray) -> np.ndarray:
     a = np.arange(n)[:, None]
     unfit = ~np.asarray(fits, dtype=bool) & (a < np.arange(n + 1)[None, :])
     return np.where(unfit, a + 1, 0).max(axis=0, initial=0).astype(np.intp)
-
-
-@overload
-def bottleneck_min_max(
-    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
-    num_microbatches: int = 1, in_flight: int | None = None, starts: None = None,
-) -> Assignment: ...
-
-
-@overload
-def bottleneck_min_max(
-    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
-    num_microbatches: int = 1, in_flight: int | None = None, *, starts: Sequence[np.ndarray] | None,
-) -> Assignment | None: ...
-
-
-def bottleneck_min_max(
-    stage_costs: Sequence[np.ndarray], cut_floors: Sequence[np.ndarray], cut_costs: Sequence[np.ndarray] | None = None,
-    num_microbatches: int = 1, in_flight: int | None = None, starts: Sequence[np.ndarray] | None = None,
-) -> Assignment | None:
-    """The cut of :func:`~hybridplan.search.time.stage_cuts.min_max_assignment` (the least steady-state period
-    ``P = max(max_j t_j, max_j floor_j)``, of a pipeline that never flushes; among the cuts within 1e-9 of it in
-    ratio, periods that differ by rounding, the least ``sum t + sum e``) by the same windows: a binary search for
-    the least candidate ``P`` some cut fits, then ``S(P (1 + 1e-9), inf)``. ``objective`` of the result is its
-    period.
-
-    With ``in_flight`` fewer than ``num_microbatches`` (PipeDream-2BW holds one micro-batch per stage) the period is
-    the time model's, at least the round trip ``sum t + sum e`` over ``in_flight`` ([Note: the round trip of 1F1B]
-    in predict/time_model.py): ``max(P, S / in_flight)``, the time model's
-    :func:`~hybridplan.predict.time_model.pipeline_seconds_from` without a flush, over gas. Its least value over the caps, ``pipe(P, S(P))`` per candidate ``P``,
-    is the optimum (the least-sum cut under an optimum's own ``P`` is no slower), found by the sweep of the module
-    note over the candidates from the least feasible one while ``pipe(P, least sum)`` can still beat the min-max
-    cut (one candidate where the round trip does not bind); the fill still breaks ties (1e-9 of it added).
-    ``objective`` is then that period. ``starts``: memory windows as in :func:`bottleneck_assignment` (None where
-    no cut fits them).
-
-    Example:
-        >>> ones = np.ones(4)
-        >>> bottleneck_min_max([ones, ones], [np.array([0.0, 5.0, 0.0])], [np.array([0.0, 0.0, 1.0])]).boundaries
-        (0, 1, 4)
-    """
-    _check(stage_costs, cut_floors)
-    problem = _Problem(stage_costs, cut_floors if cut_costs is None else cut_costs, cut_floors, None, starts)
-    if starts is not None and problem.evaluate(np.inf, np.inf)[1] is None:
-        return None  # no cut fits the memory windows
-    ps, _ = problem.candidates((0.0, np.inf), 0.0)
-    lo, hi = 0, len(ps) - 1  # the largest candidate fits: every stage and floor is at most it
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if problem.evaluate(float(ps[mid]), np.inf)[1] is None:
-            lo = mid + 1
-        else:
-            hi = mid
-    # the least fill among the cuts whose period is within the tie-break's weight of the least one: periods
-    # that differ by rounding alone (sums in another order) tie, as they do in the sweep below
-    _, cut = problem.evaluate(float(ps[lo]) * (1 + _SINGLE_MICROBATCH_WEIGHT), np.inf)
-    if cut is None:
-        raise PlanError("no cut of the layers into stages has a finite period",
-                        fix="check the stage and boundary costs: they must be finite")
-    if in_flight is None or in_flight >= num_microbatches or cut_costs is None:
-        return Assignment(cut, problem.maxima(cut)[0])
-
-    def period(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
-        """The time model's steady-state period of cuts of bottleneck ``u`` and round trip ``total``."""
-        return pipeline_seconds_from(u, total, num_microbatches, flush=False, in_flight=in_flight) / num_microbatches
-
-    def pipeline(u: np.ndarray | float, total: np.ndarray | float) -> np.ndarray:
-        """What the sweep minimises: the period, the fill breaking ties."""
-        return period(u, total) + _SINGLE_MICROBATCH_WEIGHT * np.asarray(total, dtype=float)
-
-    least_sum, _ = problem.evaluate(np.inf, np.inf)
-    _, cut = _sweep(problem, ps[lo:], pipeline, least_sum, problem.value(cut, pipeline)[0], cut)
-    return Assignment(cut, problem.value(cut, period)[0])

@@ -16,7 +16,7 @@ the global batch) costs ``m`` steady-state periods plus the gradient all-reduce:
   not overlapped, a pessimistic choice). The one-time fill is amortised over training and left out.
 
 Stages are cut to minimise ``P`` exactly, ties broken by the least fill time
-(:func:`~hybridplan.search.time.bottleneck_cuts.bottleneck_min_max`, the cut of
+(:func:`~hybridplan.search.time.period_cut.bottleneck_min_max`, the cut of
 :func:`~hybridplan.search.time.stage_cuts.min_max_assignment`); the 2BW paper assumes repeated blocks, where this
 is an even split. We require ``m >= d``: with 1F1B a stage has up to
 ``d`` micro-batches in flight, and they span at most the two stashed weight versions only when a version
@@ -40,7 +40,7 @@ from hybridplan.predict.communication import p2p_seconds, sync_seconds
 from hybridplan.predict.stage_compute import stage_layer_costs
 from hybridplan.profiling.time_profile import TimeProfile
 from hybridplan.search.progress import Progress, ProgressCallback
-from hybridplan.search.time.bottleneck_cuts import bottleneck_min_max
+from hybridplan.search.time.period_cut import bottleneck_min_max
 
 __all__ = ["TwoBWCandidate", "pipedream_2bw_time", "plan_pipedream_2bw"]
 

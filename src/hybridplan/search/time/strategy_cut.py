@@ -30,7 +30,8 @@ from hybridplan.predict.stage_compute import optimizer_rate, stage_layer_costs
 from hybridplan.predict.time_model import first_stage_in_flight
 from hybridplan.profiling.layer_info import parameter_tensors
 from hybridplan.profiling.time_profile import TimeProfile
-from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment, bottleneck_min_max
+from hybridplan.search.time.bottleneck_cuts import bottleneck_assignment
+from hybridplan.search.time.period_cut import bottleneck_min_max
 from hybridplan.search.time.stage_cuts import Assignment, amp_layer_assignment, min_max_assignment
 from hybridplan.search.time.stage_options import Option
 from hybridplan.search.time.step_costs import StepCosts
