@@ -53,6 +53,32 @@ def test_gathered_bytes_pad_each_parameter_to_whole_chunks():
     assert layout.gathered_bytes(4, 5, 4) == [4 * (12 * 32 + 12)]
 
 
+def test_mixed_precision_gathers_and_keeps_what_fsdps_policy_moves_by_hand():
+    """[Note: the reduce-scatter in mixed precision] (predict/zero3_transients.py): in bf16 FSDP2 gathers bf16 copies
+    (2 bytes per element) but stores fp32 chunks and fp32 gradient shards, and the unsharded stage holds bf16
+    parameters and gradients beside fp32 masters."""
+    layout = ZeroLayout(MLP_SHAPES, precision="bf16")
+    assert layout.gathered_bytes(0, 3, 2) == [2 * 544, 0, 2 * 1056]
+    assert layout.gathered_bytes(4, 5, 4) == [2 * (12 * 32 + 12)]  # padded as in fp32
+    assert layout.stored_bytes(4, 5, 4) == 4 * (3 * 32 + 3)  # fp32 chunks
+    assert layout.shard_bytes(0, 3, 2) == [4 * 272, 0, 4 * 528]
+    assert layout.layer_bytes(0, 3) == [2 * 544, 0, 2 * 1056]
+    # the reduce-scatter's bf16 output and fp32 cast (3 x 1056 / 2 for layer 2) less its freed bf16 gradients
+    assert layout.scatter_extra(0, 3, 2) == [3 * 2 * 544 // 2 - 2 * 544, 0, 3 * 2 * 1056 // 2 - 2 * 1056]
+    assert layout.scatter_extra(0, 3, 4) == [0, 0, 0]  # 3/4 of the gradients: less than it freed
+    assert ZeroLayout(MLP_SHAPES).scatter_extra(0, 3, 2) == [0, 0, 0]  # fp32: the rules were measured with it
+
+
+def test_a_zero3_rank_against_the_unsharded_stage_in_bf16_by_hand():
+    """The unsharded bf16 stage holds 2-byte parameters and gradients, fp32 masters and moments (12 bytes per
+    element + the step counter), and steps with three fp32 temporaries of its largest parameter (an fp32 copy of
+    the gradient and AdamW's two); a ZeRO-3 rank stores fp32 chunks (the masters) and fp32 gradient shards, the
+    moments of its rows, and steps two temporaries of its largest chunk. One parameter of 5 x 3 over 2 ranks."""
+    layout = ZeroLayout([[[4, 5, 3]]], precision="bf16")
+    assert layout.unsharded_shift(0, 1, 2, 0) == ((36 - 30) + (72 + 4 - (12 * 15 + 4)), 36 - 30, 2 * 36 - 3 * 60)
+    assert layout.unsharded_shift(0, 1, 2, 1) == ((36 - 30) + (48 + 4 - (12 * 15 + 4)), 36 - 30, 2 * 24 - 3 * 60)
+
+
 def test_every_ranks_shift_at_once_is_each_ranks_shift():
     """``shifts`` (every rank, kept per span) against ``shift`` asked per rank: the
     MLP's spans at every level, degree and precision, and ZeRO-1's by hand on layers 2-4 over 2 ranks (rank 0

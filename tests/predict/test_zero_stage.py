@@ -18,15 +18,16 @@ from hybridplan.workflows.validate import validate_plan
 from tests.cli.conftest import MLP
 
 
-def _profile(path: Path, model: str, global_batch_size: int, *, pipeline: bool = True,
+def _profile(path: Path, model: str, global_batch_size: int, *, pipeline: bool = True, tensor: bool = False,
              run_options: dict[str, str] | None = None) -> Path:
-    """``model`` profiled on 1x4 simulated devices in 2 micro-batches: data x2 with and without ZeRO-3, and the
-    pipeline scenario where ``pipeline``."""
+    """``model`` profiled on 1x4 simulated devices in 2 micro-batches: data x2 with and without ZeRO-3, the
+    pipeline scenario where ``pipeline`` and tensor x2 where ``tensor``."""
     from hybridplan.profiling.campaign import Campaign, CampaignConfig
     from hybridplan.profiling.partitions import Scenario
     from hybridplan.profiling.store import ProfileStore
 
-    scenarios = ((Scenario("none", 1),) if pipeline else ()) + (Scenario("data", 2), Scenario("data", 2, 3))
+    scenarios = (((Scenario("none", 1),) if pipeline else ()) + ((Scenario("tensor", 2),) if tensor else ())
+                 + (Scenario("data", 2), Scenario("data", 2, 3)))
     with ProfileStore(path) as store:
         Campaign(CampaignConfig(model=model, cluster=Cluster.parse("1x4"), global_batch_size=global_batch_size,
                                 num_microbatches=2, scenarios=scenarios,
@@ -194,31 +195,59 @@ BF16 = {"backend": "sim", "precision": "bf16"}
 
 @pytest.fixture(scope="module")
 def bf16_db(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The MLP profiled in bf16 on 1x4 simulated devices: pipeline, data x2 and data x2 with ZeRO-3."""
-    return _profile(tmp_path_factory.mktemp("zero_bf16") / "p.sqlite", MLP, 32, run_options=BF16)
+    """The MLP profiled in bf16 on 1x4 simulated devices: pipeline, tensor x2, data x2 and data x2 with ZeRO-3."""
+    return _profile(tmp_path_factory.mktemp("zero_bf16") / "p.sqlite", MLP, 32, tensor=True, run_options=BF16)
 
 
-@pytest.mark.parametrize("zero", [1, 3])
-def test_zero_in_bf16_is_predicted_to_the_byte(bf16_db, zero):
+@pytest.mark.parametrize(("zero", "schedule", "tolerance"), [(1, "gpipe", 0), (3, "1f1b", 0), (3, "gpipe", 32)])
+def test_zero_in_bf16_against_the_simulated_runtime(bf16_db, zero, schedule, tolerance):
     """Mixed precision (runtime/sharding.py): ZeRO-1 shards the fp32 master copies with the moments (12 bytes per
     element of the share) and steps with an fp32 copy of one gradient; ZeRO-3 keeps fp32 shards as its masters,
-    so its ranks differ by fp32 state as in fp32 (from its data2-zero3 scenario profiled in bf16). Layers 0-2 on
-    2 ranks (ZeRO-1: the 32 x 32 weight's state on one, the three others' on the other): both to the byte."""
-    plan = _plan("gpipe", [(0, 3, "data", [0, 1], zero), (3, 5, "none", [2], 0)])
+    so its ranks differ by fp32 state as in fp32 (from its data2-zero3 scenario profiled in bf16), its transients
+    by the ZeRO-3 rules with the bf16 gathered copies. Layers 0-2 on 2 ranks (ZeRO-1: the 32 x 32 weight's state
+    on one, the three others' on the other): to the byte, but ZeRO-3's later backward under GPipe (measured
+    20,208 bytes), which the rules take 32 bytes low (-0.16%; the scenario's own value was exact here, and
+    6.27% low on gpt-tiny's layers 0-2, which the rules predict to the byte)."""
+    plan = _plan(schedule, [(0, 3, "data", [0, 1], zero), (3, 5, "none", [2], 0)])
     report = validate_plan(bf16_db, plan, cluster=Cluster.parse("1x3"), model=MLP, run_options=BF16)
     assert report.run.ok, report.run.reason
     rows = [(r.predicted, r.measured) for r in report.rows[:2]]
-    assert rows == [(m, m) for _, m in rows]
+    assert [m - p for p, m in rows] == [tolerance] * 2
     assert zero == 3 or rows[0] != rows[1]
 
 
-def test_zero2_in_bf16_is_refused_naming_why(bf16_db):
-    """ZeRO-2's rules count the gathered parameters at the recorded fp32 sizes; FSDP's mixed precision gathers bf16
-    copies, which no profile measured: refused (the search leaves it out) rather than guessed, though the profile
-    has both scenarios ZeRO-2 is predicted from in fp32."""
-    predictor = MemoryPredictor.from_db(bf16_db)
-    assert {("data", 2), ("data-zero3", 2)} <= set(predictor.stats)
-    with pytest.raises(ProfileError, match="ZeRO-2 is not predicted from a bf16 profile"):
-        predictor.predict(_plan("gpipe", [(0, 3, "data", [0, 1], 2), (3, 5, "none", [2], 0)]))
-    assert predictor.stage_memory(0, 3, "data", 2, 1, zero=2) == float("inf")
-    assert predictor.stage_memory(0, 3, "data", 2, 1, zero=3) < float("inf")
+def _validate_bf16(db: Path, plan: Plan) -> list[tuple[int, int, int]]:
+    report = validate_plan(db, plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP, run_options=BF16)
+    assert report.run.ok, report.run.reason
+    return [(r.stage, r.predicted, r.measured) for r in report.rows]
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_zero2_in_bf16_is_predicted_from_the_low_precision_gathered_bytes(bf16_db, schedule):
+    """[Note: the reduce-scatter in mixed precision] (predict/zero3_transients.py): ZeRO-2's replay with the bf16
+    gathered copies. Layers 0-1 on 2 ranks to the byte; layers 0-2 within 0.2% (measured by the simulated runtime:
+    20,208 bytes on each rank, the backward's peak at layer 2's reduce-scatter; its fp32 rules counted the gathered
+    parameters at 4 bytes and were refused)."""
+    exact = _validate_bf16(bf16_db, _plan(schedule, [(0, 2, "data", [0, 1], 2), (2, 5, "none", [2], 0)]))
+    assert [p for s, p, _ in exact if s == 0] == [m for s, _, m in exact if s == 0]
+    rows = [(p, m) for s, p, m in _validate_bf16(bf16_db, _plan(schedule, [(0, 3, "data", [0, 1], 2),
+                                                                           (3, 5, "none", [2], 0)])) if s == 0]
+    assert len(rows) == 2
+    for p, m in rows:
+        assert abs(p - m) <= 0.002 * m, (p, m)
+
+
+@pytest.mark.parametrize("zero", [2, 3])
+def test_zero_data_tensor_in_bf16_counts_the_reduce_scatters_fp32_cast(bf16_db, zero):
+    """The MLP's layers 1-2 as data 2 x tensor 2 in bf16 (the 32 x 32 Linear's 16-row shards, 1,056 gathered bytes
+    per rank): the later backward's peak is at the reduce-scatter's fp32 cast (traced: 3,696 bytes above its
+    level), which the fp32 rules leave out (-3.40%). With it every rank is predicted at most 3% high (+2.50%), none low."""
+    plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 2, "stages": [
+        {"layers": [0, 1], "parallelism": "none", "degree": 1, "devices": [0]},
+        {"layers": [1, 3], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "zero": zero,
+         "devices": [1, 2, 3, 4]},
+        {"layers": [3, 5], "parallelism": "none", "degree": 1, "devices": [5]}]})
+    rows = [(p, m) for s, p, m in _validate_bf16(bf16_db, plan) if s == 1]
+    assert len(rows) == 4
+    for p, m in rows:
+        assert 0 <= p - m <= 0.03 * m, (p, m)

@@ -241,9 +241,8 @@ class MemoryPredictor:
 
     def _zero_source(self, kind: str, zero: int) -> str | None:
         """The profiled kind a ZeRO stage is predicted from ([Note: predicting ZeRO from a profile]), or None
-        where the profile cannot say (ZeRO of a data x tensor stage, ZeRO-2 in mixed precision, no parameter shapes
-        recorded)."""
-        if self.zero_layout is None or kind != "data" or (zero == 2 and self.zero_layout.precision != "fp32"):
+        where the profile cannot say (ZeRO of a data x tensor stage, no parameter shapes recorded)."""
+        if self.zero_layout is None or kind != "data":
             return None
         return {1: "data", 2: "data-zero3", 3: "data-zero3"}.get(zero)
 

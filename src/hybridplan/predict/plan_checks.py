@@ -60,10 +60,6 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
         raise ProfileError(f"{where}: the profile does not record the parameter shapes ZeRO shards",
                            fix="run the same 'hybridplan profile' command on the database again: it resumes and"
                            " records them")
-    if stage.zero == 2 and base.zero_layout.precision != "fp32":
-        raise ProfileError(f"{where}: ZeRO-2 is not predicted from a {base.zero_layout.precision} profile: its rules"
-                           " count the gathered parameters at the recorded fp32 sizes, and FSDP's mixed precision"
-                           " gathers low-precision copies, which no profile measured", fix=instead)
     if stage.zero in (2, 3) and not base.profiled_degrees("data-zero3"):
         raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
                            fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
@@ -86,11 +82,6 @@ def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, inst
     """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage] in
     predict/zero_layout.py)."""
     t = stage.tensor_degree
-    if stage.zero >= 2 and base.zero_layout is not None and base.zero_layout.precision != "fp32":
-        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage is not predicted from a"
-                           f" {base.zero_layout.precision} profile: it is composed from the tensor{t} stage with rules"
-                           " that count the gathered shards at their recorded fp32 sizes, and FSDP's mixed precision"
-                           " gathers low-precision copies", fix=instead)
     if stage.zero >= 2 and base.recompute:
         raise ProfileError(f"{where}: ZeRO-{stage.zero} of a recomputed data x tensor stage is not predicted from a"
                            " profile: its rules were measured without recompute, under which FSDP gathers each layer"

@@ -113,7 +113,7 @@ def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequ
     return best
 
 
-def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], degree: int) -> float:
+def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], degree: int, *, copies: int = 1) -> float:
     """The most a ZeRO-2 backward whose layers are gathered holds above its level, from the unsharded data
     stage's backward transient: it runs the same backward on the same (gathered) parameters, frees each layer's
     parameters once the layer is done, and instead of keeping a layer's whole gradient reduce-scatters it into a
@@ -123,4 +123,4 @@ def unsharded_backward_bound(data_transient: float, gathered: Sequence[int], deg
     >>> unsharded_backward_bound(100, [40, 0, 8], 2)  # the first layer: 40 / 2 - 8 = 12, more than the last's 8 / 2
     112.0
     """
-    return data_transient + max(size / degree - sum(gathered[j + 1:]) for j, size in enumerate(gathered))
+    return data_transient + max(copies * size / degree - sum(gathered[j + 1:]) for j, size in enumerate(gathered))

@@ -114,7 +114,12 @@ with a ZeRO-3 data x tensor stage (72 devices of such stages) it took them from 
 later ones' 620,416 (predicted to the byte); [Note: a first backward after several forwards] composes it. A
 ZeRO-3 data x tensor stage holding the model's last layer is refused (measured: the MLP's layers 3-5
 (tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe), and so is a recomputed one (the rules
-were measured without recompute, under which FSDP gathers each layer again to recompute it), and mixed precision.
+were measured without recompute, under which FSDP gathers each layer again to recompute it). Composed as it stands
+from the recompute profile's tensor stage, such a stage was measured low (27 Nov, simulated devices): gpt-tiny's
+layers 0-2 as data 2 x tensor 2, ZeRO-3, fp32, GPipe, 1,250,568 bytes predicted where 1,300,936 were measured;
+traced, the peak is the first backward's (after four forwards), 701,632 bytes above its level at the first
+block's recomputed MLP, 70,848 above the later backwards' (630,784 each), the last block having been gathered
+twice at its start (its own all-gather and FSDP2's prefetch), which the unsharded stage's suffixes cannot place.
 
 [Note: a first backward after several forwards] FSDP2's backward prefetch (torch/distributed/fsdp/_fully_shard/
 _fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward, the layer recorded before it in
@@ -164,6 +169,29 @@ composes by M_a (its first backward composed 844,288 bytes at 2 rows per replica
 609,728 at x4; the same stage as data x4 at the same rows is +2.29% from its own scenario, and +3.40% / +4.74% at
 x8 even with the scenario's values as they stand); composed from the unsharded data stage as above, gpt-tiny is
 +6.17% / +6.61% too and wresnet-tiny -0.29% / -5.11%.
+
+[Note: the reduce-scatter in mixed precision] Under FSDP2's ``MixedPrecisionPolicy`` (runtime/sharding.py: bf16 or
+fp16 parameters and reduction, fp32 shards) a layer's post-backward copies its low-precision gradients into the
+reduce-scatter's input (its gathered bytes, low precision), frees them, reduce-scatters into a low-precision
+output of ``1/d`` of the input, casts that to fp32 (twice its bytes; ``aten._to_copy``) and frees the output once
+the cast is the shard's gradient or added to it. In fp32 the output is the shard itself: the rules above were
+measured so, and they count the layer's whole gradients where the output is (at least as large). In mixed
+precision the moment holds ``3 G/d`` (output and cast) where the whole gradients were ``W`` (the layer's
+low-precision bytes), so :func:`reduce_scatter_floor` adds ``max(0, 3 G/d - W)`` at each layer (0 from d = 3 on:
+:meth:`~hybridplan.predict.zero_layout.ZeroLayout.scatter_extra`) and ZeRO-2's bound from the unsharded stage
+(:func:`~hybridplan.predict.zero2_replay.unsharded_backward_bound`) three shards. Traced op by op (the MLP in
+bf16, its layers 1-2 as data 2 x tensor 2, ZeRO-2, simulated devices): the later backward's peak is at the cast,
+3,696 bytes above its level: the tensor stage's 2,336, the input's 1,056, the output's 528 and the cast's 1,056,
+less the freed 1,024-byte weight gradient and a 256-byte temporary; composed 9,176 bytes against 8,952 measured
+(+2.50%; without the term -3.40%). The rest holds as measured in fp32 once the gathered bytes are the
+low-precision copies. Measured in bf16 on simulated devices (the scratch runs of this change; 1x4 profiles of
+pipeline, tensor 2, data 2 and data2-zero3 at two batches, global batch 64 in 4 micro-batches, the MLP 32 in 2;
+stages of 3 to 4 layers not holding the model's last, both schedules, every rank): ZeRO-2 data x tensor 2 x 2
+stages to the byte on gpt-tiny and wresnet-tiny (12 stages), the MLP -0.67% to +2.50%; ZeRO-3 data x tensor
++0.00% to +2.51% (gpt-tiny +0.74% to +1.97%: the term is the whole error there, its blocks' temporaries already
+covering the cast); ZeRO-2 data stages from the data2-zero3 scenario -0.20% to +0.81%; ZeRO-3 data stages,
+which were the scenario's own quantities in mixed precision, with these rules on gpt-tiny to the byte (they
+were -0.79% to -6.27%) and the MLP within -1.21% (the data2-zero3 scenario's own composition of layers 1-2).
 """
 
 from __future__ import annotations
@@ -257,27 +285,31 @@ def prefetched_bytes(suffix_backward: Sequence[float], gathered: Sequence[int]) 
 
 
 def reduce_scatter_floor(first_suffix: Sequence[float], gathered: Sequence[int], whole: Sequence[int],
-                         shards: Sequence[int]) -> float:
+                         shards: Sequence[int], extra: Sequence[int] | None = None) -> float:
     """The least a ZeRO-3 backward holds above its level while a layer's gradients are reduce-scattered, from the
     UNSHARDED stage's first-backward suffixes ([Note: ZeRO-3 composed from an unsharded stage]).
 
     ``first_suffix[j]``: the unsharded stage's first-backward transient of the span's layers ``j..``, which holds
     layer ``j``'s whole gradients and the later layers' (``whole``: each layer's parameter bytes). ZeRO-3 holds the
     later layers' reduce-scattered ``shards`` instead, and beside layer ``j``'s whole gradients the reduce-scatter's
-    input (``gathered[j]``: every rank's padded chunk) and the layer before it, prefetched.
+    input (``gathered[j]``: every rank's padded chunk) and the layer before it, prefetched; ``extra[j]``: what the
+    reduce-scatter holds beyond those in mixed precision ([Note: the reduce-scatter in mixed precision]).
 
     >>> reduce_scatter_floor([100, 80], [40, 20], [40, 20], [20, 10])  # layer 0: 100 - 20 + 10 + 40; layer 1: 80 + 20 + 40
     140
+    >>> reduce_scatter_floor([100, 80], [40, 20], [40, 20], [20, 10], [20, 10])  # 130 + 20 and 140 + 10
+    150
     """
     best = -math.inf
     for j in range(len(first_suffix)):
         before = next((size for size in reversed(gathered[:j]) if size), 0)
-        best = max(best, first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + before)
+        best = max(best, first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + before
+                   + (extra[j] if extra else 0))
     return best
 
 
 def first_backward_prefetch_floor(first_suffix: Sequence[float], gathered: Sequence[int], whole: Sequence[int],
-                                  shards: Sequence[int]) -> float:
+                                  shards: Sequence[int], extra: Sequence[int] | None = None) -> float:
     """The least a ZeRO-3 backward that follows two forwards or more holds above its level while the span's first
     layer with parameters runs ([Note: a first backward after several forwards]): :func:`reduce_scatter_floor`'s
     value at that layer, with the span's last layer with parameters gathered again beside it (its all-gather's
@@ -294,7 +326,8 @@ def first_backward_prefetch_floor(first_suffix: Sequence[float], gathered: Seque
     if len(layers) < 2 or first_suffix[layers[0]] <= first_suffix[layers[0] + 1]:
         return -math.inf
     j, last = layers[0], layers[-1]
-    return first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + 2 * gathered[last]
+    return (first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + 2 * gathered[last]
+            + (extra[j] if extra else 0))
 
 
 def loss_phases(sizes: Sequence[int], data: Sequence[float], zero3: Sequence[float], added: float,

@@ -38,10 +38,11 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   Its later backwards under GPipe are not the scenario's either: [Note: a backward after a backward]; and its
   backwards are at least [Note: the sharded backward's floor]. At the model's last layer both rules change:
   [Note: the loss runs outside every FSDP unit] (these four in predict/zero3_transients.py).
-  In mixed precision ZeRO-3 is the scenario's own quantities (predicted to the byte on the MLP in bf16):
-  those three rules were measured in fp32, and FSDP2's ``MixedPrecisionPolicy`` gathers bf16/fp16 copies
-  (plus their casts) that :meth:`ZeroLayout.gathered_bytes`, counting the recorded fp32 elements, does not
-  (applied in bf16 anyway, they predict 21,200 bytes where the MLP's layers 0-2 on 2 ranks measure 20,208).
+  In mixed precision the same rules hold with what FSDP2's ``MixedPrecisionPolicy`` moves: the layers are
+  gathered as low-precision copies (:meth:`ZeroLayout.gathered_bytes` counts 2 bytes per element), the unsharded
+  stage they are composed from holds low-precision parameters and gradients (:meth:`ZeroLayout.layer_bytes`),
+  and the gradients are kept as fp32 shards (:meth:`ZeroLayout.shard_bytes`) cast from each reduce-scatter's
+  output ([Note: the reduce-scatter in mixed precision] in predict/zero3_transients.py).
 - [Note: ZeRO-1 of a data x tensor stage] Each of the ``d`` replicas of a ``data+tensor`` stage is a ``t``-way
   tensor stage at ``1/d`` of the batch ([Note: a data x tensor stage is a tensor stage at a smaller batch] in
   predict/plan_prediction.py), and ZeRO-1 there (runtime/sharding.py ``ZeroOneOptimizer``) hands each tensor rank's
@@ -53,9 +54,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
   a Megatron row-parallel layer keeps its bias whole, so the shapes are read off the split, not divided).
   ZeRO-2 and ZeRO-3 there: [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py.
 - **ZeRO-2** (``reshard_after_forward=False``): see [Note: predicting ZeRO-2 from the ZeRO-3 scenario] in
-  predict/zero2_replay.py. Predicted in fp32 only: its rules rest on the gathered bytes, which in mixed precision
-  are FSDP2's low-precision copies, not measured here; the predictor refuses ZeRO-2 from a mixed-precision
-  profile, naming why, and the simulated devices count it exactly.
+  predict/zero2_replay.py; in mixed precision with the low-precision gathered bytes, as ZeRO-3.
 """
 
 from __future__ import annotations
@@ -192,9 +191,16 @@ class ZeroLayout:
 
     def gathered_bytes(self, start: int, stop: int, degree: int) -> list[int]:
         """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over
-        ``degree`` ranks: each parameter as ``degree`` padded chunks of ``ceil(dim0 / degree)`` rows (FSDP2
-        ``FSDPParam.init_all_gather_outputs`` allocates ``world_size`` x the padded shard; the unsharded parameter
-        is a view of it). 0 for a layer without parameters (not an FSDP unit: runtime/sharding.py)."""
+        ``degree`` ranks: :meth:`padded_bytes`, in mixed precision as the policy's low-precision copies (2 bytes per
+        element; ``MixedPrecisionPolicy(param_dtype=...)`` casts each shard before the all-gather)."""
+        padded = self.padded_bytes(start, stop, degree)
+        return padded if self.precision == "fp32" else [b // 2 for b in padded]
+
+    def padded_bytes(self, start: int, stop: int, degree: int) -> list[int]:
+        """Per layer of ``[start, stop)``: its parameters at their recorded (fp32) size as ``degree`` padded chunks of
+        ``ceil(dim0 / degree)`` rows each (FSDP2 ``FSDPParam.init_all_gather_outputs`` allocates ``world_size`` x
+        the padded shard; the unsharded parameter is a view of it). 0 for a layer without parameters (not an FSDP
+        unit: runtime/sharding.py)."""
         out = []
         for layer in self.shapes[start:stop]:
             total = 0
@@ -205,27 +211,49 @@ class ZeroLayout:
         return out
 
     def layer_bytes(self, start: int, stop: int) -> list[int]:
-        """Per layer of ``[start, stop)``: its parameters' bytes (its whole gradients' too)."""
-        return [sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]]
+        """Per layer of ``[start, stop)``: its parameters' bytes in the unsharded stage (its whole gradients' too):
+        in mixed precision the low-precision copies (runtime/precision.py)."""
+        out = [sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]]
+        return out if self.precision == "fp32" else [b // 2 for b in out]
+
+    def shard_bytes(self, start: int, stop: int, degree: int) -> list[int]:
+        """Per layer of ``[start, stop)``: the reduce-scattered gradient shard each of ``degree`` FSDP2 ranks keeps
+        (every rank's padded to the first rank's chunk; fp32 in either precision: the gradients accumulate as
+        fp32 shards, runtime/sharding.py)."""
+        return [b // degree for b in self.padded_bytes(start, stop, degree)]
+
+    def scatter_extra(self, start: int, stop: int, degree: int) -> list[int]:
+        """Per layer of ``[start, stop)``: what FSDP2's reduce-scatter of the layer's gradients holds in mixed
+        precision beyond its input and the layer's unsharded gradients ([Note: the reduce-scatter in mixed
+        precision] in predict/zero3_transients.py): the low-precision output and its fp32 copy, less the unsharded
+        gradients it frees first; 0 in fp32, whose rules were measured with them."""
+        if self.precision == "fp32":
+            return [0] * (stop - start)
+        return [max(0, 3 * g // degree - whole) for g, whole in zip(self.gathered_bytes(start, stop, degree),
+                                                                     self.layer_bytes(start, stop))]
 
     def stored_bytes(self, start: int, stop: int, degree: int) -> int:
         """Parameter bytes each rank of a ``degree``-way FSDP2 stage ``[start, stop)`` stores (every rank's shard is
-        padded to the first rank's chunk; its reduce-scattered gradients too): :meth:`gathered_bytes` over ``degree``."""
-        return sum(self.gathered_bytes(start, stop, degree)) // degree
+        padded to the first rank's chunk; its reduce-scattered gradients too; fp32 in either precision, the shards
+        being the masters): :meth:`padded_bytes` over ``degree``."""
+        return sum(self.padded_bytes(start, stop, degree)) // degree
 
     def unsharded_shift(self, start: int, stop: int, degree: int, rank: int) -> tuple[int, int, int]:
         """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the same stage unsharded, in ``static``,
         ``gradient`` and the step transient ([Note: ZeRO-3 composed from an unsharded stage]): it stores padded
         chunks of the parameters and of their reduce-scattered gradients, the AdamW state of its own chunks, and
-        steps its largest chunk, where the unsharded stage holds and steps whole parameters."""
+        steps its largest chunk, where the unsharded stage holds and steps whole parameters (in mixed precision
+        low-precision parameters and gradients beside fp32 masters and moments, and a step with an fp32 copy of
+        the gradient besides AdamW's two temporaries: runtime/precision.py)."""
         params = self._params(start, stop)
-        whole = sum(e * math.prod(shape) for e, shape in params)
+        whole = sum(self.layer_bytes(start, stop))
         stored = self.stored_bytes(start, stop, degree)
         static = stored - whole + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
             start, stop, 0, 1, 0)
         chunks = [e * fsdp_rows((shape or (1,))[0], degree, rank) * math.prod(shape[1:]) for e, shape in params]
         largest = max((e * math.prod(shape) for e, shape in params), default=0)
-        return static, stored - whole, _STEP_TEMPORARIES * (max(chunks, default=0) - largest)
+        unsharded = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
+        return static, stored - whole, _STEP_TEMPORARIES * max(chunks, default=0) - unsharded * largest
 
     def wider_zero3_shift(self, start: int, stop: int, profiled: int, degree: int, rank: int) -> tuple[int, int, int]:
         """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the first rank of the same stage over

@@ -58,7 +58,7 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
         return _shifted_peaks(narrow, start, stop, source, profiled, stages_after, moved,
                               partial(_wider_zero3_quantities, narrow, over=degree))
     shifts = layout.shifts(start, stop, zero, degree)
-    refine = partial(_zero3_quantities, predictor) if zero == 3 and layout.precision == "fp32" else None
+    refine = partial(_zero3_quantities, predictor) if zero == 3 and _ruled(predictor, stop) else None
     return _shifted_peaks(predictor, start, stop, source, degree, stages_after, shifts, refine)
 
 
@@ -66,7 +66,7 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
                       stages_after: int) -> list[float] | None:
     """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
     tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero_layout.py and [Note: ZeRO-3 composed
-    from an unsharded stage] in predict/zero3_transients.py), or None where the profile cannot say: ZeRO-2/3 in mixed precision, recomputed or holding the
+    from an unsharded stage] in predict/zero3_transients.py), or None where the profile cannot say: ZeRO-2/3 recomputed or holding the
     model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
     if zero not in (1, 2, 3) or layout is None or replica is None:
@@ -89,11 +89,10 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
     stage's, its forward by [Note: the sharded forward from the data stage] and its backwards by [Note: the sharded
     backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
     under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
-    profile does not predict the unsharded stage, its prefixes or its suffixes, or in mixed precision (the rules
-    count fp32 gathered bytes)."""
+    profile does not predict the unsharded stage, its prefixes or its suffixes."""
     q = predictor.span_quantities(start, stop, kind, degree)
     table = predictor._scaled_table(kind, degree)
-    if q is None or table is None or layout.precision != "fp32" or predictor.method == "capture":
+    if q is None or table is None or predictor.method == "capture":
         return None
     prefixes, q = table[start, start + 1:stop + 1], q[:PEAK].copy()
     suffixes = {name: table[start:stop, stop, INDEX[name]] for name in ("first_backward_transient", "backward_transient")}
@@ -104,7 +103,8 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
                                                               prefixes[:, INDEX["activation"]].tolist(), gathered,
                                                               keep=False)
     scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,
-                                     layout.layer_bytes(start, stop), [g // data for g in gathered])
+                                     layout.layer_bytes(start, stop), layout.shard_bytes(start, stop, data),
+                                     layout.scatter_extra(start, stop, data))
     for name, suffix in suffixes.items():
         q[INDEX[name]] = max(sharded_backward_floor(suffix.tolist(), gathered), scattered)
     if predictor.schedule == "gpipe":
@@ -133,7 +133,7 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
         suffixes = [sharded_backward_floor(table[j:stop, stop, INDEX[name]].tolist(), gathered[j - start:])
                     for j in range(start, stop)]
         return min(gathered_backward_transient(suffixes, gathered, 0.0),
-                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data))
+                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=_copies(layout)))
 
     transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),
                                  gathered_forward=float(plain[INDEX["forward_transient"]]),
@@ -162,9 +162,16 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
         gathered = layout.gathered_bytes(start, stop, data)
         q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
             table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
-            [g // data for g in gathered]))
+            layout.shard_bytes(start, stop, data), layout.scatter_extra(start, stop, data)))
     terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
     return [float(np.max(terms @ v)) for v in _per_rank(q, layout, start, stop, data)]
+
+
+def _copies(layout: ZeroLayout) -> int:
+    """Copies of a layer's low-precision gradient shard a reduce-scatter holds: its output, and in mixed precision
+    the output's fp32 copy too (twice its bytes; [Note: the reduce-scatter in mixed precision] in
+    predict/zero3_transients.py)."""
+    return 1 if layout.precision == "fp32" else 3
 
 
 def _per_rank(q: np.ndarray, layout: ZeroLayout, start: int, stop: int, data: int) -> list[np.ndarray]:
@@ -224,8 +231,19 @@ def zero_ranks(predictor: MemoryPredictor, stage: StagePlan) -> tuple[ZeroLayout
             lambda device: sorted(stage.data_group(stage.devices.index(device) % t)).index(device))
 
 
+def _ruled(predictor: MemoryPredictor, stop: int) -> bool:
+    """Whether a ZeRO-3 data stage ending at ``stop`` takes the ZeRO-3 rules (:func:`_zero3_quantities`) or its
+    scenario's quantities as they stand: in mixed precision not where it holds the model's last layer, whose
+    loss rules ([Note: the loss runs outside every FSDP unit] in predict/zero3_transients.py) were measured in
+    fp32 and, applied there in bf16 while this was decided, predicted gpt-tiny's layers 7-10 on 2 ranks +5.68%
+    (1F1B) and +2.39% (GPipe) high, where the scenario's own quantities are +1.85% and +0.45% (benchmarks/zero_bf16
+    ``--models gpt-tiny --spans 7-10 --kinds data --zero 3``; [Note: the reduce-scatter in mixed precision])."""
+    layout = predictor.zero_layout
+    return layout is not None and (layout.precision == "fp32" or stop < predictor.num_layers)
+
+
 def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
-    """A ZeRO-3 span's scenario quantities ``q`` with the fp32 rules applied: its forward transient from the
+    """A ZeRO-3 span's scenario quantities ``q`` with the rules applied: its forward transient from the
     data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
     prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero_layout.py)."""
     q = _floored_backwards(predictor, start, stop, degree, q.copy())
@@ -277,13 +295,11 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     first backward composed 38% high, hidden at x4 by the later backward that holds the gradients; at x8 the
     shards shrink and it sets the peak), not this composition's (docs/prediction.md)."""
     layout = predictor.zero_layout
-    out = _zero3_quantities(predictor, start, stop, degree, q) if layout is not None and layout.precision == "fp32" else q.copy()
+    out = _zero3_quantities(predictor, start, stop, degree, q) if _ruled(predictor, stop) else q.copy()
     if layout is None:
         return out
     growth = max((wide - narrow for wide, narrow in zip(layout.gathered_bytes(start, stop, over),
                                                         layout.gathered_bytes(start, stop, degree))), default=0)
-    if layout.precision != "fp32":  # FSDP2 gathers the low-precision copies: half the recorded fp32 bytes
-        growth //= 2
     for name in ("forward_transient", "first_backward_transient", "backward_transient"):
         out[INDEX[name]] += growth
     return out
@@ -348,7 +364,8 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
     # a first backward of the data stage holds the whole gradients of the suffix's later layers, which ZeRO-3 has
     # reduce-scattered into shards by then ([Note: the sharded backward's floor])
     layers = predictor.zero_layout.layer_bytes(start, stop)
-    scattered = np.cumsum([0] + [whole - g // degree for whole, g in zip(layers[::-1], gathered[::-1])])[:-1][::-1]
+    shards = predictor.zero_layout.shard_bytes(start, stop, degree)
+    scattered = np.cumsum([0] + [whole - shard for whole, shard in zip(layers[::-1], shards[::-1])])[:-1][::-1]
     out = q.copy()
     for name in ("first_backward_transient", "backward_transient"):
         suffix = table[start:stop, stop, INDEX[name]]
@@ -407,9 +424,11 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
         gathering_forward=max(activation + total, gathering),
         gathered_forward=float(plain[INDEX["forward_transient"]]),
         first_backward=min(gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
-                           unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree)),
+                           unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree,
+                                                  copies=_copies(layout))),
         gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
-                              unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree)),
+                              unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree,
+                                                  copies=_copies(layout))),
     )
     ranks = over or degree
     if ranks != degree:
