@@ -15,8 +15,6 @@ ROOT = HERE.parents[1]
 WORK = HERE / "work"
 MEGATRON = "megatron-3d"
 """The uniform 3D baseline's key (without ZeRO; with ZeRO-1 it is ``"megatron-3d + ZeRO-1"``: :func:`uniform_baselines`)."""
-MIXED_PRECISION_ZERO = (1, 3)
-"""The ZeRO levels predicted from a bf16/fp16 profile: ZeRO-2 is refused there (predict/zero_layout.py, "ZeRO-2")."""
 
 
 @dataclass(frozen=True)
@@ -30,7 +28,8 @@ class Setting:
     among them (:func:`uniform_baselines`). ZeRO-2 and ZeRO-3 are predicted from the ``data<d>-zero3`` scenarios,
     which the profile then gets (``profile --zero``: up to twice the runs); ZeRO-1 needs none (predict/zero_layout.py).
     The paper-size bf16 settings search ZeRO-1 only: their profiles were taken without those scenarios (doubling
-    them was not worth it) and ZeRO-2 is not predicted in mixed precision."""
+    them was not worth it); ZeRO-2/3 data x tensor stages, composed from the tensor stage, are predicted without
+    them (in mixed precision too since 27 Nov), so the memory search may choose them (``unsearched_zero``)."""
     recompute: tuple[str, ...]
     """Recompute profiles, each "all" (every scenario) or its scenarios ("pipeline": recompute is then predicted
     for single-device stages only); the last is the extended space's."""
@@ -40,9 +39,6 @@ class Setting:
     def __post_init__(self) -> None:
         if list(self.zero) != sorted(set(self.zero)) or not set(self.zero) <= {1, 2, 3}:
             raise SystemExit(f"{self.case.model}: ZeRO levels {self.zero!r}: give distinct levels of 1, 2, 3 in order")
-        if self.case.precision != "fp32" and not set(self.zero) <= set(MIXED_PRECISION_ZERO):
-            raise SystemExit(f"{self.case.model}: ZeRO-2 is not predicted from a {self.case.precision} profile"
-                             f" (predict/zero_layout.py); search ZeRO levels of {MIXED_PRECISION_ZERO}")
 
     @property
     def zero_space(self) -> str | None:

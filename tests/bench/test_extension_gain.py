@@ -300,18 +300,20 @@ def test_the_paper_size_bf16_settings_search_zero1_last_and_the_uniform_plans_wi
 
 
 def test_zero_levels_of_a_setting(tmp_path: Path) -> None:
-    """No ZeRO: no ZeRO row, one uniform baseline; ZeRO-2/3 in fp32: the profile gets the ZeRO-3 scenarios;
-    ZeRO-2 is refused in bf16 (not predicted there), as are levels out of order or outside 1-3."""
+    """No ZeRO: no ZeRO row, one uniform baseline; ZeRO-2/3: the profile gets the ZeRO-3 scenarios; levels out of
+    order or outside 1-3 are refused."""
     plain = setting(tmp_path)
     assert plain.zero_space is None and uniform_baselines(plain) == {MEGATRON: 0}
     assert not any("zero" in options for options in spaces(plain).values())
     every = Setting(Case("gpt-tiny", "1x2", 8, 2, "fp32"), zero=(1, 2, 3), recompute=(), work=tmp_path)
     assert list(spaces(every))[-1] == "+ ZeRO-1/2/3" and spaces(every)["+ ZeRO-1/2/3"]["zero"] is True
     assert profile_commands(every)[0][-1] == "--zero"
-    for precision, zero in (("bf16", (1, 2)), ("fp32", (3, 1)), ("fp32", (1, 1)), ("fp32", (4,)), ("fp32", (0,))):
+    for precision, zero in (("fp32", (3, 1)), ("fp32", (1, 1)), ("fp32", (4,)), ("fp32", (0,))):
         with pytest.raises(SystemExit, match="ZeRO"):
             Setting(Case("gpt-tiny", "1x2", 8, 2, precision), zero=zero, recompute=())
     assert Setting(Case("gpt-tiny", "1x2", 8, 2, "bf16"), zero=(1, 3), recompute=()).zero_space == "+ ZeRO-1/3"
+    bf16 = Setting(Case("gpt-tiny", "1x2", 8, 2, "bf16"), zero=(1, 2, 3), recompute=())  # predicted in bf16 too
+    assert bf16.zero_space == "+ ZeRO-1/2/3" and bf16.zero_scenarios
 
 
 def test_an_answer_outside_the_settings_zero_levels_is_named() -> None:
