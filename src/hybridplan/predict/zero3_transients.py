@@ -120,6 +120,13 @@ layers 0-2 as data 2 x tensor 2, ZeRO-3, fp32, GPipe, 1,250,568 bytes predicted 
 traced, the peak is the first backward's (after four forwards), 701,632 bytes above its level at the first
 block's recomputed MLP, 70,848 above the later backwards' (630,784 each), the last block having been gathered
 twice at its start (its own all-gather and FSDP2's prefetch), which the unsharded stage's suffixes cannot place.
+Under 1F1B (layers 3-5, after a pipeline-only stage) the later backward measures 731,520 bytes above its level
+where 681,152 are composed: recomputed, every block's backward phase is the same (the recompute profile's layers
+alone: 429,056 bytes each), so the suffixes do not rise at layer 4, where ZeRO-3 holds most: its own and the
+prefetched layer 3's gathered bytes and layer 5's reduce-scatter input, not yet freed (429,056 + 3 x 100,736 =
+731,264, 256 bytes short). A rule for recomputed stages would take each layer's phase from the layers alone
+with the later layer's reduce-scatter input; its first backwards (+17,600 bytes unexplained on this stage) are
+not understood yet.
 
 [Note: a first backward after several forwards] FSDP2's backward prefetch (torch/distributed/fsdp/_fully_shard/
 _fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward, the layer recorded before it in
