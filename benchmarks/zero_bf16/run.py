@@ -33,7 +33,8 @@ from hybridplan.workflows.validate import validate_plan
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
 MESH = "1x4"
-RUN = {"backend": "sim", "precision": "bf16"}
+PRECISIONS = ("bf16", "fp16")
+"""Mixed precisions measured: bf16 (the default), fp16 (the same bytes moved; ``--precision fp16``)."""
 MLP = "tests.cli.user_models:mlp"
 SPANS = {"gpt-tiny": [(0, 3), (3, 6), (1, 5)], "wresnet-tiny": [(0, 4), (2, 5), (1, 3)],
          "moe-tiny": [(0, 3), (1, 4), (2, 5)], MLP: [(0, 2), (1, 3), (0, 3)]}
@@ -49,12 +50,16 @@ def name(model: str) -> str:
     return model.rsplit(":", 1)[-1]
 
 
-def profile(model: str) -> Path:
+def run_options(precision: str) -> dict[str, str]:
+    return {"backend": "sim", "precision": precision}
+
+
+def profile(model: str, precision: str) -> Path:
     batch, micro = BATCHES.get(model, (64, 4))
     say = lambda msg: print(f"  [{name(model)}] {msg}", flush=True)  # noqa: E731
-    return ensure_profile(WORK / f"{name(model)}-{MESH}-bf16.sqlite", model=model, cluster=Cluster.parse(MESH),
-                          global_batch_size=batch, num_microbatches=micro, run_options=RUN, scenarios=SCENARIOS,
-                          progress=say)
+    return ensure_profile(WORK / f"{name(model)}-{MESH}-{precision}.sqlite", model=model, cluster=Cluster.parse(MESH),
+                          global_batch_size=batch, num_microbatches=micro, run_options=run_options(precision),
+                          scenarios=SCENARIOS, progress=say)
 
 
 def plan_of(model: str, num_layers: int, kind: str, zero: int, span: tuple[int, int], schedule: str) -> Plan:
@@ -73,10 +78,11 @@ def plan_of(model: str, num_layers: int, kind: str, zero: int, span: tuple[int, 
 
 
 def measure(model: str, store: ResultStore, *, spans: list[tuple[int, int]] | None = None,
-            kinds: tuple[str, ...] = KINDS, zeros: tuple[int, ...] = (2, 3)) -> list[dict]:
+            kinds: tuple[str, ...] = KINDS, zeros: tuple[int, ...] = (2, 3), precision: str = "bf16") -> list[dict]:
     """Every stage of ``model`` measured (resumed from ``store``) and predicted by today's predictor (``spans``:
     others than the model's three)."""
-    db = profile(model)
+    db = profile(model, precision)
+    label = name(model) if precision == "bf16" else f"{name(model)}-{precision}"
     out = []
     for schedule in SCHEDULES:
         predictor = MemoryPredictor.from_db(db, schedule=schedule)
@@ -87,10 +93,10 @@ def measure(model: str, store: ResultStore, *, spans: list[tuple[int, int]] | No
                         raise SystemExit(f"span {span[0]}-{span[1]}: {name(model)} has {predictor.num_layers} layers")
                     plan = plan_of(model, predictor.num_layers, kind, zero, span, schedule)
                     sharded = 1 if span[0] else 0
-                    key = f"{name(model)}/{schedule}/{kind}/zero{zero}/{span[0]}-{span[1]}"
+                    key = f"{label}/{schedule}/{kind}/zero{zero}/{span[0]}-{span[1]}"
                     if key not in store or store[key]["plan"] != plan.to_dict():
                         report = validate_plan(db, plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=model,
-                                               run_options=RUN)
+                                               run_options=run_options(precision))
                         if not report.run.ok:
                             raise SystemExit(f"{key}: {report.run.reason}")
                         store.put(key, {"plan": plan.to_dict(), "measured": {
@@ -99,13 +105,13 @@ def measure(model: str, store: ResultStore, *, spans: list[tuple[int, int]] | No
                         predicted = {d.device: d.peak_memory_bytes for d in predictor.predict(plan).devices}
                     except ProfileError as e:  # a predictor that refuses it (an older one: --before in the README)
                         print(f"{key}: refused ({e})", flush=True)
-                        out.append({"model": name(model), "kind": kind, "zero": zero, "errors": None})
+                        out.append({"model": label, "kind": kind, "zero": zero, "errors": None})
                         continue
                     measured = store[key]["measured"]
                     errors = [(predicted[int(dev)] - m) / m for dev, m in measured.items()]
                     print(f"{key}: {len(errors)} devices, error {100 * min(errors):+.2f}% .. {100 * max(errors):+.2f}%",
                           flush=True)
-                    out.append({"model": name(model), "kind": kind, "zero": zero, "errors": errors})
+                    out.append({"model": label, "kind": kind, "zero": zero, "errors": errors})
     return out
 
 
@@ -138,6 +144,7 @@ def main() -> None:
                     " holding the last layer: data stages only, ZeRO-3 there keeps its scenario's quantities)")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {list(KINDS)}")
     ap.add_argument("--zero", default="2,3", help="comma-separated ZeRO levels of 2, 3")
+    ap.add_argument("--precision", default="bf16", choices=PRECISIONS)
     args = ap.parse_args()
     models = args.models.split(",")
     unknown = [m for m in models if m not in SPANS]
@@ -154,7 +161,8 @@ def main() -> None:
         raise SystemExit(f"--spans {args.spans!r}, --zero {args.zero!r}, --kinds {args.kinds!r}: give START-STOP spans"
                          f" with START < STOP, levels of 2, 3 and kinds of {list(KINDS)}")
     store = ResultStore(HERE / "results.json")
-    done = [r for model in models for r in measure(model, store, spans=spans, kinds=kinds, zeros=zeros)]
+    done = [r for model in models
+            for r in measure(model, store, spans=spans, kinds=kinds, zeros=zeros, precision=args.precision)]
     print(table(done))
 
 
