@@ -125,8 +125,10 @@ where 681,152 are composed: recomputed, every block's backward phase is the same
 alone: 429,056 bytes each), so the suffixes do not rise at layer 4, where ZeRO-3 holds most: its own and the
 prefetched layer 3's gathered bytes and layer 5's reduce-scatter input, not yet freed (429,056 + 3 x 100,736 =
 731,264, 256 bytes short). A rule for recomputed stages would take each layer's phase from the layers alone
-with the later layer's reduce-scatter input; its first backwards (+17,600 bytes unexplained on this stage) are
-not understood yet.
+with the later layer's reduce-scatter input: on layers 0-2 under GPipe it gives the first backward to the byte
+(layer 1: its first-backward phase alone 429,312 + layer 2's gradient shard 50,368 + its own and layer 2's
+100,736 + the prefetched embedding's 20,480 = 701,632) and the later ones 256 bytes short; on layers 3-5 under
+1F1B the first backward (after two forwards) measures 17,600 bytes above it, not understood yet.
 
 [Note: a first backward after several forwards] FSDP2's backward prefetch (torch/distributed/fsdp/_fully_shard/
 _fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward, the layer recorded before it in
