@@ -38,7 +38,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -143,6 +143,9 @@ class MemoryPredictor:
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
+        self._composed: dict[tuple[Any, ...], Any] = {}
+        """Per span, what predict/zero_stage.py composes for a ZeRO-2/3 data x tensor stage before the later-stage
+        count enters (a search asks each span once per count: kept, not composed again)."""
 
     # ------------------------------------------------------------------ construction
     @classmethod

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -90,6 +90,22 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
     backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
     under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
     profile does not predict the unsharded stage, its prefixes or its suffixes."""
+    q = _once(predictor, ("zero3", start, stop, kind, degree, layout, data),
+              lambda: _composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data))
+    return None if q is None else q.copy()
+
+
+def _once(predictor: MemoryPredictor, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+    """``make()`` once per ``predictor`` and ``key`` (``MemoryPredictor._composed``): a span's composition does not
+    depend on the later-stage count a search asks it with."""
+    if key not in predictor._composed:
+        predictor._composed[key] = make()
+    return predictor._composed[key]
+
+
+def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                               layout: ZeroLayout, data: int) -> np.ndarray | None:
+    """:func:`composed_zero3_quantities`, composed (not kept)."""
     q = predictor.span_quantities(start, stop, kind, degree)
     table = predictor._scaled_table(kind, degree)
     if q is None or table is None or predictor.method == "capture":
@@ -118,6 +134,19 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     composed from an unsharded stage] in predict/zero3_transients.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
     quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
     scenario], each suffix's ZeRO-3 backward composed likewise; None where not predicted."""
+    composed = _once(predictor, ("zero2", start, stop, kind, degree, layout, data),
+                     lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
+    if composed is None:
+        return None
+    ranks, transients, total = composed
+    return [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
+            for v in ranks]
+
+
+def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
+                    data: int) -> tuple[list[np.ndarray], Zero2Transients, int] | None:
+    """What :func:`composed_zero2_peaks` replays, whatever the later-stage count: each rank's quantities, the ZeRO-2
+    transients and the stage's gathered bytes."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
     plain = predictor.span_quantities(start, stop, kind, degree)
     table = predictor._scaled_table(kind, degree)
@@ -142,8 +171,7 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     if predictor.schedule != "gpipe":  # ZeRO-2's backward that finds the layers resharded follows a backward
         q[INDEX["backward_transient"]] -= prefetched_bytes(table[start:stop, stop, INDEX["backward_transient"]].tolist(),
                                                            gathered)
-    return [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
-            for v in _per_rank(q, layout, start, stop, data)]
+    return _per_rank(q, layout, start, stop, data), transients, total
 
 
 def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -152,19 +180,30 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     (:func:`composed_zero3_quantities`), its first backward raised to FSDP2's spurious prefetch where it follows two
     forwards or more ([Note: a first backward after several forwards] in predict/zero3_transients.py), each rank's chunks moving
     its ``static`` and step; None where not predicted."""
+    forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
+                                                                                     stages_after + 1)
+    ranks = _once(predictor, ("zero3 ranks", start, stop, kind, degree, layout, data, forwards >= 2),
+                  lambda: _composed_zero3_ranks(predictor, start, stop, kind, degree, layout, data, forwards >= 2))
+    if ranks is None:
+        return None
+    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
+    return [float(np.max(terms @ v)) for v in ranks]
+
+
+def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                          layout: ZeroLayout, data: int, several: bool) -> list[np.ndarray] | None:
+    """Each rank's quantities of :func:`composed_zero3_peaks`' stage; ``several``: its first backward follows two
+    forwards or more."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
     table = predictor._scaled_table(kind, degree)
     if q is None or table is None:
         return None
-    forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
-                                                                                     stages_after + 1)
-    if forwards >= 2:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
+    if several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
         gathered = layout.gathered_bytes(start, stop, data)
         q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
             table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
             layout.shard_bytes(start, stop, data), layout.scatter_extra(start, stop, data)))
-    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
-    return [float(np.max(terms @ v)) for v in _per_rank(q, layout, start, stop, data)]
+    return _per_rank(q, layout, start, stop, data)
 
 
 def _copies(layout: ZeroLayout) -> int:
