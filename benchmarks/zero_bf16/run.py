@@ -33,8 +33,9 @@ from hybridplan.workflows.validate import validate_plan
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
 MESH = "1x4"
-PRECISIONS = ("bf16", "fp16")
-"""Mixed precisions measured: bf16 (the default), fp16 (the same bytes moved; ``--precision fp16``)."""
+PRECISIONS = ("bf16", "fp16", "fp32")
+"""Precisions measured: bf16 (the default), fp16 (the same bytes moved; ``--precision fp16``), and fp32 for
+comparison (where an error is the fp32 rules' or the profile's own, not mixed precision's)."""
 MLP = "tests.cli.user_models:mlp"
 SPANS = {"gpt-tiny": [(0, 3), (3, 6), (1, 5)], "wresnet-tiny": [(0, 4), (2, 5), (1, 3)],
          "moe-tiny": [(0, 3), (1, 4), (2, 5)], MLP: [(0, 2), (1, 3), (0, 3)]}

@@ -200,7 +200,8 @@ never low, +0.00% to +6.90% (gpt-tiny +0.74% to +1.97%: the term is the whole er
 temporaries already covering the cast; the MLP's +6.90% an over-count the fp32 rules share); ZeRO-2 data stages
 from the data2-zero3 scenario -3.53% to +2.01%, and ZeRO-3 data stages, which were the scenario's own
 quantities in mixed precision, with these rules: gpt-tiny to the byte (they were -0.79% to -6.27%), moe-tiny
--3.06% to -0.18% (they were -9.13% to -2.00%; what remains is the scenario's own composition of those spans).
+-3.06% to -0.18% (they were -9.13% to -2.00%; in fp32 -3.78% to -0.21%: what remains is the scenario's own
+composition of those spans).
 At paper size a ZeRO-3 data 4 x tensor 2 stage composed so measured +0.07% (MoE 1.3B), +0.25% (GPT-3 2.6B) and
 exact (GPT-3 6.7B) on simulated 40 GiB CUDA devices.
 """
