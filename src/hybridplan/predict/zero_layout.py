@@ -140,11 +140,34 @@ class ZeroLayout:
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
         return [p for layer in self.shapes[start:stop] for p in layer]
 
+    @property
+    def mixed(self) -> bool:
+        """Whether the profile was taken in mixed precision (bf16 or fp16: 2-byte copies of the recorded fp32
+        elements; runtime/precision.py)."""
+        return self.precision != "fp32"
+
+    def _low(self, sizes: list[int]) -> list[int]:
+        """``sizes`` (recorded fp32 bytes) as the low-precision copies hold them in mixed precision."""
+        return [b // 2 for b in sizes] if self.mixed else sizes
+
+    @property
+    def _unsharded_step_temporaries(self) -> int:
+        """Temporaries of one parameter's size an unsharded step holds: AdamW's two, and in mixed precision the
+        fp32 copy of the gradient ``MixedPrecisionAdamW`` steps with (runtime/precision.py)."""
+        return _STEP_TEMPORARIES + 1 if self.mixed else _STEP_TEMPORARIES
+
+    @property
+    def scatter_copies(self) -> int:
+        """Copies of a layer's gradient shard (in gathered-bytes units over the degree) a reduce-scatter holds: its
+        output, and in mixed precision the output's fp32 copy too (twice its bytes; [Note: the reduce-scatter in
+        mixed precision] in predict/zero3_transients.py)."""
+        return 3 if self.mixed else 1
+
     def _state(self, element: int, numel: int, zero: int) -> int:
         """AdamW state of one parameter (or share of one): its moments and step count, and in mixed precision
         under ZeRO-0/1 its fp32 master copy (runtime/precision.py; the recorded element size is the fp32
         model's). Under ZeRO-2/3 the masters are the FSDP shards, parameters equal on every rank."""
-        master = 1 if self.precision != "fp32" and zero <= 1 else 0
+        master = 1 if self.mixed and zero <= 1 else 0
         return (_MOMENTS + master) * element * numel + STEP_COUNTER_BYTES
 
     def optimizer_bytes(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
@@ -193,8 +216,7 @@ class ZeroLayout:
         """Per layer of ``[start, stop)``: the bytes FSDP2 holds while the layer's parameters are all-gathered over
         ``degree`` ranks: :meth:`padded_bytes`, in mixed precision as the policy's low-precision copies (2 bytes per
         element; ``MixedPrecisionPolicy(param_dtype=...)`` casts each shard before the all-gather)."""
-        padded = self.padded_bytes(start, stop, degree)
-        return padded if self.precision == "fp32" else [b // 2 for b in padded]
+        return self._low(self.padded_bytes(start, stop, degree))
 
     def padded_bytes(self, start: int, stop: int, degree: int) -> list[int]:
         """Per layer of ``[start, stop)``: its parameters at their recorded (fp32) size as ``degree`` padded chunks of
@@ -213,8 +235,7 @@ class ZeroLayout:
     def layer_bytes(self, start: int, stop: int) -> list[int]:
         """Per layer of ``[start, stop)``: its parameters' bytes in the unsharded stage (its whole gradients' too):
         in mixed precision the low-precision copies (runtime/precision.py)."""
-        out = [sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]]
-        return out if self.precision == "fp32" else [b // 2 for b in out]
+        return self._low([sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]])
 
     def shard_bytes(self, start: int, stop: int, degree: int) -> list[int]:
         """Per layer of ``[start, stop)``: the reduce-scattered gradient shard each of ``degree`` FSDP2 ranks keeps
@@ -227,10 +248,10 @@ class ZeroLayout:
         precision beyond its input and the layer's unsharded gradients ([Note: the reduce-scatter in mixed
         precision] in predict/zero3_transients.py): the low-precision output and its fp32 copy, less the unsharded
         gradients it frees first; 0 in fp32, whose rules were measured with them."""
-        if self.precision == "fp32":
+        if not self.mixed:
             return [0] * (stop - start)
-        return [max(0, 3 * g // degree - whole) for g, whole in zip(self.gathered_bytes(start, stop, degree),
-                                                                     self.layer_bytes(start, stop))]
+        return [max(0, self.scatter_copies * g // degree - whole)
+                for g, whole in zip(self.gathered_bytes(start, stop, degree), self.layer_bytes(start, stop))]
 
     def stored_bytes(self, start: int, stop: int, degree: int) -> int:
         """Parameter bytes each rank of a ``degree``-way FSDP2 stage ``[start, stop)`` stores (every rank's shard is
@@ -252,8 +273,8 @@ class ZeroLayout:
             start, stop, 0, 1, 0)
         chunks = [e * fsdp_rows((shape or (1,))[0], degree, rank) * math.prod(shape[1:]) for e, shape in params]
         largest = max((e * math.prod(shape) for e, shape in params), default=0)
-        unsharded = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
-        return static, stored - whole, _STEP_TEMPORARIES * max(chunks, default=0) - unsharded * largest
+        return (static, stored - whole,
+                _STEP_TEMPORARIES * max(chunks, default=0) - self._unsharded_step_temporaries * largest)
 
     def wider_zero3_shift(self, start: int, stop: int, profiled: int, degree: int, rank: int) -> tuple[int, int, int]:
         """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the first rank of the same stage over
@@ -280,6 +301,4 @@ class ZeroLayout:
         params = self._params(start, stop)
         sizes = [e * math.prod(shape) for e, shape in params]
         share = self._zero1_shares(start, stop, degree)[rank]
-        # mixed precision: + the fp32 copy of the gradient MixedPrecisionAdamW steps with (runtime/precision.py)
-        temporaries = _STEP_TEMPORARIES if self.precision == "fp32" else _STEP_TEMPORARIES + 1
-        return temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))
+        return self._unsharded_step_temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))

@@ -162,7 +162,7 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
         suffixes = [sharded_backward_floor(table[j:stop, stop, INDEX[name]].tolist(), gathered[j - start:])
                     for j in range(start, stop)]
         return min(gathered_backward_transient(suffixes, gathered, 0.0),
-                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=_copies(layout)))
+                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=layout.scatter_copies))
 
     transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),
                                  gathered_forward=float(plain[INDEX["forward_transient"]]),
@@ -204,13 +204,6 @@ def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kin
             table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
             layout.shard_bytes(start, stop, data), layout.scatter_extra(start, stop, data)))
     return _per_rank(q, layout, start, stop, data)
-
-
-def _copies(layout: ZeroLayout) -> int:
-    """Copies of a layer's low-precision gradient shard a reduce-scatter holds: its output, and in mixed precision
-    the output's fp32 copy too (twice its bytes; [Note: the reduce-scatter in mixed precision] in
-    predict/zero3_transients.py)."""
-    return 1 if layout.precision == "fp32" else 3
 
 
 def _per_rank(q: np.ndarray, layout: ZeroLayout, start: int, stop: int, data: int) -> list[np.ndarray]:
@@ -278,7 +271,7 @@ def _ruled(predictor: MemoryPredictor, stop: int) -> bool:
     (1F1B) and +2.39% (GPipe) high, where the scenario's own quantities are +1.85% and +0.45% (benchmarks/zero_bf16
     ``--models gpt-tiny --spans 7-10 --kinds data --zero 3``; [Note: the reduce-scatter in mixed precision])."""
     layout = predictor.zero_layout
-    return layout is not None and (layout.precision == "fp32" or stop < predictor.num_layers)
+    return layout is not None and (not layout.mixed or stop < predictor.num_layers)
 
 
 def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
@@ -464,10 +457,10 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
         gathered_forward=float(plain[INDEX["forward_transient"]]),
         first_backward=min(gathered_backward_transient(column(suffixes, "first_backward_transient"), gathered, 0.0),
                            unsharded_backward_bound(float(plain[INDEX["first_backward_transient"]]), gathered, degree,
-                                                  copies=_copies(layout))),
+                                                  copies=layout.scatter_copies)),
         gathered_backward=min(gathered_backward_transient(column(suffixes, "backward_transient"), gathered, 0.0),
                               unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree,
-                                                  copies=_copies(layout))),
+                                                  copies=layout.scatter_copies)),
     )
     ranks = over or degree
     if ranks != degree:
