@@ -66,7 +66,7 @@ def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, sc
 
 
 def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files):
-    """ZeRO-3 holding the model's last layer, ZeRO-2/3 recomputed, any level without the shards' shapes."""
+    """ZeRO-2/3 holding the model's last layer, any level without the shards' shapes."""
     from hybridplan.errors import ProfileError
     from hybridplan.predict.zero_layout import ZeroLayout
 
@@ -80,11 +80,6 @@ def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_f
                                           {"layers": [3, 5], **DT, "zero": zero, "devices": [1, 2, 3, 4]}])
         with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a data x tensor stage holding the model's last layer"):
             predictor.predict(holding_the_loss)
-    recomputed = MemoryPredictor.from_db(mlp_files / "p.sqlite")
-    recomputed.recompute = True  # as a profile taken with --activation-checkpointing
-    for zero in (2, 3):
-        with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a recomputed data x tensor stage is not predicted"):
-            recomputed.predict(plan(zero))
     assert predictor.zero_layout is not None
     predictor.zero_layout = ZeroLayout([[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes])  # none recorded
     with pytest.raises(ProfileError, match="does not record the tensor x2 parameter shards"):
@@ -153,3 +148,30 @@ def test_zero3_data_tensor_under_gpipe_is_predicted_and_searched(mlp_files):
               {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}]
     assert predictor.predict(_plan("gpipe", stages)).devices[0].peak_memory_bytes > 0
     assert predictor.retargeted(schedule="gpipe").allowed(0, 2, "data+tensor", 4, tensor_degree=2, zero=3)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize(("zero", "layers", "tolerance"), [
+    (3, [0, 3], 0.0), (2, [0, 3], 0.0),  # measured: 17,808 bytes on every rank under both schedules
+    (3, [1, 3], 0.0),  # 14,568 bytes
+    # ZeRO-2 measures 14,056 bytes, 512 below ZeRO-3, which its peak is taken to be at least (+3.64%)
+    (2, [1, 3], 0.04),
+])
+def test_recomputed_zero_data_tensor_predictions_against_the_simulated_runtime(mlp_files, mlp_recompute_db, schedule,
+                                                                               zero, layers, tolerance):
+    """[Note: a recomputed ZeRO-3 stage] (predict/zero3_transients.py): a recomputed ZeRO-2/3 data x tensor stage is
+    composed from the recompute profile's tensor stage (refused until 28 Nov; composed as a stage that is not
+    recomputed, layers 0-2 came out +8.81%, its first layer's moment taken from a suffix its ReLU and head set); the
+    expectation is the simulated runtime's count."""
+    first = 1 if layers[0] else 0
+    before = [{"layers": [0, layers[0]], "parallelism": "none", "degree": 1, "devices": [0]}] if first else []
+    plan = _plan(schedule, before + [
+        {"layers": layers, **DT, "zero": zero, "recompute": "full", "devices": [first + i for i in range(4)]},
+        {"layers": [layers[1], 5], "parallelism": "none", "degree": 1, "devices": [first + 4]}])
+    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP,
+                           run_options={"backend": "sim"}, recompute_db=mlp_recompute_db)
+    assert report.run.ok, report.run.reason
+    rows = [r for r in report.rows if r.stage == first]
+    assert len(rows) == 4
+    for row in rows:
+        assert abs(row.predicted - row.measured) <= tolerance * row.measured, (row.device, row.predicted, row.measured)

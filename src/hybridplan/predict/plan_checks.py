@@ -82,10 +82,6 @@ def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, inst
     """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage] in
     predict/zero_layout.py)."""
     t = stage.tensor_degree
-    if stage.zero >= 2 and base.recompute:
-        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a recomputed data x tensor stage is not predicted from a"
-                           " profile: its rules were measured without recompute, under which FSDP gathers each layer"
-                           " again for its recomputation", fix="drop \"recompute\" from the stage, or " + instead)
     if stage.zero >= 2 and stage.stop == base.num_layers:
         raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage holding the model's last layer is not predicted"
                            " from a profile: its loss runs outside every FSDP unit, and without a ZeRO-3 counterpart"

@@ -113,22 +113,40 @@ with a ZeRO-3 data x tensor stage (72 devices of such stages) it took them from 
 10.41% both times: wresnet-tiny's layers 4-5 under GPipe, whose first backward measures 903,296 bytes against its
 later ones' 620,416 (predicted to the byte); [Note: a first backward after several forwards] composes it. A
 ZeRO-3 data x tensor stage holding the model's last layer is refused (measured: the MLP's layers 3-5
-(tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe), and so is a recomputed one (the rules
-were measured without recompute, under which FSDP gathers each layer again to recompute it). Composed as it stands
-from the recompute profile's tensor stage, such a stage was measured low (27 Nov, simulated devices): gpt-tiny's
-layers 0-2 as data 2 x tensor 2, ZeRO-3, fp32, GPipe, 1,250,568 bytes predicted where 1,300,936 were measured;
-traced, the peak is the first backward's (after four forwards), 701,632 bytes above its level at the first
-block's recomputed MLP, 70,848 above the later backwards' (630,784 each), the last block having been gathered
-twice at its start (its own all-gather and FSDP2's prefetch), which the unsharded stage's suffixes cannot place.
-Under 1F1B (layers 3-5, after a pipeline-only stage) the later backward measures 731,520 bytes above its level
-where 681,152 are composed: recomputed, every block's backward phase is the same (the recompute profile's layers
-alone: 429,056 bytes each), so the suffixes do not rise at layer 4, where ZeRO-3 holds most: its own and the
-prefetched layer 3's gathered bytes and layer 5's reduce-scatter input, not yet freed (429,056 + 3 x 100,736 =
-731,264, 256 bytes short). A rule for recomputed stages would take each layer's phase from the layers alone
-with the later layer's reduce-scatter input: on layers 0-2 under GPipe it gives the first backward to the byte
-(layer 1: its first-backward phase alone 429,312 + layer 2's gradient shard 50,368 + its own and layer 2's
-100,736 + the prefetched embedding's 20,480 = 701,632) and the later ones 256 bytes short; on layers 3-5 under
-1F1B the first backward (after two forwards) measures 17,600 bytes above it, not understood yet.
+(tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe). A recomputed one is [Note: a recomputed
+ZeRO-3 stage].
+
+[Note: a recomputed ZeRO-3 stage] Under recompute (runtime/stage.py: each layer checkpointed around its FSDP unit)
+a ZeRO-3 backward gathers each layer again in its pre-backward hook, recomputes the layer's forward and runs its
+backward; a recomputed layer's phase is its own (the later layers hold only their checkpointed inputs), so the
+unsharded stage's suffixes tie where its layers are alike (gpt-tiny's blocks: 429,056 bytes each) and
+:func:`sharded_backward_floor`, which adds gathered bytes only where a suffix rises, misses the earlier layers,
+where a rank holds most. Composed so, they were low (gpt-tiny's layers 0-2 as data 2 x tensor 2, ZeRO-3, fp32,
+GPipe: 1,250,568 bytes predicted, 1,300,936 measured; ZeRO-2 to -8.13%, wresnet-tiny's layers 2-4 in bf16), and
+recomputed ZeRO-2/3 data x tensor stages were refused until 28 Nov. Traced op by op (simulated devices, data 2 x
+tensor 2, global batch 64 in 4 micro-batches), at layer ``k`` a rank holds: the layer's phase, its gathered bytes,
+the reduce-scatter input of the layer after it (still held: FSDP2 frees it when the next reduce-scatter is issued),
+the prefetched layer before it where the backward follows a forward, and in a first backward the later layers'
+gradient shards. The phase is the unsharded recomputed stage's first-backward suffix from ``k`` less the later
+layers' whole gradients, where layer ``k`` sets that suffix (it is larger than the next one's; otherwise the
+suffix is a later layer's phase and ``k``'s own is not known: the MLP's layer 0, whose suffix is its ReLU's and
+head's, 33% high so); a later backward is at least the unsharded stage's later suffix too, and at least that
+phase, since every ZeRO-3 backward allocates its layer's gradients afresh as a first one does (moe-tiny's MoE block
+measured 65,536 bytes above the unsharded later suffix). A first backward after several forwards holds, at the
+span's first layer, the previous micro-batch's last layer gathered again ([Note: a first backward after several
+forwards]), once here. :func:`recomputed_backwards` gives each layer's moment; the stage's transients are the
+largest, and at least the floors above. gpt-tiny's layers 1-4 in bf16 under 1F1B: the first backward 484,608 bytes
+at layer 1 = 333,504 (the suffix; no later layer's whole gradients left in it, they are in the level) + 3 x 50,368
+(its gathered bytes, layer 2's reduce-scatter input, block 4 gathered again), to the byte; the later one 366,272
+at layer 3 = 215,040 + 3 x 50,368 (its own, layer 4's input, layer 2 prefetched), 128 bytes short.
+
+ZeRO-2 (``reshard_after_forward=False``) recomputes on the layers it kept gathered: its backward that finds them
+gathered holds at layer ``k`` the moment less the gathered bytes of layers ``k..`` (in its level, or freed), as in
+[Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py), and since it shards what ZeRO-3 shards
+and keeps each layer gathered at least as long, its peak is at least ZeRO-3's (measured equal in 17 of the 18 GPipe
+stages below, where the first backward after every forward sets it). Measured (benchmarks/zero_recompute: gpt-tiny,
+wresnet-tiny, moe-tiny in fp32 and bf16 and the MLP in fp32, three spans each not holding the model's last layer,
+ZeRO-2 and ZeRO-3, both schedules; 84 stages): see its README.
 
 [Note: a first backward after several forwards] FSDP2's backward prefetch (torch/distributed/fsdp/_fully_shard/
 _fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward, the layer recorded before it in
@@ -210,9 +228,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 __all__ = ["sharded_forward_transient", "sharded_backward_floor", "prefetched_bytes", "reduce_scatter_floor",
-           "first_backward_prefetch_floor", "loss_phases"]
+           "first_backward_prefetch_floor", "loss_phases", "RecomputedBackwards", "recomputed_backwards"]
 
 
 def sharded_forward_transient(prefix_forward: Sequence[float], prefix_activation: Sequence[float],
@@ -372,3 +391,49 @@ def loss_phases(sizes: Sequence[int], data: Sequence[float], zero3: Sequence[flo
         return float(single(*points[0])) if points else -math.inf
 
     return (line(heads, lambda b, v: v), line(losses, lambda b, v: v * size / b))
+
+
+@dataclass(frozen=True)
+class RecomputedBackwards:
+    """What a recomputed ZeRO-3 stage holds above its backward's level while each of its layers runs
+    ([Note: a recomputed ZeRO-3 stage]): per layer of the span, ``-inf`` for one without parameters."""
+
+    first: list[float]
+    """The first backward: the layer's phase with its own whole gradients and the later layers' shards."""
+    later: list[float]
+    """A later backward (the shards are then in the level)."""
+    prefetched: list[int]
+    """The gathered bytes of the layer before it (FSDP2's backward prefetch), held where the backward follows a
+    forward; not counted in ``first`` and ``later``."""
+
+
+def recomputed_backwards(first_suffix: Sequence[float], later_suffix: Sequence[float], gathered: Sequence[int],
+                         whole: Sequence[int], shards: Sequence[int]) -> RecomputedBackwards:
+    """Each layer's backward moment in a recomputed ZeRO-3 stage, from the UNSHARDED recomputed stage's suffixes
+    ([Note: a recomputed ZeRO-3 stage]).
+
+    ``first_suffix[k]`` and ``later_suffix[k]``: the unsharded stage's first and later backward transients of the
+    span's layers ``k..`` (the first holds the whole gradients of layers ``k..``: ``whole``); ``gathered``: each
+    layer's gathered bytes; ``shards``: its reduce-scattered gradient on this rank. At layer ``k`` a rank holds
+    the layer's phase (the first suffix less the later layers' whole gradients: recomputed, a layer's phase is
+    its own, whatever runs after it), its gathered bytes, the reduce-scatter input of the layer after it (FSDP2
+    frees it only once the next reduce-scatter is issued) and, in a first backward, the later layers' shards.
+    A later backward is at least the unsharded stage's later suffix: every ZeRO-3 backward allocates its
+    gradients afresh, as a first one does.
+
+    >>> r = recomputed_backwards([100, 80], [70, 60], [40, 20], [40, 20], [20, 10])
+    >>> r.first, r.later, r.prefetched  # first: 100 - 20 + 10 + 40 + 20, 80 + 20; later: 80 + 40 + 20, 80 + 20
+    ([150, 100], [140, 100], [0, 40])
+    >>> recomputed_backwards([100, 100], [70, 60], [40, 20], [40, 20], [20, 10]).first  # layer 1's phase sets both
+    [-inf, 120]
+    """
+    first, later, prefetched = [], [], []
+    last = len(gathered) - 1
+    for k, size in enumerate(gathered):
+        after = next((g for g in gathered[k + 1:] if g), 0)
+        sets = k == last or first_suffix[k] > first_suffix[k + 1]
+        own = first_suffix[k] - sum(whole[k + 1:]) if sets else -math.inf
+        first.append(own + sum(shards[k + 1:]) + size + after if size else -math.inf)
+        later.append(max(later_suffix[k], own) + size + after if size else -math.inf)
+        prefetched.append(next((g for g in reversed(gathered[:k]) if g), 0))
+    return RecomputedBackwards(first, later, prefetched)

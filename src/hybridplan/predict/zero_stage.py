@@ -24,8 +24,9 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peak
-from hybridplan.predict.zero3_transients import (first_backward_prefetch_floor, loss_phases, prefetched_bytes,
-                                                 reduce_scatter_floor, sharded_backward_floor, sharded_forward_transient)
+from hybridplan.predict.zero3_transients import (RecomputedBackwards, first_backward_prefetch_floor, loss_phases,
+                                                 prefetched_bytes, recomputed_backwards, reduce_scatter_floor,
+                                                 sharded_backward_floor, sharded_forward_transient)
 from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.profiling.quantities import INDEX
 from hybridplan.profiling.schedule_memory import peak_terms
@@ -65,15 +66,16 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
                       stages_after: int) -> list[float] | None:
     """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
-    tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero_layout.py and [Note: ZeRO-3 composed
-    from an unsharded stage] in predict/zero3_transients.py), or None where the profile cannot say: ZeRO-2/3 recomputed or holding the
-    model's last layer, no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot split."""
+    tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero_layout.py, [Note: ZeRO-3 composed
+    from an unsharded stage] and, recomputed, [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py), or
+    None where the profile cannot say: ZeRO-2/3 holding the model's last layer, no shard shapes recorded at
+    ``tensor_degree``, or a batch the replicas cannot split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
     if zero not in (1, 2, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
     if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py
-        if stop == predictor.num_layers or predictor.recompute:
+        if stop == predictor.num_layers:
             return None  # refused with the reason by predict/plan_checks.py
         composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
         return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
@@ -118,6 +120,11 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
     q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                                               prefixes[:, INDEX["activation"]].tolist(), gathered,
                                                               keep=False)
+    if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
+        first, later = _recomputed_floors(predictor, start, stop, kind, degree, layout, data,
+                                          prefetch_later=predictor.schedule != "gpipe")
+        q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
+        return q
     scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,
                                      layout.layer_bytes(start, stop), layout.shard_bytes(start, stop, data),
                                      layout.scatter_extra(start, stop, data))
@@ -126,6 +133,37 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
     return q
+
+
+def _recomputed_moments(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                        layout: ZeroLayout, data: int) -> RecomputedBackwards:
+    """Each layer's backward moment of a recomputed ZeRO-3 span over ``data`` ranks, from the unsharded recomputed
+    stage ``kind`` x ``degree`` (:func:`recomputed_backwards`; its suffixes known: the caller checked)."""
+    table = predictor._scaled_table(kind, degree)
+    assert table is not None
+    first, later = (table[start:stop, stop, INDEX[name]].tolist()
+                    for name in ("first_backward_transient", "backward_transient"))
+    return recomputed_backwards(first, later, layout.gathered_bytes(start, stop, data), layout.layer_bytes(start, stop),
+                                layout.shard_bytes(start, stop, data))
+
+
+def _recomputed_floors(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
+                       data: int, *, prefetch_later: bool) -> tuple[float, float]:
+    """A recomputed ZeRO-3 span's first and later backward transients ([Note: a recomputed ZeRO-3 stage] in
+    predict/zero3_transients.py): the largest layer's moment, with the prefetched layer where the backward follows
+    a forward (a first backward always; a later one where ``prefetch_later``), and at least the floor of [Note: the
+    sharded backward's floor] on the unsharded stage's suffixes (less the prefetched layer where it is not held)."""
+    table = predictor._scaled_table(kind, degree)
+    assert table is not None
+    gathered = layout.gathered_bytes(start, stop, data)
+    moments = _recomputed_moments(predictor, start, stop, kind, degree, layout, data)
+    out = []
+    for name, values, prefetch in (("first_backward_transient", moments.first, True),
+                                    ("backward_transient", moments.later, prefetch_later)):
+        suffix = table[start:stop, stop, INDEX[name]].tolist()
+        floor = sharded_backward_floor(suffix, gathered) - (0 if prefetch else prefetched_bytes(suffix, gathered))
+        out.append(max(floor, *(v + (p if prefetch else 0) for v, p in zip(values, moments.prefetched))))
+    return out[0], out[1]
 
 
 def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -139,8 +177,12 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     if composed is None:
         return None
     ranks, transients, total = composed
-    return [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
-            for v in ranks]
+    peaks = [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
+             for v in ranks]
+    if predictor.recompute:  # at least ZeRO-3's: [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
+        sharded = composed_zero3_peaks(predictor, start, stop, kind, degree, layout, data, stages_after)
+        peaks = peaks if sharded is None else [max(a, b) for a, b in zip(peaks, sharded)]
+    return peaks
 
 
 def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
@@ -164,11 +206,18 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
         return min(gathered_backward_transient(suffixes, gathered, 0.0),
                    unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=layout.scatter_copies))
 
+    if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
+        moments = _recomputed_moments(predictor, start, stop, kind, degree, layout, data)
+        first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
+        later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))
+        q[INDEX["backward_transient"]] = _recomputed_floors(predictor, start, stop, kind, degree, layout, data,
+                                                            prefetch_later=False)[1]
+    else:
+        first, later = gathered_backward("first_backward_transient"), gathered_backward("backward_transient")
     transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),
                                  gathered_forward=float(plain[INDEX["forward_transient"]]),
-                                 first_backward=gathered_backward("first_backward_transient"),
-                                 gathered_backward=gathered_backward("backward_transient"))
-    if predictor.schedule != "gpipe":  # ZeRO-2's backward that finds the layers resharded follows a backward
+                                 first_backward=first, gathered_backward=later)
+    if predictor.schedule != "gpipe" and not predictor.recompute:  # ZeRO-2's backward that finds the layers resharded follows a backward
         q[INDEX["backward_transient"]] -= prefetched_bytes(table[start:stop, stop, INDEX["backward_transient"]].tolist(),
                                                            gathered)
     return _per_rank(q, layout, start, stop, data), transients, total
@@ -198,7 +247,14 @@ def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kin
     table = predictor._scaled_table(kind, degree)
     if q is None or table is None:
         return None
-    if several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
+    if several and predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
+        gathered = layout.gathered_bytes(start, stop, data)
+        layers = [j for j, size in enumerate(gathered) if size]
+        if len(layers) >= 2:  # the span's first layer with the previous micro-batch's last one gathered again
+            moment = _recomputed_moments(predictor, start, stop, kind, degree, layout, data).first[layers[0]]
+            q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]),
+                                                       moment + gathered[layers[-1]])
+    elif several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
         gathered = layout.gathered_bytes(start, stop, data)
         q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
             table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
