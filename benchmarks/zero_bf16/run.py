@@ -21,6 +21,8 @@ Run from the repository root (resumable: rerun to continue; a plan already measu
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 from hybridplan.errors import ProfileError
@@ -28,7 +30,7 @@ from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.profiling.partitions import Scenario
 from hybridplan.workflows.runs import ResultStore, ensure_profile
-from hybridplan.workflows.validate import validate_plan
+from hybridplan.workflows.validate import ValidationReport, validate_plan
 
 HERE = Path(__file__).resolve().parent
 WORK = HERE / "work"
@@ -93,27 +95,32 @@ def measure(model: str, store: ResultStore, *, spans: list[tuple[int, int]] | No
                     if span[1] > predictor.num_layers:
                         raise SystemExit(f"span {span[0]}-{span[1]}: {name(model)} has {predictor.num_layers} layers")
                     plan = plan_of(model, predictor.num_layers, kind, zero, span, schedule)
-                    sharded = 1 if span[0] else 0
                     key = f"{label}/{schedule}/{kind}/zero{zero}/{span[0]}-{span[1]}"
-                    if key not in store or store[key]["plan"] != plan.to_dict():
-                        report = validate_plan(db, plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=model,
-                                               run_options=run_options(precision))
-                        if not report.run.ok:
-                            raise SystemExit(f"{key}: {report.run.reason}")
-                        store.put(key, {"plan": plan.to_dict(), "measured": {
-                            str(d.device): d.peak_memory_bytes for d in report.run.devices if d.stage == sharded}})
-                    try:
-                        predicted = {d.device: d.peak_memory_bytes for d in predictor.predict(plan).devices}
-                    except ProfileError as e:  # a predictor that refuses it (an older one: --before in the README)
-                        print(f"{key}: refused ({e})", flush=True)
-                        out.append({"model": label, "kind": kind, "zero": zero, "errors": None})
-                        continue
-                    measured = store[key]["measured"]
-                    errors = [(predicted[int(dev)] - m) / m for dev, m in measured.items()]
-                    print(f"{key}: {len(errors)} devices, error {100 * min(errors):+.2f}% .. {100 * max(errors):+.2f}%",
-                          flush=True)
+                    errors = sharded_errors(key, plan, 1 if span[0] else 0, store, predictor, partial(
+                        validate_plan, db, model=model, run_options=run_options(precision)))
                     out.append({"model": label, "kind": kind, "zero": zero, "errors": errors})
     return out
+
+
+def sharded_errors(key: str, plan: Plan, sharded: int, store: ResultStore, predictor: MemoryPredictor,
+                   validate: Callable[..., ValidationReport]) -> list[float] | None:
+    """The prediction error of each device of the plan's stage ``sharded``: measured once by ``validate`` (run
+    whole on simulated devices, kept in ``store`` under ``key``), predicted by ``predictor`` on every call; None
+    where the predictor refuses the plan (an older one: the README's "before")."""
+    if key not in store or store[key]["plan"] != plan.to_dict():
+        report = validate(plan, cluster=Cluster.parse(f"1x{plan.num_devices}"))
+        if not report.run.ok:
+            raise SystemExit(f"{key}: {report.run.reason}")
+        store.put(key, {"plan": plan.to_dict(), "measured": {
+            str(d.device): d.peak_memory_bytes for d in report.run.devices if d.stage == sharded}})
+    try:
+        predicted = {d.device: d.peak_memory_bytes for d in predictor.predict(plan).devices}
+    except ProfileError as e:
+        print(f"{key}: refused ({e})", flush=True)
+        return None
+    errors = [(predicted[int(dev)] - m) / m for dev, m in store[key]["measured"].items()]
+    print(f"{key}: {len(errors)} devices, error {100 * min(errors):+.2f}% .. {100 * max(errors):+.2f}%", flush=True)
+    return errors
 
 
 def table(done: list[dict]) -> str:
