@@ -60,6 +60,9 @@ ZERO3_DT = "zero3 data x tensor"
 """The stratum of ``--zero3-data-tensor``: plans with at least one ZeRO-3 data x tensor stage (keys ``.../z<i>``)."""
 ZERO2_DT = "zero2 data x tensor"
 """The stratum of ``--zero2-data-tensor``: plans with at least one ZeRO-2 data x tensor stage (keys ``.../w<i>``)."""
+RECOMPUTED_DT = "recomputed zero2/3 data x tensor"
+"""The stratum of ``--recomputed-zero-data-tensor``: plans with at least one recomputed ZeRO-2 or ZeRO-3 data x tensor
+stage (keys ``.../r<i>``; predicted since [Note: a recomputed ZeRO-3 stage])."""
 THRESHOLDS = (0.02, 0.05)
 OVERALL = ("every device", "devices of a new-kind stage", "devices of an old-kind stage",
            "every device but those of data stages across nodes", "... nor of ZeRO-3 or recomputed stages",
@@ -130,6 +133,8 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
 
     def new_kind(plan: tuple[StageChoice, ...]) -> bool:
         cfgs = [space.configs[c.config] for c in plan]
+        if args.recomputed_zero_data_tensor:
+            return any(c.kind == "data+tensor" and c.zero in (2, 3) and c.recompute for c in cfgs)
         if args.zero3_data_tensor or args.zero2_data_tensor:
             return any(c.kind == "data+tensor" and c.zero == (3 if args.zero3_data_tensor else 2) for c in cfgs)
         if args.with_unpredicted:
@@ -140,7 +145,9 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
     out = []
     strata: list[tuple[str, Callable[[StageChoice, int], bool], int]] = [("uniform", keep, args.plans),
                                                                          ("across nodes", across, args.cross)]
-    if args.zero3_data_tensor:  # only this stratum: the others' stored draws stay as they are
+    if args.recomputed_zero_data_tensor:  # only this stratum: the others' stored draws stay as they are
+        strata = [(RECOMPUTED_DT, keep, args.recomputed_zero_data_tensor)]
+    elif args.zero3_data_tensor:
         strata = [(ZERO3_DT, keep, args.zero3_data_tensor)]
     elif args.zero2_data_tensor:
         strata = [(ZERO2_DT, keep, args.zero2_data_tensor)]
@@ -153,7 +160,7 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
         for i, choices in enumerate(chosen):
             plan = plan_from_choices(space, choices, schedule=schedule, global_batch_size=predictor.global_batch_size,
                                      num_microbatches=predictor.num_microbatches)
-            tag = {"uniform": "", ZERO3_DT: "z", ZERO2_DT: "w"}.get(stratum, "x")
+            tag = {"uniform": "", ZERO3_DT: "z", ZERO2_DT: "w", RECOMPUTED_DT: "r"}.get(stratum, "x")
             out.append((f"{prefix}{model}/{schedule}/{tag}{i}", stratum, plan))
     return out
 
@@ -367,6 +374,9 @@ def main(argv: Iterable[str] | None = None) -> None:
                     help="instead: N plans per model and schedule with a ZeRO-3 data x tensor stage (keys .../z<i>)")
     ap.add_argument("--zero2-data-tensor", type=int, default=0, metavar="N",
                     help="instead: N plans per model and schedule with a ZeRO-2 data x tensor stage (keys .../w<i>)")
+    ap.add_argument("--recomputed-zero-data-tensor", type=int, default=0, metavar="N",
+                    help="instead: N plans per model and schedule with a recomputed ZeRO-2/3 data x tensor stage"
+                    " (keys .../r<i>)")
     ap.add_argument("--rescore", action="store_true", help="measure nothing: predict the stored plans again and score")
     args = ap.parse_args(None if argv is None else list(argv))
     stored = stores()
