@@ -179,6 +179,10 @@ wresnet-tiny 4-7 -0.19% / -0.23%, the MLP's 3-5 -3.09% / -5.88%. On gpt-tiny eve
 131,072 (S), and the measured backwards read as ``M`` = 99,968: after a forward M + the head's 16,896 gathered
 bytes + the prefetched block's 100,736 = 217,600; after a backward S; the first backward that plus the head's
 reduce-scattered gradient (8,448) = 226,048; the floor gives 324,096 (the loss's phase with the gathered bytes).
+The MLP's are low for another reason (traced 28 Nov, layers 3-4, a ReLU then the head, GPipe): its first backward
+peaks at the ReLU's backward, 2,916 bytes above its level, holding the head's reduce-scatter input (792 bytes,
+not freed until the next reduce-scatter, as in [Note: a recomputed ZeRO-3 stage]) and its gradient shard (396),
+which the composition from the unsharded suffix (2,388) does not place; the loss there holds 640.
 
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py)
 on the composed ZeRO-3 stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the
