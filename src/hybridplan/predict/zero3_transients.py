@@ -143,10 +143,12 @@ at layer 3 = 215,040 + 3 x 50,368 (its own, layer 4's input, layer 2 prefetched)
 ZeRO-2 (``reshard_after_forward=False``) recomputes on the layers it kept gathered: its backward that finds them
 gathered holds at layer ``k`` the moment less the gathered bytes of layers ``k..`` (in its level, or freed), as in
 [Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py), and since it shards what ZeRO-3 shards
-and keeps each layer gathered at least as long, its peak is at least ZeRO-3's (measured equal in 17 of the 18 GPipe
-stages below, where the first backward after every forward sets it). Measured (benchmarks/zero_recompute: gpt-tiny,
-wresnet-tiny, moe-tiny in fp32 and bf16 and the MLP in fp32, three spans each not holding the model's last layer,
-ZeRO-2 and ZeRO-3, both schedules; 84 stages): see its README.
+and keeps each layer gathered at least as long, its peak is taken to be at least ZeRO-3's (measured equal in 22 of
+the 24 GPipe pairs below, where the first backward after every forward sets it; below it in 2 of the 48 pairs, the
+MLP's layers 1-2, by 512 bytes). Measured (benchmarks/zero_recompute: gpt-tiny, wresnet-tiny, moe-tiny and the MLP
+in fp32 and bf16, three spans each not holding the model's last layer, ZeRO-2 and ZeRO-3, both schedules; 96
+stages, 384 devices): 304 exact to the byte, none low, the largest +5.44% (the MLP's layers 0-3, 1,024 bytes: the
+floor on the unsharded suffix, which the stages not recomputed share).
 
 [Note: a first backward after several forwards] FSDP2's backward prefetch (torch/distributed/fsdp/_fully_shard/
 _fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward, the layer recorded before it in
