@@ -182,6 +182,18 @@ def test_zero1_in_bf16_trains_like_one_bf16_device_and_shards_the_master_copies(
     assert sum(static) == 4 * P + 4 * n and static[0] != static[1]
 
 
+def test_zero1_in_bf16_over_more_ranks_than_parameter_tensors_trains_like_one_bf16_device():
+    """gpt-tiny's head (final norm weight and bias, projection: 3 tensors) as a ZeRO-1 stage over 4 ranks: one rank's
+    share is empty, and it holds no optimizer state, only the bf16 parameters (the MoE 1.3B lowest-peak plan of
+    28 Nov, benchmarks/extension_gain, failed so before: "optimizer got an empty parameter list")."""
+    plan = plan_of("1f1b", 16, 4, [(0, 9, "none", [0], {}), (9, 10, "data", [1, 2, 3, 4], {"zero": 1})])
+    got = _trains_like_one_bf16_device(plan, "1x5")
+    static = sorted(d.static_memory_bytes for d in got.devices[1:])
+    bf16_params = 2 * (64 + 64 + 128 * 64)
+    assert static[0] == bf16_params  # the empty share: parameters alone
+    assert sum(static) == 4 * bf16_params + 12 * (64 + 64 + 128 * 64) + 3 * 4  # + masters, moments, step counts
+
+
 @pytest.mark.parametrize("plan, cluster", [(zero_plan(3), "1x3"), (device_then_data_x_tensor(2), "1x5")],
                          ids=["zero3-1f1b", "zero2-data-x-tensor-gpipe"])
 def test_zero2_and_3_in_bf16_keep_fp32_shards_as_masters(plan, cluster):

@@ -146,8 +146,10 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         for p, master in pairs:
             if master.dtype != torch.float32 or master.shape != p.shape:
                 raise ValueError(f"a master copy must be fp32 and shaped like its parameter, got {master.dtype}")
-        params = [p for p, _ in pairs]
-        super().__init__(params, {"lr": lr, "weight_decay": weight_decay, "betas": ADAMW_BETAS, "eps": ADAMW_EPS})
+        # One group, empty where a ZeRO-1 rank's share is (fewer parameter tensors than ranks: it steps nothing),
+        # as torch.optim.AdamW takes the group ZeroRedundancyOptimizer gives it (runtime/sharding.py).
+        group = {"params": [p for p, _ in pairs]}
+        super().__init__([group], {"lr": lr, "weight_decay": weight_decay, "betas": ADAMW_BETAS, "eps": ADAMW_EPS})
         self.loss_scale = loss_scale
         for p, master in pairs:
             self.state[p]["master"] = master
