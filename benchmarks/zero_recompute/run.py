@@ -53,27 +53,31 @@ def profile(model: str, precision: str, recompute: bool) -> Path:
                           progress=say)
 
 
-def recomputed_plan(model: str, num_layers: int, zero: int, span: tuple[int, int], schedule: str) -> Plan:
-    """The span as a recomputed ZeRO ``zero`` data x tensor 2 x 2 stage between pipeline-only stages."""
+def recomputed_plan(model: str, num_layers: int, zero: int, span: tuple[int, int], schedule: str,
+                    data: int = 2) -> Plan:
+    """The span as a recomputed ZeRO ``zero`` data x tensor ``data`` x 2 stage between pipeline-only stages."""
     plan = plan_of(model, num_layers, "data+tensor", zero, span, schedule).to_dict()
+    device = 0
     for stage in plan["stages"]:
         if stage.get("zero"):
-            stage["recompute"] = "full"
+            stage.update(recompute="full", degree=2 * data)
+        stage["devices"] = list(range(device, device + stage["degree"]))
+        device += stage["degree"]
     return Plan.from_dict(plan)
 
 
-def measure(model: str, precision: str, store: ResultStore, zeros: tuple[int, ...] = (2, 3)) -> list[dict]:
-    """Every stage of ``model`` in ``precision`` measured (resumed from ``store``) and predicted by today's
-    predictor."""
+def measure(model: str, precision: str, store: ResultStore, zeros: tuple[int, ...] = (2, 3), data: int = 2) -> list[dict]:
+    """Every stage of ``model`` in ``precision`` (data degree ``data``) measured (resumed from ``store``) and
+    predicted by today's predictor."""
     db, recompute_db = profile(model, precision, False), profile(model, precision, True)
-    label = f"{name(model)} {precision}"
+    label = f"{name(model)} {precision}" + (f" data x{data}" if data != 2 else "")
     out = []
     for schedule in SCHEDULES:
         predictor = MemoryPredictor.from_db(db, schedule=schedule, recompute_db=recompute_db)
         for zero in zeros:
             for span in SPANS[model]:
-                plan = recomputed_plan(model, predictor.num_layers, zero, span, schedule)
-                key = f"{name(model)}-{precision}/{schedule}/zero{zero}/{span[0]}-{span[1]}"
+                plan = recomputed_plan(model, predictor.num_layers, zero, span, schedule, data)
+                key = f"{name(model)}-{precision}/{schedule}/zero{zero}/{span[0]}-{span[1]}" + (f"/data{data}" if data != 2 else "")
                 errors = sharded_errors(key, plan, 1 if span[0] else 0, store, predictor, partial(
                     validate_plan, db, model=model, run_options=run_options(precision), recompute_db=recompute_db))
                 out.append({"model": label, "kind": "data+tensor", "zero": zero, "errors": errors})
@@ -85,6 +89,7 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SPANS), help=f"comma-separated subset of {list(SPANS)}")
     ap.add_argument("--precisions", default="fp32,bf16", help=f"comma-separated subset of {list(PRECISIONS)}")
     ap.add_argument("--zero", default="2,3", help="comma-separated ZeRO levels of 2, 3")
+    ap.add_argument("--data", type=int, default=2, choices=(2, 4), help="the stage's data degree (tensor x2)")
     args = ap.parse_args()
     models, precisions = args.models.split(","), args.precisions.split(",")
     try:
@@ -96,7 +101,7 @@ def main() -> None:
         raise SystemExit(f"--models {args.models!r}, --precisions {args.precisions!r}, --zero {args.zero!r}: give"
                          f" some of {list(SPANS)}, of {list(PRECISIONS)} and levels of 2, 3")
     store = ResultStore(WORK.parent / "results.json")
-    done = [r for model in models for precision in precisions for r in measure(model, precision, store, zeros)]
+    done = [r for model in models for precision in precisions for r in measure(model, precision, store, zeros, args.data)]
     print(table(done))
 
 

@@ -36,3 +36,10 @@ def test_bad_arguments_are_refused_before_any_run(monkeypatch, argv):
     with pytest.raises(SystemExit) as e:
         main()
     assert isinstance(e.value.code, str)  # a message, not a traceback or a bare exit status
+
+
+def test_a_wider_data_degree_keeps_every_device_once():
+    plan = recomputed_plan("gpt-tiny", 10, 3, (1, 5), "gpipe", data=4)
+    stage = next(s for s in plan.stages if s.zero)
+    assert (stage.degree, stage.tensor_degree, stage.data_degree) == (8, 2, 4)
+    assert [d for s in plan.stages for d in s.devices] == list(range(plan.num_devices)) and plan.num_devices == 10

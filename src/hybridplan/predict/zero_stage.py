@@ -209,6 +209,8 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
         moments = _recomputed_moments(predictor, start, stop, kind, degree, layout, data)
         first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
+        if first == -math.inf:  # no layer with parameters sets its suffix: the floor's, as not recomputed
+            first = gathered_backward("first_backward_transient")
         later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))
         q[INDEX["backward_transient"]] = _recomputed_floors(predictor, start, stop, kind, degree, layout, data,
                                                             prefetch_later=False)[1]
