@@ -125,7 +125,8 @@ where a rank holds most. Composed so, they were low (gpt-tiny's layers 0-2 as da
 GPipe: 1,250,568 bytes predicted, 1,300,936 measured; ZeRO-2 to -8.13%, wresnet-tiny's layers 2-4 in bf16), and
 recomputed ZeRO-2/3 data x tensor stages were refused until 28 Nov. Traced op by op (simulated devices, data 2 x
 tensor 2, global batch 64 in 4 micro-batches), at layer ``k`` a rank holds: the layer's phase, its gathered bytes,
-the reduce-scatter input of the layer after it (still held: FSDP2 frees it when the next reduce-scatter is issued),
+the reduce-scatter input of the layer after it (FSDP2's ``comm_ctx.reduce_scatter_states`` keeps one input, by
+default, until the next layer's post-backward or the backward's end),
 the prefetched layer before it where the backward follows a forward, and in a first backward the later layers'
 gradient shards. The phase is the unsharded recomputed stage's first-backward suffix from ``k`` less the later
 layers' whole gradients, where layer ``k`` sets that suffix (it is larger than the next one's; otherwise the
@@ -183,7 +184,7 @@ bytes + the prefetched block's 100,736 = 217,600; after a backward S; the first 
 reduce-scattered gradient (8,448) = 226,048; the floor gives 324,096 (the loss's phase with the gathered bytes).
 The MLP's are low for another reason (traced 28 Nov, layers 3-4, a ReLU then the head, GPipe): its first backward
 peaks at the ReLU's backward, 2,916 bytes above its level, holding the head's reduce-scatter input (792 bytes,
-not freed until the next reduce-scatter, as in [Note: a recomputed ZeRO-3 stage]) and its gradient shard (396),
+kept until the backward's end, as in [Note: a recomputed ZeRO-3 stage]) and its gradient shard (396),
 which the composition from the unsharded suffix (2,388) does not place; the loss there holds 640.
 
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py)
@@ -422,8 +423,9 @@ def recomputed_backwards(first_suffix: Sequence[float], later_suffix: Sequence[f
     span's layers ``k..`` (the first holds the whole gradients of layers ``k..``: ``whole``); ``gathered``: each
     layer's gathered bytes; ``shards``: its reduce-scattered gradient on this rank. At layer ``k`` a rank holds
     the layer's phase (the first suffix less the later layers' whole gradients: recomputed, a layer's phase is
-    its own, whatever runs after it), its gathered bytes, the reduce-scatter input of the layer after it (FSDP2
-    frees it only once the next reduce-scatter is issued) and, in a first backward, the later layers' shards.
+    its own, whatever runs after it; known where layer ``k`` sets that suffix, larger than the next one's, and
+    ``-inf`` in ``first`` otherwise), its gathered bytes, the reduce-scatter input of the layer after it (FSDP2
+    keeps it until the next layer's post-backward) and, in a first backward, the later layers' shards.
     A later backward is at least the unsharded stage's later suffix: every ZeRO-3 backward allocates its
     gradients afresh, as a first one does.
 
