@@ -18,8 +18,8 @@ from hybridplan.predict.batch_scaling import PEAK
 from hybridplan.predict.plan_checks import check_measured_kinds, why_missing
 from hybridplan.predict.prediction import DevicePrediction, PlanPrediction
 from hybridplan.predict.reserved import reserved_peak_from
-from hybridplan.predict.zero_stage import (composed_zero3_quantities, tensor_shards, zero_peaks, zero_ranks,
-                                          zero_tensor_peaks)
+from hybridplan.predict.composed_zero import composed_zero3_quantities
+from hybridplan.predict.zero_stage import tensor_shards, zero_peaks, zero_ranks, zero_tensor_peaks
 from hybridplan.profiling.quantities import QUANTITIES
 
 if TYPE_CHECKING:

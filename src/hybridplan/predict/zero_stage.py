@@ -6,7 +6,8 @@ profile] in predict/zero_layout.py and those it names); this module applies them
 scenarios' quantities that a :class:`~hybridplan.predict.memory.MemoryPredictor` scales to the plan's batch: a
 ZeRO-1 stage as its data (or, under data x tensor, tensor) scenario with each rank's ``static`` and step transient
 moved, ZeRO-3 from the ``data<d>-zero3`` scenario with the fp32 rules applied, ZeRO-2 replayed from both
-scenarios. The functions take the predictor (its statistics, scaled tables and targets) rather than living in it,
+scenarios; a ZeRO-2/3 data x tensor stage, which no scenario measures, is composed from the unsharded tensor stage
+by predict/composed_zero.py. The functions take the predictor (its statistics, scaled tables and targets) rather than living in it,
 so that memory.py keeps the unsharded composition (scaling, degree fits, composite stages) and this module the
 ZeRO one.
 """
@@ -17,16 +18,16 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
+from hybridplan.predict.composed_zero import composed_zero2_peaks, composed_zero3_peaks
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peak
-from hybridplan.predict.zero3_transients import (RecomputedBackwards, first_backward_prefetch_floor, loss_phases,
-                                                 prefetched_bytes, recomputed_backwards, reduce_scatter_floor,
-                                                 sharded_backward_floor, sharded_forward_transient)
+from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
+                                                 sharded_forward_transient)
 from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.profiling.quantities import INDEX
 from hybridplan.profiling.schedule_memory import peak_terms
@@ -35,8 +36,7 @@ from hybridplan.profiling.statistics import SpanStatistics
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks", "composed_zero3_quantities", "composed_zero3_peaks",
-           "composed_zero2_peaks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -81,201 +81,6 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
         return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
     shifts = layout.shifts(start, stop, zero, data)
     return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
-
-
-def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                              layout: ZeroLayout, data: int) -> np.ndarray | None:
-    """The quantities of a ZeRO-3 stage over ``data`` ranks composed from the unsharded stage ``kind`` x ``degree``
-    that each rank runs (a replica of a data x tensor stage: the tensor stage at the replica's batch), whose
-    parameters ``layout`` holds ([Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py): the unsharded
-    stage's, its forward by [Note: the sharded forward from the data stage] and its backwards by [Note: the sharded
-    backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
-    under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
-    profile does not predict the unsharded stage, its prefixes or its suffixes."""
-    q = _once(predictor, ("zero3", start, stop, kind, degree, layout, data),
-              lambda: _composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data))
-    return None if q is None else q.copy()
-
-
-def _once(predictor: MemoryPredictor, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-    """``make()`` once per ``predictor`` and ``key`` (``MemoryPredictor._composed``): a span's composition does not
-    depend on the later-stage count a search asks it with."""
-    if key not in predictor._composed:
-        predictor._composed[key] = make()
-    return predictor._composed[key]
-
-
-def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                               layout: ZeroLayout, data: int) -> np.ndarray | None:
-    """:func:`composed_zero3_quantities`, composed (not kept)."""
-    q = predictor.span_quantities(start, stop, kind, degree)
-    table = predictor._scaled_table(kind, degree)
-    if q is None or table is None or predictor.method == "capture":
-        return None
-    prefixes, q = table[start, start + 1:stop + 1], q[:PEAK].copy()
-    suffixes = {name: table[start:stop, stop, INDEX[name]] for name in ("first_backward_transient", "backward_transient")}
-    if np.isnan(prefixes[:, :PEAK]).any() or any(np.isnan(v).any() for v in suffixes.values()):
-        return None
-    gathered = layout.gathered_bytes(start, stop, data)
-    q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
-                                                              prefixes[:, INDEX["activation"]].tolist(), gathered,
-                                                              keep=False)
-    if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        first, later = _recomputed_floors(predictor, start, stop, kind, degree, layout, data,
-                                          prefetch_later=predictor.schedule != "gpipe")
-        q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
-        return q
-    scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,
-                                     layout.layer_bytes(start, stop), layout.shard_bytes(start, stop, data),
-                                     layout.scatter_extra(start, stop, data))
-    for name, suffix in suffixes.items():
-        q[INDEX[name]] = max(sharded_backward_floor(suffix.tolist(), gathered), scattered)
-    if predictor.schedule == "gpipe":
-        q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
-    return q
-
-
-def _recomputed_moments(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                        layout: ZeroLayout, data: int) -> RecomputedBackwards:
-    """Each layer's backward moment of a recomputed ZeRO-3 span over ``data`` ranks, from the unsharded recomputed
-    stage ``kind`` x ``degree`` (:func:`recomputed_backwards`; its suffixes known: the caller checked)."""
-    table = predictor._scaled_table(kind, degree)
-    assert table is not None
-    first, later = (table[start:stop, stop, INDEX[name]].tolist()
-                    for name in ("first_backward_transient", "backward_transient"))
-    return recomputed_backwards(first, later, layout.gathered_bytes(start, stop, data), layout.layer_bytes(start, stop),
-                                layout.shard_bytes(start, stop, data))
-
-
-def _recomputed_floors(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
-                       data: int, *, prefetch_later: bool) -> tuple[float, float]:
-    """A recomputed ZeRO-3 span's first and later backward transients ([Note: a recomputed ZeRO-3 stage] in
-    predict/zero3_transients.py): the largest layer's moment, with the prefetched layer where the backward follows
-    a forward (a first backward always; a later one where ``prefetch_later``), and at least the floor of [Note: the
-    sharded backward's floor] on the unsharded stage's suffixes (less the prefetched layer where it is not held)."""
-    table = predictor._scaled_table(kind, degree)
-    assert table is not None
-    gathered = layout.gathered_bytes(start, stop, data)
-    moments = _recomputed_moments(predictor, start, stop, kind, degree, layout, data)
-    out = []
-    for name, values, prefetch in (("first_backward_transient", moments.first, True),
-                                    ("backward_transient", moments.later, prefetch_later)):
-        suffix = table[start:stop, stop, INDEX[name]].tolist()
-        floor = sharded_backward_floor(suffix, gathered) - (0 if prefetch else prefetched_bytes(suffix, gathered))
-        out.append(max(floor, *(v + (p if prefetch else 0) for v, p in zip(values, moments.prefetched))))
-    return out[0], out[1]
-
-
-def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
-    """Each rank's peak of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
-    composed from an unsharded stage] in predict/zero3_transients.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
-    quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
-    scenario], each suffix's ZeRO-3 backward composed likewise; None where not predicted."""
-    composed = _once(predictor, ("zero2", start, stop, kind, degree, layout, data),
-                     lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
-    if composed is None:
-        return None
-    ranks, transients, total = composed
-    peaks = [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
-             for v in ranks]
-    if predictor.recompute:  # at least ZeRO-3's: [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        sharded = composed_zero3_peaks(predictor, start, stop, kind, degree, layout, data, stages_after)
-        peaks = peaks if sharded is None else [max(a, b) for a, b in zip(peaks, sharded)]
-    return peaks
-
-
-def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
-                    data: int) -> tuple[list[np.ndarray], Zero2Transients, int] | None:
-    """What :func:`composed_zero2_peaks` replays, whatever the later-stage count: each rank's quantities, the ZeRO-2
-    transients and the stage's gathered bytes."""
-    q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
-    plain = predictor.span_quantities(start, stop, kind, degree)
-    table = predictor._scaled_table(kind, degree)
-    if q is None or plain is None or table is None:
-        return None
-    gathered = layout.gathered_bytes(start, stop, data)
-    total = sum(gathered)
-    prefixes = table[start, start + 1:stop + 1]
-    gathering = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
-                                          prefixes[:, INDEX["activation"]].tolist(), gathered, keep=True)
-
-    def gathered_backward(name: str) -> float:  # each suffix's composed ZeRO-3 backward, its layers gathered
-        suffixes = [sharded_backward_floor(table[j:stop, stop, INDEX[name]].tolist(), gathered[j - start:])
-                    for j in range(start, stop)]
-        return min(gathered_backward_transient(suffixes, gathered, 0.0),
-                   unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=layout.scatter_copies))
-
-    if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        moments = _recomputed_moments(predictor, start, stop, kind, degree, layout, data)
-        first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
-        if first == -math.inf:  # no layer with parameters sets its suffix: the floor's, as not recomputed
-            first = gathered_backward("first_backward_transient")
-        later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))
-        q[INDEX["backward_transient"]] = _recomputed_floors(predictor, start, stop, kind, degree, layout, data,
-                                                            prefetch_later=False)[1]
-    else:
-        first, later = gathered_backward("first_backward_transient"), gathered_backward("backward_transient")
-    transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),
-                                 gathered_forward=float(plain[INDEX["forward_transient"]]),
-                                 first_backward=first, gathered_backward=later)
-    if predictor.schedule != "gpipe" and not predictor.recompute:  # ZeRO-2's backward that finds the layers resharded follows a backward
-        q[INDEX["backward_transient"]] -= prefetched_bytes(table[start:stop, stop, INDEX["backward_transient"]].tolist(),
-                                                           gathered)
-    return _per_rank(q, layout, start, stop, data), transients, total
-
-
-def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
-    """Each rank's peak of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
-    (:func:`composed_zero3_quantities`), its first backward raised to FSDP2's spurious prefetch where it follows two
-    forwards or more ([Note: a first backward after several forwards] in predict/zero3_transients.py), each rank's chunks moving
-    its ``static`` and step; None where not predicted."""
-    forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
-                                                                                     stages_after + 1)
-    ranks = _once(predictor, ("zero3 ranks", start, stop, kind, degree, layout, data, forwards >= 2),
-                  lambda: _composed_zero3_ranks(predictor, start, stop, kind, degree, layout, data, forwards >= 2))
-    if ranks is None:
-        return None
-    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
-    return [float(np.max(terms @ v)) for v in ranks]
-
-
-def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                          layout: ZeroLayout, data: int, several: bool) -> list[np.ndarray] | None:
-    """Each rank's quantities of :func:`composed_zero3_peaks`' stage; ``several``: its first backward follows two
-    forwards or more."""
-    q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
-    table = predictor._scaled_table(kind, degree)
-    if q is None or table is None:
-        return None
-    if several and predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        gathered = layout.gathered_bytes(start, stop, data)
-        layers = [j for j, size in enumerate(gathered) if size]
-        if len(layers) >= 2:  # the span's first layer with the previous micro-batch's last one gathered again
-            moment = _recomputed_moments(predictor, start, stop, kind, degree, layout, data).first[layers[0]]
-            q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]),
-                                                       moment + gathered[layers[-1]])
-    elif several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
-        gathered = layout.gathered_bytes(start, stop, data)
-        q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
-            table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
-            layout.shard_bytes(start, stop, data), layout.scatter_extra(start, stop, data)))
-    return _per_rank(q, layout, start, stop, data)
-
-
-def _per_rank(q: np.ndarray, layout: ZeroLayout, start: int, stop: int, data: int) -> list[np.ndarray]:
-    """The composed stage's quantities on each of its ``data`` ranks: the unsharded stage's ``static``,
-    ``gradient`` and step moved to the rank's chunks (:meth:`ZeroLayout.unsharded_shift`)."""
-    out = []
-    for r in range(data):
-        static, gradient, step = layout.unsharded_shift(start, stop, data, r)
-        v = q.copy()
-        v[INDEX["static"]] += static
-        v[INDEX["gradient"]] += gradient
-        v[INDEX["step_transient"]] += step
-        out.append(v)
-    return out
 
 
 def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout | None:
