@@ -27,6 +27,10 @@ def test_the_mlp_tables_by_hand(tmp_path):
             "2": [[[4, 16, 16], [4, 16]], [], [[4, 16, 32], [4, 16]], [], [[4, 5, 32], [4, 5]]]}
         # cross-entropy's backward over 10 classes holds twice the float32 logits: 80 bytes a sample
         assert store.get_meta("loss_backward_transient") == {"samples": [1, 2], "bytes": [80, 160]}
+        # the head unsplit: its weight's and bias's gradients (32 x 10 + 10 floats) with its input's (32 a sample)
+        heads = store.get_meta("head_backward_transient")
+        assert heads["1"] == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [1320 + 128 * n for n in (1, 2, 4, 8, 16, 32)]}
+        assert set(heads) == {"1", "2"}  # and split as a tensor x2 rank splits it
     assert said == []
 
 
@@ -38,6 +42,7 @@ def _break_every_table(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("hybridplan.profiling.stash_sizes.layer_stash_bytes", _fail)
     monkeypatch.setattr("hybridplan.profiling.split_layers.layer_shard_shapes", _fail)
     monkeypatch.setattr("hybridplan.profiling.loss_memory.loss_backward_bytes", _fail)
+    monkeypatch.setattr("hybridplan.profiling.loss_memory.head_backward_bytes", _fail)
 
 
 def test_a_table_that_cannot_be_computed_is_left_out_saying_what_it_costs(tmp_path, monkeypatch):
@@ -48,18 +53,21 @@ def test_a_table_that_cannot_be_computed_is_left_out_saying_what_it_costs(tmp_pa
         assert store.weight_stash() == {}
         assert store.get_meta("tensor_shard_shapes") == {}  # no degree recorded (tried again on resume)
         assert store.get_meta("loss_backward_transient") is None
-    assert len(said) == 4  # the stash of none x1 and tensor x2, the shards of tensor x2, the loss
+        assert store.get_meta("head_backward_transient") == {}  # no degree recorded (tried again on resume)
+    assert len(said) == 6  # the stash of none x1 and tensor x2, the shards of tensor x2, the loss, the head x1 and x2
     assert all("RuntimeError: no fake tensors for this model" in line for line in said)
     assert "2bw plans" in said[0] and "ZeRO-1 of data x tensor" in said[2] and "batch scaling alone" in said[3]
+    assert "take the loss's phase for the head's" in said[4] and "tensor x2" in said[5]
 
 
 def test_tables_are_computed_once_per_database(tmp_path, monkeypatch):
     with ProfileStore(tmp_path / "p.sqlite") as store:
         record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim"}, lambda line: None)
-        before = (store.weight_stash(), store.get_meta("tensor_shard_shapes"), store.get_meta("loss_backward_transient"))
+        before = (store.weight_stash(), store.get_meta("tensor_shard_shapes"), store.get_meta("loss_backward_transient"),
+                  store.get_meta("head_backward_transient"))
         _break_every_table(monkeypatch)  # a resumed campaign would fail if it computed them again
         said: list[str] = []
         record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim"}, said.append)
         assert said == []
-        assert (store.weight_stash(), store.get_meta("tensor_shard_shapes"),
-                store.get_meta("loss_backward_transient")) == before
+        assert (store.weight_stash(), store.get_meta("tensor_shard_shapes"), store.get_meta("loss_backward_transient"),
+                store.get_meta("head_backward_transient")) == before

@@ -8,7 +8,7 @@ import pytest
 
 from hybridplan.models.zoo import get_model
 from hybridplan.plan import Cluster, Plan
-from hybridplan.profiling.loss_memory import loss_backward_bytes
+from hybridplan.profiling.loss_memory import head_backward_bytes, loss_backward_bytes
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
 
@@ -24,6 +24,19 @@ def test_cross_entropy_holds_twice_the_logits_per_sample():
 def test_a_user_models_classifier():
     """The MLP user model's head has 10 classes (tests/cli/user_models.py): 2 x 10 x 4 bytes per sample."""
     assert loss_backward_bytes(get_model("tests.cli.user_models:mlp"))["bytes"] == [80, 160]
+
+
+def test_the_heads_phase_unsplit_by_hand():
+    """[Note: the head's backward phase]: gpt-tiny's head unsplit holds its weight's gradient (64 x 128 float32,
+    32,768 bytes) with its input's (16 positions x 64 float32, 4,096 bytes a sample), the phase
+    [Note: the loss runs outside every FSDP unit] read off the data and ZeRO-3 scenarios; bf16 holds the input's
+    gradient in bf16 and the weight's in the bf16 copy."""
+    measured = head_backward_bytes(get_model("gpt-tiny"), 1)
+    assert measured == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [32_768 + 4_096 * n for n in (1, 2, 4, 8, 16, 32)]}
+
+
+def test_a_head_that_does_not_split_is_not_measured():
+    assert head_backward_bytes(get_model("tests.cli.user_models:mlp"), 3) is None  # 10 classes do not split 3 ways
 
 
 def _last_stage_backward(rows: int) -> int:

@@ -3,7 +3,7 @@
 A campaign measures spans of layers; what the predictor needs beyond that follows from the model's shapes and is
 computed without running it: the per-layer bytes of a PipeDream-2BW weight stash in each scenario
 (profiling/stash_sizes.py), the parameter shards a tensor rank holds at each profiled tensor degree
-(profiling/split_layers.py) and the loss's backward bytes (profiling/loss_memory.py). Each is recorded once (a
+(profiling/split_layers.py), the loss's backward bytes and the head's (profiling/loss_memory.py). Each is recorded once (a
 resumed campaign finds it in the database) and none may stop the memory campaign: a model fake tensors cannot build
 gets a line saying which predictions the profile will then refuse, and the table is left out.
 """
@@ -27,6 +27,7 @@ def record_auxiliary_tables(store: ProfileStore, model: LayeredModel, scenarios:
     _record_weight_stash(store, model, scenarios, run_options, say)
     _record_shard_shapes(store, model, scenarios, say)
     _record_loss_backward(store, model, run_options, say)
+    _record_head_backward(store, model, scenarios, run_options, say)
 
 
 def _record_weight_stash(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
@@ -86,3 +87,25 @@ def _record_loss_backward(store: ProfileStore, model: LayeredModel, options: dic
         return
     if measured is not None:
         store.set_meta(LOSS_BACKWARD_META, measured)
+
+
+def _record_head_backward(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
+                          options: dict[str, Any], say: Callable[[str], None]) -> None:
+    """Per tensor degree profiled (and unsplit), the head's backward phase at several sample groups (on fake
+    tensors, once): what a ZeRO-2/3 data x tensor stage that ends the model holds while its head runs ([Note: the
+    head's backward phase] in profiling/loss_memory.py)."""
+    from hybridplan.profiling.loss_memory import HEAD_BACKWARD_META, head_backward_bytes
+
+    have = dict(store.get_meta(HEAD_BACKWARD_META) or {})
+    degrees = sorted(({1} | {s.degree for s in scenarios if s.kind == "tensor"}) - {int(d) for d in have})
+    for degree in degrees:
+        try:
+            measured = head_backward_bytes(model, degree, precision=options.get("precision", "fp32"))
+        except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
+            say(f"the head's backward bytes at tensor x{degree} not recorded ({type(e).__name__}: {e}): ZeRO-2/3"
+                " data x tensor stages that end the model take the loss's phase for the head's")
+            continue
+        if measured is not None:
+            have[str(degree)] = measured
+    if degrees:
+        store.set_meta(HEAD_BACKWARD_META, have)

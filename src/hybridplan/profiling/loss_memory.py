@@ -25,6 +25,18 @@ predictor floors the first and later backward transients of every span that ends
 per device of the stage (predict/batch_scaling.py ``loss_floor``). Measured alone, gpt-tiny's loss gives 16,384
 bytes per row, the byte-exact loss phase above. On a CUDA profile the bytes are the tensors' own, not the
 allocator's blocks (at most 512 bytes per tensor fewer): the floor stays a floor.
+
+[Note: the head's backward phase] The loss's phase hides the model's last layer's own (the head's) in every
+profiled suffix, and a ZeRO-3 stage that ends the model needs the head's: only there does FSDP add the head's
+gathered bytes and the layer before it prefetched ([Note: the layers before the head] in
+predict/zero3_transients.py). So :func:`head_backward_bytes` measures it alone too, on fake tensors, with the last
+layer built as a rank of a tensor stage of each profiled degree builds it (profiling/split_layers.py) in the run's
+precision: the peak above the forward's end from the moment the loss's backward has produced the layer's output
+gradient to the backward's end, fresh gradients (ZeRO-3 allocates them afresh each backward). Its bytes are not a
+straight line in the rows (gpt-tiny's head split 2 ways: 16,384 bytes at 1, 2 and 4 samples, then 4,096 per
+sample: 32,768 at 8), so it is taken at 1, 2, 4, ..., 32 sample groups and read piecewise linearly
+(predict/batch_scaling.py ``measured_at``). Unsplit, gpt-tiny's comes out as the head's phase that
+[Note: the loss runs outside every FSDP unit] reads off the data and ZeRO-3 scenarios: 32,768 + 4,096 x rows.
 """
 
 from __future__ import annotations
@@ -36,10 +48,15 @@ if TYPE_CHECKING:  # torch is imported where a measurement runs: the predictor r
 
     from hybridplan.models.base import LayeredModel
 
-__all__ = ["loss_backward_bytes", "LOSS_BACKWARD_META"]
+__all__ = ["loss_backward_bytes", "LOSS_BACKWARD_META", "head_backward_bytes", "HEAD_BACKWARD_META", "HEAD_SAMPLES"]
 
 LOSS_BACKWARD_META = "loss_backward_transient"
 """The profile's meta key: ``{"samples": [n1, n2], "bytes": [b1, b2]}``."""
+HEAD_BACKWARD_META = "head_backward_transient"
+"""The profile's meta key: ``{"<tensor degree>": {"samples": [...], "bytes": [...]}}`` ([Note: the head's backward
+phase])."""
+HEAD_SAMPLES = (1, 2, 4, 8, 16, 32)
+"""The sample groups the head's phase is measured at."""
 
 
 def _measure(model: LayeredModel, sample_shape: tuple[int, ...], samples: int, dtype: torch.dtype) -> int:
@@ -81,3 +98,62 @@ def loss_backward_bytes(model: LayeredModel, *, precision: str = "fp32") -> dict
     dtype = compute_dtype(precision)
     n = model.sample_granularity
     return {"samples": [n, 2 * n], "bytes": [_measure(model, spec.sample_shape, k, dtype) for k in (n, 2 * n)]}
+
+
+def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "fp32") -> dict[str, Any] | None:
+    """The head's backward phase ([Note: the head's backward phase]) of a rank of a ``degree``-way tensor stage
+    (1: unsplit) at :data:`HEAD_SAMPLES` sample groups, for the profile's meta; None where the model's output is
+    not a floating tensor or its last layer does not split ``degree`` ways.
+
+    Example:
+        >>> from hybridplan.models.zoo import get_model
+        >>> head_backward_bytes(get_model("gpt-tiny"), 2)["bytes"]
+        [16384, 16384, 16384, 32768, 65536, 131072]
+    """
+    import torch
+
+    from hybridplan.models.boundaries import boundary_specs
+    from hybridplan.profiling.split_layers import split_layers
+    from hybridplan.runtime.precision import cast_module, compute_dtype
+
+    last = model.num_layers - 1
+    if not boundary_specs(model)[model.num_layers].dtype.is_floating_point or (
+            degree > 1 and model.tensor_parallel_problem(last, degree) is not None):
+        return None
+    dtype, n = compute_dtype(precision), model.sample_granularity
+    measured: list[int] = []
+    for index, module in enumerate(split_layers(model, "tensor" if degree > 1 else "none", degree)):
+        if index == last:  # inside the fake process group and tensor mode split_layers holds until it is consumed
+            if dtype != torch.float32:
+                cast_module(module, dtype)
+            measured = [_measure_head(model, module, n * k, dtype) for k in HEAD_SAMPLES]
+    return {"samples": [n * k for k in HEAD_SAMPLES], "bytes": measured}
+
+
+def _measure_head(model: LayeredModel, module: torch.nn.Module, samples: int, dtype: torch.dtype) -> int:
+    """Peak bytes above the forward's end while ``module`` (the model's last layer) back-propagates ``samples``
+    samples, from its output gradient on (fake tensors; its gradients fresh)."""
+    import torch
+
+    from hybridplan.models.boundaries import boundary_specs
+    from hybridplan.runtime.memory import StorageTracker
+
+    spec = boundary_specs(model)[model.num_layers - 1]
+    floating = spec.dtype.is_floating_point
+    for p in module.parameters():
+        p.grad = None
+    _, targets = model.make_batch(samples, torch.Generator().manual_seed(0))
+    x = torch.empty((samples, *spec.sample_shape), dtype=dtype if floating else spec.dtype, requires_grad=floating)
+    tracker = StorageTracker()
+    with tracker:
+        tracker.track_all([x, targets], "data")
+        y = module(x)
+        loss = model.loss(y.float(), targets) * 1.0  # the runtime's weighting (executor.py), a scalar op
+        level = tracker.current
+
+        def start(grad: torch.Tensor) -> None:  # the head's phase starts with its output gradient
+            tracker.start_window()
+
+        y.register_hook(start)
+        torch.autograd.backward([loss], grad_tensors=[torch.ones(())])
+        return int(tracker.window_peak - level)
