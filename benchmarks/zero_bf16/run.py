@@ -42,6 +42,10 @@ MLP = "tests.cli.user_models:mlp"
 SPANS = {"gpt-tiny": [(0, 3), (3, 6), (1, 5)], "wresnet-tiny": [(0, 4), (2, 5), (1, 3)],
          "moe-tiny": [(0, 3), (1, 4), (2, 5)], MLP: [(0, 2), (1, 3), (0, 3)]}
 """Spans per model (none holds the last layer); the MLP: Linear(16, 32), ReLU, Linear(32, 32), ReLU, Linear(32, 10)."""
+ENDING = {"gpt-tiny": [(5, 10), (7, 10), (9, 10)], "wresnet-tiny": [(4, 7), (5, 7), (6, 7)],
+          "moe-tiny": [(3, 6), (4, 6), (5, 6)], MLP: [(3, 5), (2, 5), (4, 5), (0, 5)]}
+"""Spans per model that hold its last layer (``--ending``: data x tensor stages; [Note: the layers before the head]
+in predict/zero3_transients.py)."""
 BATCHES = {MLP: (32, 2)}
 """Global batch and micro-batches: 64 in 4 (micro-batches of 16) unless given here."""
 SCENARIOS = (Scenario("none", 1), Scenario("tensor", 2), Scenario("data", 2), Scenario("data", 2, 3))
@@ -150,6 +154,8 @@ def main() -> None:
     ap.add_argument("--models", default=",".join(SPANS), help=f"comma-separated subset of {list(SPANS)}")
     ap.add_argument("--spans", help="comma-separated START-STOP layer spans instead of each model's three (a span"
                     " holding the last layer: data stages only, ZeRO-3 there keeps its scenario's quantities)")
+    ap.add_argument("--ending", action="store_true", help="each model's spans that hold its last layer (ENDING),"
+                    " as data x tensor stages")
     ap.add_argument("--kinds", default=",".join(KINDS), help=f"comma-separated subset of {list(KINDS)}")
     ap.add_argument("--zero", default="2,3", help="comma-separated ZeRO levels of 2, 3")
     ap.add_argument("--precision", default="bf16", choices=PRECISIONS)
@@ -163,14 +169,17 @@ def main() -> None:
         zeros = tuple(int(z) for z in args.zero.split(","))
     except ValueError:
         raise SystemExit(f"--spans {args.spans!r} / --zero {args.zero!r}: give START-STOP spans and levels 2, 3") from None
-    kinds = tuple(args.kinds.split(","))
+    kinds = ("data+tensor",) if args.ending else tuple(args.kinds.split(","))
+    if args.ending and spans:
+        raise SystemExit("--ending measures each model's spans that hold its last layer: give it or --spans, not both")
     if any(len(span) != 2 or not 0 <= span[0] < span[1] for span in spans or []) or not set(zeros) <= {2, 3} \
             or not set(kinds) <= set(KINDS):
         raise SystemExit(f"--spans {args.spans!r}, --zero {args.zero!r}, --kinds {args.kinds!r}: give START-STOP spans"
                          f" with START < STOP, levels of 2, 3 and kinds of {list(KINDS)}")
     store = ResultStore(HERE / "results.json")
     done = [r for model in models
-            for r in measure(model, store, spans=spans, kinds=kinds, zeros=zeros, precision=args.precision)]
+            for r in measure(model, store, spans=ENDING[model] if args.ending else spans, kinds=kinds, zeros=zeros,
+                             precision=args.precision)]
     print(table(done))
 
 

@@ -19,6 +19,17 @@ def _plan(schedule: str, stages: list[dict]) -> Plan:
 DT = {"parallelism": "data+tensor", "degree": 4, "tensor_degree": 2}
 
 
+def _sharded_rows(mlp_files, plan: Plan, stage: int, **kwargs):
+    """The validation rows of ``plan``'s 4-device ``stage`` (run whole on simulated devices, predicted from
+    ``mlp_files``' profile)."""
+    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP,
+                           run_options={"backend": "sim"}, **kwargs)
+    assert report.run.ok, report.run.reason
+    rows = [r for r in report.rows if r.stage == stage]
+    assert len(rows) == 4
+    return rows
+
+
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
 @pytest.mark.parametrize("stages", [
     [{"layers": [0, 2], **DT, "devices": [0, 1, 2, 3]}, {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}],
@@ -65,20 +76,21 @@ def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, sc
         assert static[0] - static[2] == 8 * (16 * 16 - 16)
 
 
-def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files):
-    """ZeRO-2/3 holding the model's last layer, any level without the shards' shapes."""
+def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files, mlp_recompute_db):
+    """ZeRO-2/3 of a recomputed stage holding the model's last layer, any level without the shards' shapes."""
     from hybridplan.errors import ProfileError
     from hybridplan.predict.zero_layout import ZeroLayout
 
-    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite", recompute_db=mlp_recompute_db)
     def plan(zero: int) -> Plan:
         return _plan("1f1b", [{"layers": [0, 2], **DT, "zero": zero, "devices": [0, 1, 2, 3]},
                               {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}])
 
-    for zero in (2, 3):  # measured (simulated devices): ZeRO-2 -3.1% (1F1B) and -5.9% (GPipe) composed, as ZeRO-3
+    for zero in (2, 3):  # not recomputed it is predicted: test_zero_data_tensor_stages_holding_the_last_layer
         holding_the_loss = _plan("1f1b", [{"layers": [0, 3], "parallelism": "none", "degree": 1, "devices": [0]},
-                                          {"layers": [3, 5], **DT, "zero": zero, "devices": [1, 2, 3, 4]}])
-        with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a data x tensor stage holding the model's last layer"):
+                                          {"layers": [3, 5], **DT, "zero": zero, "recompute": "full",
+                                           "devices": [1, 2, 3, 4]}])
+        with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a recomputed data x tensor stage holding the model's last"):
             predictor.predict(holding_the_loss)
     assert predictor.zero_layout is not None
     predictor.zero_layout = ZeroLayout([[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes])  # none recorded
@@ -129,13 +141,7 @@ def test_zero2_data_tensor_predictions_against_the_simulated_runtime(mlp_files, 
     first = len(before)
     stages = before + [{"layers": layers, **DT, "zero": 2, "devices": [first + i for i in range(4)]}] + [
         {**s, "devices": [first + 4]} for s in after]
-    plan = _plan(schedule, stages)
-    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP,
-                           run_options={"backend": "sim"})
-    assert report.run.ok, report.run.reason
-    rows = [r for r in report.rows if r.stage == first]
-    assert len(rows) == 4
-    for row in rows:
+    for row in _sharded_rows(mlp_files, _plan(schedule, stages), first):
         assert abs(row.predicted - row.measured) <= 0.02 * row.measured, (row.device, row.predicted, row.measured)
 
 
@@ -168,10 +174,24 @@ def test_recomputed_zero_data_tensor_predictions_against_the_simulated_runtime(m
     plan = _plan(schedule, before + [
         {"layers": layers, **DT, "zero": zero, "recompute": "full", "devices": [first + i for i in range(4)]},
         {"layers": [layers[1], 5], "parallelism": "none", "degree": 1, "devices": [first + 4]}])
-    report = validate_plan(mlp_files / "p.sqlite", plan, cluster=Cluster.parse(f"1x{plan.num_devices}"), model=MLP,
-                           run_options={"backend": "sim"}, recompute_db=mlp_recompute_db)
-    assert report.run.ok, report.run.reason
-    rows = [r for r in report.rows if r.stage == first]
-    assert len(rows) == 4
-    for row in rows:
+    for row in _sharded_rows(mlp_files, plan, first, recompute_db=mlp_recompute_db):
+        assert abs(row.predicted - row.measured) <= tolerance * row.measured, (row.device, row.predicted, row.measured)
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("zero", [2, 3])
+@pytest.mark.parametrize(("layers", "tolerance"), [
+    # the ReLU's backward holds the head's reduce-scatter input and gradient shard (refused until 28 Nov: composed
+    # as a stage before the head, -3.1% under 1F1B and -5.9% under GPipe)
+    ([3, 5], 0.01),
+    ([0, 5], 0.03),  # the whole model (measured +1.23% .. +2.67%: the head's moment taken at the loss's phase)
+])
+def test_zero_data_tensor_stages_holding_the_last_layer(mlp_files, schedule, zero, layers, tolerance):
+    """[Note: the layers before the head] (predict/zero3_transients.py): a ZeRO-2/3 data x tensor stage that ends
+    the model, its layers before the head composed from the tensor stage's suffixes without the head; the
+    expectation is the simulated runtime's count."""
+    before = [{"layers": [0, layers[0]], "parallelism": "none", "degree": 1, "devices": [0]}] if layers[0] else []
+    first = len(before)
+    plan = _plan(schedule, before + [{"layers": layers, **DT, "zero": zero, "devices": [first + i for i in range(4)]}])
+    for row in _sharded_rows(mlp_files, plan, first):
         assert abs(row.predicted - row.measured) <= tolerance * row.measured, (row.device, row.predicted, row.measured)

@@ -20,7 +20,7 @@ import numpy as np
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 
-__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "loss_floor", "with_replica_rows",
+__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "loss_floor", "measured_at", "with_replica_rows",
            "EXTRAPOLATION_LIMIT", "extrapolation_note"]
 
 PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
@@ -113,6 +113,20 @@ def loss_floor(values: np.ndarray, loss_backward: Mapping[str, Sequence[float]] 
     for q in (INDEX["first_backward_transient"], INDEX["backward_transient"]):
         out[..., q] = np.maximum(values[..., q], floor)  # NaN (unpredictable) stays NaN
     return out
+
+
+def measured_at(samples: Sequence[float], values: Sequence[float], rows: float) -> float:
+    """A quantity measured at increasing ``samples`` read at ``rows``: piecewise linear between them, the last two's
+    line beyond them, the first value below them ([Note: the head's backward phase] in profiling/loss_memory.py).
+
+    >>> measured_at([1, 2, 4, 8], [16, 16, 16, 32], 6), measured_at([1, 2, 4, 8], [16, 16, 16, 32], 16)
+    (24.0, 64.0)
+    """
+    if rows <= samples[0]:
+        return float(values[0])
+    k = next((i for i in range(1, len(samples)) if rows <= samples[i]), len(samples) - 1)
+    (x1, x2), (y1, y2) = samples[k - 1:k + 1], values[k - 1:k + 1]
+    return float(y1 + (y2 - y1) * (rows - x1) / (x2 - x1))
 
 
 _REPLICA_ROWS = [INDEX[name] for name in ("activation", "forward_transient", "backward_transient")]

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hybridplan.predict.batch_scaling import PEAK
+from hybridplan.predict.batch_scaling import PEAK, measured_at
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peak
 from hybridplan.predict.zero3_transients import (RecomputedBackwards, first_backward_prefetch_floor, prefetched_bytes,
                                                  recomputed_backwards, reduce_scatter_floor, sharded_backward_floor,
@@ -74,6 +74,13 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
                                           gathered, prefetch_later=predictor.schedule != "gpipe")
         q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
         return q
+    if stop == predictor.num_layers:  # [Note: the layers before the head] in predict/zero3_transients.py
+        heads = (predictor.head_backward or {}).get(str(degree))
+        head = None if heads is None else measured_at(heads["samples"], heads["bytes"], predictor._rows(kind, degree))
+        for name, value in _ending_backwards(table, start, stop, layout, data, head,
+                                             gpipe=predictor.schedule == "gpipe").items():
+            q[INDEX[name]] = value
+        return q
     scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,
                                      layout.layer_bytes(start, stop), layout.shard_bytes(start, stop, data),
                                      layout.scatter_extra(start, stop, data))
@@ -82,6 +89,44 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= prefetched_bytes(suffixes["backward_transient"].tolist(), gathered)
     return q
+
+
+def _ending_backwards(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int, head: float | None, *,
+                      gpipe: bool) -> dict[str, float]:
+    """The first and later backward transients of a ZeRO-3 span over ``data`` ranks that ends the model, from the
+    unsharded stage's scaled span ``table`` ([Note: the layers before the head] in predict/zero3_transients.py):
+    the larger of the head's moment (its suffix, and ``head``, its own phase measured alone, with its gathered
+    bytes and the layer before it prefetched; without ``head`` the suffix with them) and
+    the floors of the span less the head, on the suffixes of ``[start, stop - 1)`` less the head's activations,
+    with the head's gradient shard (first backward) and, while the layer before the head runs, the head's
+    reduce-scatter input; under GPipe the later backward without the prefetched layer ([Note: a backward after a
+    backward])."""
+    last, gathered = stop - 1, layout.gathered_bytes(start, stop, data)
+    rest, g_head = gathered[:-1], gathered[-1]
+    prev = next((size for size in reversed(rest) if size), 0)
+    freed = table[start, stop, INDEX["activation"]] - (table[start, last, INDEX["activation"]] if rest else 0.0)
+    held = [0] * (len(rest) - 1) + [g_head]  # freed by the next layer's post-backward
+    shard_head = layout.shard_bytes(last, stop, data)[0]
+    extra = layout.scatter_extra(start, stop, data)
+    out = {}
+    for name, shard in (("first_backward_transient", shard_head), ("backward_transient", 0)):
+        floor = scattered = -math.inf  # the span less the head: none where the head is alone
+        suffix = (table[start:last, last, INDEX[name]] - freed + shard).tolist()
+        if rest:
+            first_rest = (table[start:last, last, INDEX["first_backward_transient"]] - freed + shard).tolist()
+            scattered = reduce_scatter_floor(first_rest, rest, layout.layer_bytes(start, last),
+                                             layout.shard_bytes(start, last, data), [e + h for e, h in zip(extra, held)])
+            floor = sharded_backward_floor(suffix, rest, extra=held)
+        after_backward = gpipe and name == "backward_transient"  # nothing prefetched: [Note: a backward after a backward]
+        fetched, before = (prefetched_bytes(suffix, rest) if rest else 0, 0) if after_backward else (0, prev)
+        own = float(table[last, stop, INDEX[name]])
+        if head is None:  # the loss's phase taken for the head's where the loss sets the suffix: an over-count
+            moment = max(own + g_head + before, float(table[last, stop, INDEX["first_backward_transient"]]) + g_head
+                         + before + extra[-1])
+        else:
+            moment = max(own, head + g_head + before)  # its reduce-scatter's cast below its measured phase
+        out[name] = max(moment, floor - fetched, scattered - fetched)
+    return out
 
 
 def _recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> RecomputedBackwards:
@@ -113,7 +158,8 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     """Each rank's peak of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
     composed from an unsharded stage] in predict/zero3_transients.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
     quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
-    scenario], each suffix's ZeRO-3 backward composed likewise; None where not predicted."""
+    scenario], each suffix's ZeRO-3 backward composed likewise, and at least ZeRO-3's where the stage recomputes or
+    ends the model; None where not predicted."""
     composed = _once(predictor, ("zero2", start, stop, kind, degree, layout, data),
                      lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
     if composed is None:
@@ -121,7 +167,8 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     ranks, transients, total = composed
     peaks = [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
              for v in ranks]
-    if predictor.recompute:  # at least ZeRO-3's: [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
+    if predictor.recompute or stop == predictor.num_layers:  # at least ZeRO-3's: [Note: a recomputed ZeRO-3
+        # stage], [Note: the layers before the head] in predict/zero3_transients.py
         sharded = composed_zero3_peaks(predictor, start, stop, kind, degree, layout, data, stages_after)
         peaks = peaks if sharded is None else [max(a, b) for a, b in zip(peaks, sharded)]
     return peaks

@@ -55,7 +55,7 @@ from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
 from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.predict.zero_stage import zero_peaks, zero_tensor_peaks
-from hybridplan.profiling.loss_memory import LOSS_BACKWARD_META
+from hybridplan.profiling.loss_memory import HEAD_BACKWARD_META, LOSS_BACKWARD_META
 from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
 
@@ -103,6 +103,7 @@ class MemoryPredictor:
         zero_layout: ZeroLayout | None = None,
         reserved: ReservedExcess | None = None,
         loss_backward: Mapping[str, Sequence[float]] | None = None,
+        head_backward: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -140,6 +141,9 @@ class MemoryPredictor:
         """The loss's backward bytes measured alone at two sample counts, the floor of the backward transients of a
         stage that ends the model ([Note: the loss's backward floor] in profiling/loss_memory.py); None for a
         profile that did not record them (the batch scaling alone)."""
+        self.head_backward = head_backward
+        """Per tensor degree (a string key), the head's backward phase measured alone at several sample counts
+        ([Note: the head's backward phase] in profiling/loss_memory.py); None for a profile that did not record it."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -228,6 +232,7 @@ class MemoryPredictor:
                                                                precision=db.run_options.get("precision", "fp32")),
             reserved=reserved_excess(db),
             loss_backward=meta.get(LOSS_BACKWARD_META),
+            head_backward=meta.get(HEAD_BACKWARD_META),
         )
 
     @property
@@ -451,6 +456,7 @@ class MemoryPredictor:
             zero_layout=self.zero_layout,
             reserved=self.reserved,
             loss_backward=self.loss_backward,
+            head_backward=self.head_backward,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:

@@ -82,11 +82,11 @@ def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, inst
     """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage] in
     predict/zero_layout.py)."""
     t = stage.tensor_degree
-    if stage.zero >= 2 and stage.stop == base.num_layers:
-        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a data x tensor stage holding the model's last layer is not predicted"
-                           " from a profile: its loss runs outside every FSDP unit, and without a ZeRO-3 counterpart"
-                           f" of the tensor{t} scenario the head's and the loss's phases cannot be told apart",
-                           fix="end the stage before the last layer, or " + instead)
+    if stage.zero >= 2 and stage.stop == base.num_layers and base.recompute:
+        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a recomputed data x tensor stage holding the model's last layer"
+                           " is not predicted from a profile: its loss runs outside every FSDP unit and the rule for the"
+                           " layers before the head was measured without recompute",
+                           fix="end the stage before the last layer, drop \"recompute\" from it, or " + instead)
     if base.zero_layout is None or (tensor_shards(base, t) is None and t in base.profiled_degrees("tensor")):
         raise ProfileError(f"{where}: the profile does not record the tensor x{t} parameter shards ZeRO shards",
                            fix="run the same 'hybridplan profile' command on the database again: it resumes and"

@@ -112,9 +112,8 @@ value (332,800) at the stage's last block and less before it. Over benchmarks/ex
 with a ZeRO-3 data x tensor stage (72 devices of such stages) it took them from 72.2% to 94.4% within 2%, largest
 10.41% both times: wresnet-tiny's layers 4-5 under GPipe, whose first backward measures 903,296 bytes against its
 later ones' 620,416 (predicted to the byte); [Note: a first backward after several forwards] composes it. A
-ZeRO-3 data x tensor stage holding the model's last layer is refused (measured: the MLP's layers 3-5
-(tests/predict/test_data_tensor.py) -3.1% under 1F1B, -5.9% under GPipe). A recomputed one is [Note: a recomputed
-ZeRO-3 stage].
+ZeRO-3 data x tensor stage holding the model's last layer is [Note: the layers before the head]; a recomputed one
+[Note: a recomputed ZeRO-3 stage].
 
 [Note: a recomputed ZeRO-3 stage] Under recompute (runtime/stage.py: each layer checkpointed around its FSDP unit)
 a ZeRO-3 backward gathers each layer again in its pre-backward hook, recomputes the layer's forward and runs its
@@ -173,27 +172,43 @@ measured, +9.28% with the rule, +3.03% (1F1B) and -0.61% (GPipe) without). Over 
 lifted the refusal of ZeRO-3 data x tensor stages under GPipe: 146 plans scored (9 more), 72 devices of such
 stages, all within 2% (largest 0.69%).
 
-The refusal of a ZeRO-2/3 data x tensor stage holding the model's last layer stays: the loss's backward measured
-alone (``loss_backward``) gives the loss's phase ``S``, but where it sets the tensor stage's suffixes the head's
-own phase ``M`` is unknown, and ZeRO-3's backwards follow from ``M``. Measured (simulated devices, global batch 64
-in 4 micro-batches, the stage data 2 x tensor 2 ZeRO-3 after one pipeline-only stage, the composition above
-applied as it stands): gpt-tiny layers 5-10 +4.23% (1F1B) / +1.47% (GPipe), moe-tiny 3-6 +9.24% / +3.43%,
-wresnet-tiny 4-7 -0.19% / -0.23%, the MLP's 3-5 -3.09% / -5.88%. On gpt-tiny every tensor suffix is the loss's
-131,072 (S), and the measured backwards read as ``M`` = 99,968: after a forward M + the head's 16,896 gathered
-bytes + the prefetched block's 100,736 = 217,600; after a backward S; the first backward that plus the head's
-reduce-scattered gradient (8,448) = 226,048; the floor gives 324,096 (the loss's phase with the gathered bytes).
-The MLP's are low for another reason (traced 28 Nov, layers 3-4, a ReLU then the head, GPipe): its first backward
-peaks at the ReLU's backward, 2,916 bytes above its level, holding the head's reduce-scatter input (792 bytes,
-kept until the backward's end, as in [Note: a recomputed ZeRO-3 stage]) and its gradient shard (396),
-which the composition from the unsharded suffix (2,388) does not place; the loss there holds 640.
+[Note: the layers before the head] A ZeRO-2/3 data x tensor stage that ends the model was refused until 28 Nov:
+the tensor stage's suffixes there hold the loss's phase (every one of gpt-tiny's layers 5-10 at 8 rows per
+replica: 131,072 bytes, 2 x the logits), which hides the earlier layers' own phases, so the floors above added the
+head's and the prefetched block's gathered bytes to the loss's phase (gpt-tiny's layers 5-10 as data 2 x tensor 2
+ZeRO-3 after a pipeline-only stage, 1F1B: +4.23% on every device once composed so; the MLP's layers 3-5 -3.09%,
+-5.88% under GPipe). Traced op by op (simulated devices, global batch 64 in 4 micro-batches): a rank runs the
+loss (nothing gathered), then the head (its own phase, its gathered bytes, the layer before it prefetched), then
+the layers before it as a stage ending there would, but above a level that no longer holds the head's activations
+(freed by the head's and the loss's backwards), with the head's gradient shard (in a first backward) and, while
+the layer just before the head runs, the head's reduce-scatter input (freed at that layer's post-backward). So the
+span less the head is composed with the rules above on the unsharded stage's suffixes of ``[start, stop - 1)``
+less the head's activation (from the stage's activation prefixes) plus those, and the head's moment is the larger
+of its suffix and its own phase measured alone ([Note: the head's backward phase] in profiling/loss_memory.py)
+with its and the prefetched layer's gathered bytes (``_ending_backwards`` in predict/composed_zero.py). gpt-tiny's
+layers 5-10: block 8's first backward 131,328 (the suffix of 5-9) - 132,100 (the head's activation) + 2 x 100,736
+(block 8 gathered, block 7 prefetched) + 8,448 (the head's shard) + 16,896 (its reduce-scatter input) = 226,044,
+measured 226,048; the head's moment 32,768 (its phase at 8 rows, split 2 ways) + 16,896 + 100,736 = 150,400,
+below the block's (taking the loss's phase for the head's gave 248,704: +1.24%). The MLP's layers 3-5 (a ReLU,
+then the head): the later backward at the ReLU 2,048 - 324 + 792 (the head's reduce-scatter input) = 2,516,
+measured 2,520; in its layers 0-5 the input is freed before layer 2 runs (after the ReLU between them). Without
+the head's phase recorded (a profile taken before 28 Nov) the loss's is taken for it where the loss sets the
+suffix: an over-count of at most the head's and the prefetched layer's gathered bytes (moe-tiny's layers 4-6
++5.80% under 1F1B; predicted to the byte with it). ZeRO-2 there keeps the composition of [Note: predicting ZeRO-2
+from the ZeRO-3 scenario] and its peak is taken to be at least ZeRO-3's (as recomputed): the MLP's layers 3-5
+under GPipe were -5.88% without that, -0.05% with it, its head alone in bf16 -3.98% and +2.01% (ZeRO-2 measures
+ZeRO-3's bytes there); a bound, not always met: gpt-tiny's layer 9 alone under GPipe measures 705,820 bytes as
+ZeRO-2, 722,712 as ZeRO-3 (+2.39%). What misses: the MLP's layers
+2-5 under GPipe, +6.55% (the first backward after two forwards, [Note: a first backward after several forwards],
+counts the head gathered again twice and layer 2's moment 228 bytes high: 7,420 bytes above the level against
+6,396 measured). A recomputed such stage is still refused (not measured).
 
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py)
 on the composed ZeRO-3 stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the
 tensor stage's suffix), the gathered forward the tensor stage's. Measured the same way (data x tensor 2 x 2,
 ZeRO-2): gpt-tiny layers 0-5 and 5-10 exact to the byte under both schedules, moe-tiny 0-3 / 3-6 -0.59% / 0.00%
 (GPipe), wresnet-tiny 0-4 / 4-7 0.00% / -1.09% (1F1B); its peaks are set by the gathering forward and the gathered
-backward, which the floor's misses above do not reach. Refused where ZeRO-3 is: the MLP's layers 3-5 measure
--3.1% and -5.9% (the same devices' peaks as ZeRO-3's), so a stage holding the model's last layer too.
+backward, which the floor's misses above do not reach. A stage holding the model's last layer: [Note: the layers before the head].
 
 A ZeRO-3 *data* stage wider than the profiled ZeRO-3 degrees is still refused (predict/plan_checks.py): composed
 as the widest profiled ``data<d>-zero3`` stage at the global batch ``B*d/D`` with ``static`` and ``gradient`` moved to
@@ -273,7 +288,7 @@ def sharded_forward_transient(prefix_forward: Sequence[float], prefix_activation
 
 
 def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[int], *,
-                           loss: tuple[float, float] | None = None) -> float:
+                           loss: tuple[float, float] | None = None, extra: Sequence[int] | None = None) -> float:
     """The least a ZeRO-3 backward that follows a forward holds above its level, from the UNSHARDED data stage's
     suffixes ([Note: the sharded backward's floor]): at the layer that sets the data stage's transient
     (``suffix_backward[j]``: its backward transient of the span's layers ``j..``; a backward runs them last to
@@ -283,7 +298,9 @@ def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[
     ``loss``: the ``(head, loss)`` phases of the span's last layer when it is the model's last
     (:func:`loss_phases`); there the loss's phase holds no gathered bytes and the head's holds its own and the
     prefetched layer's, and an earlier layer rises where its suffix exceeds the head's phase, not the loss's
-    (where the head's phase is known; [Note: the loss runs outside every FSDP unit]).
+    (where the head's phase is known; [Note: the loss runs outside every FSDP unit]). ``extra[j]``: what layer
+    ``j``'s moment holds beyond those (the head's reduce-scatter input before it: [Note: the layers before the
+    head]).
 
     >>> sharded_backward_floor([50, 70, 40], [10, 20, 5])  # layer 2: 40 + 5 + 20; layer 1: 70 + 20 + 10
     100
@@ -302,7 +319,7 @@ def sharded_backward_floor(suffix_backward: Sequence[float], gathered: Sequence[
                 if loss[0] > -math.inf:  # the head's phase seen: the loss hides nothing before it
                     highest = loss[0]
             else:
-                best = max(best, suffix_backward[j] + gathered[j] + before)
+                best = max(best, suffix_backward[j] + gathered[j] + before + (extra[j] if extra else 0))
     return best
 
 
