@@ -63,6 +63,9 @@ ZERO2_DT = "zero2 data x tensor"
 RECOMPUTED_DT = "recomputed zero2/3 data x tensor"
 """The stratum of ``--recomputed-zero-data-tensor``: plans with at least one recomputed ZeRO-2 or ZeRO-3 data x tensor
 stage (keys ``.../r<i>``; predicted since [Note: a recomputed ZeRO-3 stage])."""
+ENDING_DT = "zero2/3 data x tensor ending the model"
+"""The stratum of ``--ending-zero-data-tensor``: plans whose last stage is a ZeRO-2 or ZeRO-3 data x tensor stage
+(keys ``.../e<i>``; predicted since [Note: the layers before the head])."""
 THRESHOLDS = (0.02, 0.05)
 OVERALL = ("every device", "devices of a new-kind stage", "devices of an old-kind stage",
            "every device but those of data stages across nodes", "... nor of ZeRO-3 or recomputed stages",
@@ -133,6 +136,8 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
 
     def new_kind(plan: tuple[StageChoice, ...]) -> bool:
         cfgs = [space.configs[c.config] for c in plan]
+        if args.ending_zero_data_tensor:
+            return plan[-1].stop == predictor.num_layers and cfgs[-1].kind == "data+tensor" and cfgs[-1].zero in (2, 3)
         if args.recomputed_zero_data_tensor:
             return any(c.kind == "data+tensor" and c.zero in (2, 3) and c.recompute for c in cfgs)
         if args.zero3_data_tensor or args.zero2_data_tensor:
@@ -147,6 +152,8 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
                                                                          ("across nodes", across, args.cross)]
     if args.recomputed_zero_data_tensor:  # only this stratum: the others' stored draws stay as they are
         strata = [(RECOMPUTED_DT, keep, args.recomputed_zero_data_tensor)]
+    elif args.ending_zero_data_tensor:
+        strata = [(ENDING_DT, keep, args.ending_zero_data_tensor)]
     elif args.zero3_data_tensor:
         strata = [(ZERO3_DT, keep, args.zero3_data_tensor)]
     elif args.zero2_data_tensor:
@@ -160,7 +167,7 @@ def draw(model: str, schedule: str, args: argparse.Namespace) -> list[tuple[str,
         for i, choices in enumerate(chosen):
             plan = plan_from_choices(space, choices, schedule=schedule, global_batch_size=predictor.global_batch_size,
                                      num_microbatches=predictor.num_microbatches)
-            tag = {"uniform": "", ZERO3_DT: "z", ZERO2_DT: "w", RECOMPUTED_DT: "r"}.get(stratum, "x")
+            tag = {"uniform": "", ZERO3_DT: "z", ZERO2_DT: "w", RECOMPUTED_DT: "r", ENDING_DT: "e"}.get(stratum, "x")
             out.append((f"{prefix}{model}/{schedule}/{tag}{i}", stratum, plan))
     return out
 
@@ -377,6 +384,9 @@ def main(argv: Iterable[str] | None = None) -> None:
     ap.add_argument("--recomputed-zero-data-tensor", type=int, default=0, metavar="N",
                     help="instead: N plans per model and schedule with a recomputed ZeRO-2/3 data x tensor stage"
                     " (keys .../r<i>)")
+    ap.add_argument("--ending-zero-data-tensor", type=int, default=0, metavar="N",
+                    help="instead: N plans per model and schedule whose last stage is a ZeRO-2/3 data x tensor stage"
+                    " (keys .../e<i>)")
     ap.add_argument("--rescore", action="store_true", help="measure nothing: predict the stored plans again and score")
     args = ap.parse_args(None if argv is None else list(argv))
     stored = stores()
