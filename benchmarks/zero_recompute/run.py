@@ -24,7 +24,7 @@ import argparse
 from functools import partial
 from pathlib import Path
 
-from benchmarks.zero_bf16.run import BATCHES, MESH, MLP, SCHEDULES, name, plan_of, sharded_errors, table
+from benchmarks.zero_bf16.run import BATCHES, ENDING, MESH, MLP, SCHEDULES, name, plan_of, sharded_errors, table
 from hybridplan.plan import Cluster, Plan
 from hybridplan.predict.memory import MemoryPredictor
 from hybridplan.profiling.partitions import Scenario
@@ -66,16 +66,17 @@ def recomputed_plan(model: str, num_layers: int, zero: int, span: tuple[int, int
     return Plan.from_dict(plan)
 
 
-def measure(model: str, precision: str, store: ResultStore, zeros: tuple[int, ...] = (2, 3), data: int = 2) -> list[dict]:
-    """Every stage of ``model`` in ``precision`` (data degree ``data``) measured (resumed from ``store``) and
-    predicted by today's predictor."""
+def measure(model: str, precision: str, store: ResultStore, zeros: tuple[int, ...] = (2, 3), data: int = 2,
+            spans: list[tuple[int, int]] | None = None) -> list[dict]:
+    """Every stage of ``model`` in ``precision`` (data degree ``data``; ``spans``: others than the model's three)
+    measured (resumed from ``store``) and predicted by today's predictor."""
     db, recompute_db = profile(model, precision, False), profile(model, precision, True)
     label = f"{name(model)} {precision}" + (f" data x{data}" if data != 2 else "")
     out = []
     for schedule in SCHEDULES:
         predictor = MemoryPredictor.from_db(db, schedule=schedule, recompute_db=recompute_db)
         for zero in zeros:
-            for span in SPANS[model]:
+            for span in spans or SPANS[model]:
                 plan = recomputed_plan(model, predictor.num_layers, zero, span, schedule, data)
                 key = f"{name(model)}-{precision}/{schedule}/zero{zero}/{span[0]}-{span[1]}" + (f"/data{data}" if data != 2 else "")
                 errors = sharded_errors(key, plan, 1 if span[0] else 0, store, predictor, partial(
@@ -90,6 +91,8 @@ def main() -> None:
     ap.add_argument("--precisions", default="fp32,bf16", help=f"comma-separated subset of {list(PRECISIONS)}")
     ap.add_argument("--zero", default="2,3", help="comma-separated ZeRO levels of 2, 3")
     ap.add_argument("--data", type=int, default=2, choices=(2, 4), help="the stage's data degree (tensor x2)")
+    ap.add_argument("--ending", action="store_true", help="each model's spans that hold its last layer"
+                    " (benchmarks/zero_bf16's ENDING)")
     args = ap.parse_args()
     models, precisions = args.models.split(","), args.precisions.split(",")
     try:
@@ -101,7 +104,8 @@ def main() -> None:
         raise SystemExit(f"--models {args.models!r}, --precisions {args.precisions!r}, --zero {args.zero!r}: give"
                          f" some of {list(SPANS)}, of {list(PRECISIONS)} and levels of 2, 3")
     store = ResultStore(WORK.parent / "results.json")
-    done = [r for model in models for precision in precisions for r in measure(model, precision, store, zeros, args.data)]
+    done = [r for model in models for precision in precisions
+            for r in measure(model, precision, store, zeros, args.data, ENDING[model] if args.ending else None)]
     print(table(done))
 
 

@@ -76,22 +76,16 @@ def test_zero1_data_tensor_predictions_equal_the_simulated_runtime(mlp_files, sc
         assert static[0] - static[2] == 8 * (16 * 16 - 16)
 
 
-def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files, mlp_recompute_db):
-    """ZeRO-2/3 of a recomputed stage holding the model's last layer, any level without the shards' shapes."""
+def test_zero_of_a_data_tensor_stage_the_profile_cannot_predict_is_refused(mlp_files):
+    """Any ZeRO level without the shards' shapes."""
     from hybridplan.errors import ProfileError
     from hybridplan.predict.zero_layout import ZeroLayout
 
-    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite", recompute_db=mlp_recompute_db)
+    predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
     def plan(zero: int) -> Plan:
         return _plan("1f1b", [{"layers": [0, 2], **DT, "zero": zero, "devices": [0, 1, 2, 3]},
                               {"layers": [2, 5], "parallelism": "none", "degree": 1, "devices": [4]}])
 
-    for zero in (2, 3):  # not recomputed it is predicted: test_zero_data_tensor_stages_holding_the_last_layer
-        holding_the_loss = _plan("1f1b", [{"layers": [0, 3], "parallelism": "none", "degree": 1, "devices": [0]},
-                                          {"layers": [3, 5], **DT, "zero": zero, "recompute": "full",
-                                           "devices": [1, 2, 3, 4]}])
-        with pytest.raises(ProfileError, match=f"ZeRO-{zero} of a recomputed data x tensor stage holding the model's last"):
-            predictor.predict(holding_the_loss)
     assert predictor.zero_layout is not None
     predictor.zero_layout = ZeroLayout([[[e, *s] for e, s in layer] for layer in predictor.zero_layout.shapes])  # none recorded
     with pytest.raises(ProfileError, match="does not record the tensor x2 parameter shards"):
@@ -190,8 +184,25 @@ def test_zero_data_tensor_stages_holding_the_last_layer(mlp_files, schedule, zer
     """[Note: the layers before the head] (predict/zero3_transients.py): a ZeRO-2/3 data x tensor stage that ends
     the model, its layers before the head composed from the tensor stage's suffixes without the head; the
     expectation is the simulated runtime's count."""
+    for row in _sharded_rows(mlp_files, _ending_plan(schedule, zero, layers), 1 if layers[0] else 0):
+        assert abs(row.predicted - row.measured) <= tolerance * row.measured, (row.device, row.predicted, row.measured)
+
+
+def _ending_plan(schedule: str, zero: int, layers: list[int], **stage: object) -> Plan:
+    """``layers`` (ending the model) as a ZeRO ``zero`` data x tensor 2 x 2 stage after a pipeline-only one."""
     before = [{"layers": [0, layers[0]], "parallelism": "none", "degree": 1, "devices": [0]}] if layers[0] else []
     first = len(before)
-    plan = _plan(schedule, before + [{"layers": layers, **DT, "zero": zero, "devices": [first + i for i in range(4)]}])
-    for row in _sharded_rows(mlp_files, plan, first):
-        assert abs(row.predicted - row.measured) <= tolerance * row.measured, (row.device, row.predicted, row.measured)
+    return _plan(schedule, before + [{"layers": layers, **DT, "zero": zero, **stage,
+                                      "devices": [first + i for i in range(4)]}])
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("zero", [2, 3])
+def test_recomputed_zero_data_tensor_stages_holding_the_last_layer(mlp_files, mlp_recompute_db, schedule, zero):
+    """[Note: the layers before the head] under recompute: the MLP's layers 3-5 (a ReLU, then the head), whose
+    ReLU holds the head's reduce-scatter input and gradient shard (refused until 28 Nov; with the recomputed
+    composition alone -6.06% .. -5.88% under GPipe, -3.21% .. -3.09% under 1F1B); the expectation is the simulated
+    runtime's count."""
+    plan = _ending_plan(schedule, zero, [3, 5], recompute="full")
+    for row in _sharded_rows(mlp_files, plan, 1, recompute_db=mlp_recompute_db):
+        assert abs(row.predicted - row.measured) <= 0.01 * row.measured, (row.device, row.predicted, row.measured)

@@ -69,16 +69,20 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
     q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                                               prefixes[:, INDEX["activation"]].tolist(), gathered,
                                                               keep=False)
-    if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        first, later = _recomputed_floors(table, _recomputed_moments(table, start, stop, layout, data), start, stop,
-                                          gathered, prefetch_later=predictor.schedule != "gpipe")
-        q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
-        return q
+    ending = None
     if stop == predictor.num_layers:  # [Note: the layers before the head] in predict/zero3_transients.py
         heads = (predictor.head_backward or {}).get(str(degree))
         head = None if heads is None else measured_at(heads["samples"], heads["bytes"], predictor._rows(kind, degree))
-        for name, value in _ending_backwards(table, start, stop, layout, data, head,
-                                             gpipe=predictor.schedule == "gpipe").items():
+        ending = _ending_backwards(table, start, stop, layout, data, head, gpipe=predictor.schedule == "gpipe")
+    if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
+        first, later = _recomputed_floors(table, _recomputed_moments(table, start, stop, layout, data), start, stop,
+                                          gathered, prefetch_later=predictor.schedule != "gpipe")
+        if ending is not None:  # and at least the layers before the head as not recomputed
+            first, later = max(first, ending["first_backward_transient"]), max(later, ending["backward_transient"])
+        q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
+        return q
+    if ending is not None:
+        for name, value in ending.items():
             q[INDEX[name]] = value
         return q
     scattered = reduce_scatter_floor(suffixes["first_backward_transient"].tolist(), gathered,

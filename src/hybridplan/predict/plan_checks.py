@@ -51,7 +51,7 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
     where = f"stage {i} ({stage.describe()})"
     instead = "count it exactly on simulated devices instead ('hybridplan run --backend sim --plan PLAN ...': no GPU needed)"
     if stage.kind == "data+tensor":
-        _check_zero_tensor(where, stage, base, instead)
+        _check_zero_tensor(where, stage, base)
         return
     if stage.kind != "data":
         raise ProfileError(f"{where}: ZeRO-{stage.zero} of a {stage.kind} stage is not yet predicted from a profile",
@@ -78,15 +78,10 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
                            fix=f"profile with --zero on a mesh with {stage.degree} devices per node, or " + instead)
 
 
-def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor, instead: str) -> None:
+def _check_zero_tensor(where: str, stage: StagePlan, base: MemoryPredictor) -> None:
     """Refuse a ZeRO data x tensor stage the profile cannot predict ([Note: ZeRO-1 of a data x tensor stage] in
     predict/zero_layout.py)."""
     t = stage.tensor_degree
-    if stage.zero >= 2 and stage.stop == base.num_layers and base.recompute:
-        raise ProfileError(f"{where}: ZeRO-{stage.zero} of a recomputed data x tensor stage holding the model's last layer"
-                           " is not predicted from a profile: its loss runs outside every FSDP unit and the rule for the"
-                           " layers before the head was measured without recompute",
-                           fix="end the stage before the last layer, drop \"recompute\" from it, or " + instead)
     if base.zero_layout is None or (tensor_shards(base, t) is None and t in base.profiled_degrees("tensor")):
         raise ProfileError(f"{where}: the profile does not record the tensor x{t} parameter shards ZeRO shards",
                            fix="run the same 'hybridplan profile' command on the database again: it resumes and"

@@ -201,7 +201,12 @@ ZeRO-3's bytes there); a bound, not always met: gpt-tiny's layer 9 alone under G
 ZeRO-2, 722,712 as ZeRO-3 (+2.39%). What misses: the MLP's layers
 2-5 under GPipe, +6.55% (the first backward after two forwards, [Note: a first backward after several forwards],
 counts the head gathered again twice and layer 2's moment 228 bytes high: 7,420 bytes above the level against
-6,396 measured). A recomputed such stage is still refused (not measured).
+6,396 measured). Recomputed (predicted since 28 Nov too), the stage takes [Note: a recomputed ZeRO-3 stage]'s
+transients on the recompute profile's tensor stage, and at least these: without them the MLP's layers 3-5 were
+-3.09% (1F1B) and -5.88% (GPipe), the ReLU's moment again, with them -0.06% and -0.04%
+(benchmarks/zero_recompute ``--ending``: 416 devices in fp32 and bf16, none more than 0.76% low, 64.4% within 2%,
+the largest +8.71%: there the head's moment is still the loss's phase with the head's gathered bytes, since its
+own phase was measured without recompute, and the reduce-scatter's cast term over-counts in bf16).
 
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py)
 on the composed ZeRO-3 stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the

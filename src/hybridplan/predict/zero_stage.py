@@ -68,15 +68,13 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
     """Each data-group rank's predicted peak of a ZeRO-1, ZeRO-2 or ZeRO-3 data x tensor stage of ``degree`` devices (every
     tensor rank alike; [Note: ZeRO-1 of a data x tensor stage] in predict/zero_layout.py, [Note: ZeRO-3 composed
     from an unsharded stage] and, recomputed, [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py), or
-    None where the profile cannot say: recomputed ZeRO-2/3 holding the model's last layer, no shard shapes recorded at
-    ``tensor_degree``, or a batch the replicas cannot split."""
+    None where the profile cannot say: no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot
+    split."""
     layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
     if zero not in (1, 2, 3) or layout is None or replica is None:
         return None
     data = degree // tensor_degree
     if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py
-        if stop == predictor.num_layers and predictor.recompute:
-            return None  # refused with the reason by predict/plan_checks.py
         composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
         return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
     shifts = layout.shifts(start, stop, zero, data)
