@@ -29,7 +29,8 @@ def test_the_mlp_tables_by_hand(tmp_path):
         assert store.get_meta("loss_backward_transient") == {"samples": [1, 2], "bytes": [80, 160]}
         # the head unsplit: its weight's and bias's gradients (32 x 10 + 10 floats) with its input's (32 a sample)
         heads = store.get_meta("head_backward_transient")
-        assert heads["1"] == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [1320 + 128 * n for n in (1, 2, 4, 8, 16, 32)]}
+        assert heads["1"] == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [1320 + 128 * n for n in (1, 2, 4, 8, 16, 32)],
+                              "recompute": False}
         assert set(heads) == {"1", "2"}  # and split as a tensor x2 rank splits it
     assert said == []
 
@@ -71,3 +72,14 @@ def test_tables_are_computed_once_per_database(tmp_path, monkeypatch):
         assert said == []
         assert (store.weight_stash(), store.get_meta("tensor_shard_shapes"), store.get_meta("loss_backward_transient"),
                 store.get_meta("head_backward_transient")) == before
+
+
+def test_a_recompute_profile_takes_the_heads_phase_recomputed(tmp_path):
+    """[Note: the head's backward phase]: a recompute profile's head phase is measured checkpointed, and one
+    recorded without (an earlier campaign's) is measured again."""
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim"}, lambda line: None)
+        assert {v["recompute"] for v in store.get_meta("head_backward_transient").values()} == {False}
+        record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim", "activation_checkpointing": True},
+                                lambda line: None)
+        assert {v["recompute"] for v in store.get_meta("head_backward_transient").values()} == {True}

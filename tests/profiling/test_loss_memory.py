@@ -32,7 +32,17 @@ def test_the_heads_phase_unsplit_by_hand():
     [Note: the loss runs outside every FSDP unit] read off the data and ZeRO-3 scenarios; bf16 holds the input's
     gradient in bf16 and the weight's in the bf16 copy."""
     measured = head_backward_bytes(get_model("gpt-tiny"), 1)
-    assert measured == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [32_768 + 4_096 * n for n in (1, 2, 4, 8, 16, 32)]}
+    assert measured == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [32_768 + 4_096 * n for n in (1, 2, 4, 8, 16, 32)],
+                        "recompute": False}
+
+
+def test_the_heads_phase_recomputed_by_hand():
+    """Recomputed, gpt-tiny's head holds every parameter's gradient (the final norm's 2 x 64 and the head's 64 x 128
+    float32: 33,280 bytes) with, per sample, its input's gradient and the norm's recomputed output (2 x 16 x 64
+    float32) and statistics (2 x 16 float32): 8,320 bytes."""
+    measured = head_backward_bytes(get_model("gpt-tiny"), 1, recompute=True)
+    assert measured == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [33_280 + 8_320 * n for n in (1, 2, 4, 8, 16, 32)],
+                        "recompute": True}
 
 
 def test_a_head_that_does_not_split_is_not_measured():

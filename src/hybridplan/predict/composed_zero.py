@@ -69,16 +69,21 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
     q[INDEX["forward_transient"]] = sharded_forward_transient(prefixes[:, INDEX["forward_transient"]].tolist(),
                                                               prefixes[:, INDEX["activation"]].tolist(), gathered,
                                                               keep=False)
-    ending = None
+    ending, head = None, None
     if stop == predictor.num_layers:  # [Note: the layers before the head] in predict/zero3_transients.py
-        heads = (predictor.head_backward or {}).get(str(degree))
-        head = None if heads is None else measured_at(heads["samples"], heads["bytes"], predictor._rows(kind, degree))
+        heads = (predictor.head_backward or {}).get(str(degree))  # measured as the stage runs, recomputed or not
+        if heads is not None and heads.get("recompute", False) == predictor.recompute:
+            head = measured_at(heads["samples"], heads["bytes"], predictor._rows(kind, degree))
         ending = _ending_backwards(table, start, stop, layout, data, head, gpipe=predictor.schedule == "gpipe")
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        first, later = _recomputed_floors(table, _recomputed_moments(table, start, stop, layout, data), start, stop,
-                                          gathered, prefetch_later=predictor.schedule != "gpipe")
-        if ending is not None:  # and at least the layers before the head as not recomputed
-            first, later = max(first, ending["first_backward_transient"]), max(later, ending["backward_transient"])
+        moments = _recomputed_moments(table, start, stop, layout, data)
+        prefetch_later = predictor.schedule != "gpipe"
+        if ending is not None and head is not None:  # [Note: the layers before the head], recomputed
+            first, later = _recomputed_ending(table, moments, stop, gathered, head, ending, prefetch_later=prefetch_later)
+        else:
+            first, later = _recomputed_floors(table, moments, start, stop, gathered, prefetch_later=prefetch_later)
+            if ending is not None:  # and at least the layers before the head as not recomputed
+                first, later = max(first, ending["first_backward_transient"]), max(later, ending["backward_transient"])
         q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
         return q
     if ending is not None:
@@ -118,8 +123,9 @@ def _ending_backwards(table: np.ndarray, start: int, stop: int, layout: ZeroLayo
         suffix = (table[start:last, last, INDEX[name]] - freed + shard).tolist()
         if rest:
             first_rest = (table[start:last, last, INDEX["first_backward_transient"]] - freed + shard).tolist()
+            shards = layout.shard_bytes(start, last, data) if shard else [0] * len(rest)  # later: in the level
             scattered = reduce_scatter_floor(first_rest, rest, layout.layer_bytes(start, last),
-                                             layout.shard_bytes(start, last, data), [e + h for e, h in zip(extra, held)])
+                                             shards, [e + h for e, h in zip(extra, held)])
             floor = sharded_backward_floor(suffix, rest, extra=held)
         after_backward = gpipe and name == "backward_transient"  # nothing prefetched: [Note: a backward after a backward]
         fetched, before = (prefetched_bytes(suffix, rest) if rest else 0, 0) if after_backward else (0, prev)
@@ -154,6 +160,22 @@ def _recomputed_floors(table: np.ndarray, moments: RecomputedBackwards, start: i
         suffix = table[start:stop, stop, INDEX[name]].tolist()
         floor = sharded_backward_floor(suffix, gathered) - (0 if prefetch else prefetched_bytes(suffix, gathered))
         out.append(max(floor, *(v + (p if prefetch else 0) for v, p in zip(values, moments.prefetched))))
+    return out[0], out[1]
+
+
+def _recomputed_ending(table: np.ndarray, moments: RecomputedBackwards, stop: int, gathered: list[int], head: float,
+                       ending: dict[str, float], *, prefetch_later: bool) -> tuple[float, float]:
+    """A recomputed ZeRO-3 span's first and later backward transients where it ends the model ([Note: the layers
+    before the head] in predict/zero3_transients.py): its layers' moments before the head; the head's, the larger of
+    its suffix (the loss's phase where the loss sets it) and ``head``, its own phase measured recomputed, with its
+    gathered bytes and the prefetched layer; and at least ``ending``, the span composed as not recomputed (in
+    place of the whole span's floor, which adds the gathered bytes to the loss's phase)."""
+    out = []
+    for name, values, prefetch in (("first_backward_transient", moments.first, True),
+                                    ("backward_transient", moments.later, prefetch_later)):
+        fetched = [p if prefetch else 0 for p in moments.prefetched]
+        own = max(float(table[stop - 1, stop, INDEX[name]]), head + gathered[-1] + fetched[-1])
+        out.append(max(ending[name], own, *(v + p for v, p in zip(values[:-1], fetched[:-1]))))
     return out[0], out[1]
 
 

@@ -204,9 +204,11 @@ counts the head gathered again twice and layer 2's moment 228 bytes high: 7,420 
 6,396 measured). Recomputed (predicted since 28 Nov too), the stage takes [Note: a recomputed ZeRO-3 stage]'s
 transients on the recompute profile's tensor stage, and at least these: without them the MLP's layers 3-5 were
 -3.09% (1F1B) and -5.88% (GPipe), the ReLU's moment again, with them -0.06% and -0.04%
-(benchmarks/zero_recompute ``--ending``: 416 devices in fp32 and bf16, none more than 0.76% low, 64.4% within 2%,
-the largest +8.71%: there the head's moment is still the loss's phase with the head's gathered bytes, since its
-own phase was measured without recompute, and the reduce-scatter's cast term over-counts in bf16).
+(benchmarks/zero_recompute ``--ending``: 416 devices in fp32 and bf16, none more than 0.76% low, 67.3% within 2%,
+the largest +8.71%, where the reduce-scatter's cast term over-counts in bf16). The head's moment there is taken
+from its phase measured recomputed (the recompute profile's table: [Note: the head's backward phase]), and in the
+later backward the reduce-scatter's floor leaves out the later layers' shards, which are in its level (gpt-tiny's
+layers 5-10 in bf16, 1F1B: +6.00% with both as above, +3.16% now).
 
 ZeRO-2 of a data x tensor stage is then [Note: predicting ZeRO-2 from the ZeRO-3 scenario] (predict/zero2_replay.py)
 on the composed ZeRO-3 stage: the same replay and transients, each suffix's ZeRO-3 backward composed like the stage's (the floor on the

@@ -92,15 +92,17 @@ def _record_loss_backward(store: ProfileStore, model: LayeredModel, options: dic
 def _record_head_backward(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
                           options: dict[str, Any], say: Callable[[str], None]) -> None:
     """Per tensor degree profiled (and unsplit), the head's backward phase at several sample groups (on fake
-    tensors, once): what a ZeRO-2/3 data x tensor stage that ends the model holds while its head runs ([Note: the
-    head's backward phase] in profiling/loss_memory.py)."""
+    tensors, once; checkpointed in a recompute profile, and taken again where an earlier one was not): what a
+    ZeRO-2/3 data x tensor stage that ends the model holds while its head runs ([Note: the head's backward phase]
+    in profiling/loss_memory.py)."""
     from hybridplan.profiling.loss_memory import HEAD_BACKWARD_META, head_backward_bytes
 
-    have = dict(store.get_meta(HEAD_BACKWARD_META) or {})
+    recompute = bool(options.get("activation_checkpointing", False))
+    have = {d: v for d, v in (store.get_meta(HEAD_BACKWARD_META) or {}).items() if v.get("recompute", False) == recompute}
     degrees = sorted(({1} | {s.degree for s in scenarios if s.kind == "tensor"}) - {int(d) for d in have})
     for degree in degrees:
         try:
-            measured = head_backward_bytes(model, degree, precision=options.get("precision", "fp32"))
+            measured = head_backward_bytes(model, degree, precision=options.get("precision", "fp32"), recompute=recompute)
         except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
             say(f"the head's backward bytes at tensor x{degree} not recorded ({type(e).__name__}: {e}): ZeRO-2/3"
                 " data x tensor stages that end the model take the loss's phase for the head's")

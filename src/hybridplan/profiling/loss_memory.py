@@ -34,7 +34,8 @@ layer built as a rank of a tensor stage of each profiled degree builds it (profi
 precision: the peak above the forward's end from the moment the loss's backward has produced the layer's output
 gradient to the backward's end, fresh gradients (ZeRO-3 allocates them afresh each backward). Its bytes are not a
 straight line in the rows (gpt-tiny's head split 2 ways: 16,384 bytes at 1, 2 and 4 samples, then 4,096 per
-sample: 32,768 at 8), so it is taken at 1, 2, 4, ..., 32 sample groups and read piecewise linearly
+sample: 32,768 at 8), so it is taken at 1, 2, 4, ..., 32 sample groups and read piecewise linearly; in a
+recompute profile checkpointed as the runtime checkpoints a layer (its forward runs again inside the phase)
 (predict/batch_scaling.py ``measured_at``). Unsplit, gpt-tiny's comes out as the head's phase that
 [Note: the loss runs outside every FSDP unit] reads off the data and ZeRO-3 scenarios: 32,768 + 4,096 x rows.
 """
@@ -100,14 +101,16 @@ def loss_backward_bytes(model: LayeredModel, *, precision: str = "fp32") -> dict
     return {"samples": [n, 2 * n], "bytes": [_measure(model, spec.sample_shape, k, dtype) for k in (n, 2 * n)]}
 
 
-def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "fp32") -> dict[str, Any] | None:
+def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "fp32",
+                        recompute: bool = False) -> dict[str, Any] | None:
     """The head's backward phase ([Note: the head's backward phase]) of a rank of a ``degree``-way tensor stage
-    (1: unsplit) at :data:`HEAD_SAMPLES` sample groups, for the profile's meta; None where the model's output is
-    not a floating tensor or its last layer does not split ``degree`` ways.
+    (1: unsplit) at :data:`HEAD_SAMPLES` sample groups, checkpointed as the runtime checkpoints it where
+    ``recompute`` (its forward then runs again inside the phase), for the profile's meta; None where the model's
+    output is not a floating tensor or its last layer does not split ``degree`` ways.
 
     Example:
         >>> from hybridplan.models.zoo import get_model
-        >>> head_backward_bytes(get_model("gpt-tiny"), 2)["bytes"]
+        >>> head_backward_bytes(get_model("gpt-tiny"), 2)["bytes"]  # its weight shard's gradient, then its input's
         [16384, 16384, 16384, 32768, 65536, 131072]
     """
     import torch
@@ -126,14 +129,17 @@ def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "f
         if index == last:  # inside the fake process group and tensor mode split_layers holds until it is consumed
             if dtype != torch.float32:
                 cast_module(module, dtype)
-            measured = [_measure_head(model, module, n * k, dtype) for k in HEAD_SAMPLES]
-    return {"samples": [n * k for k in HEAD_SAMPLES], "bytes": measured}
+            measured = [_measure_head(model, module, n * k, dtype, recompute) for k in HEAD_SAMPLES]
+    return {"samples": [n * k for k in HEAD_SAMPLES], "bytes": measured, "recompute": recompute}
 
 
-def _measure_head(model: LayeredModel, module: torch.nn.Module, samples: int, dtype: torch.dtype) -> int:
+def _measure_head(model: LayeredModel, module: torch.nn.Module, samples: int, dtype: torch.dtype,
+                  recompute: bool) -> int:
     """Peak bytes above the forward's end while ``module`` (the model's last layer) back-propagates ``samples``
     samples, from its output gradient on (fake tensors; its gradients fresh)."""
     import torch
+
+    from torch.utils.checkpoint import checkpoint
 
     from hybridplan.models.boundaries import boundary_specs
     from hybridplan.runtime.memory import StorageTracker
@@ -147,7 +153,7 @@ def _measure_head(model: LayeredModel, module: torch.nn.Module, samples: int, dt
     tracker = StorageTracker()
     with tracker:
         tracker.track_all([x, targets], "data")
-        y = module(x)
+        y = checkpoint(module, x, use_reentrant=False, preserve_rng_state=False) if recompute else module(x)
         loss = model.loss(y.float(), targets) * 1.0  # the runtime's weighting (executor.py), a scalar op
         level = tracker.current
 
