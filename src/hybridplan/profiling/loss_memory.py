@@ -125,8 +125,8 @@ def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "f
         return None
     dtype, n = compute_dtype(precision), model.sample_granularity
     measured: list[int] = []
-    for index, module in enumerate(split_layers(model, "tensor" if degree > 1 else "none", degree)):
-        if index == last and module is not None:  # inside the fake process group and mode split_layers holds
+    for module in split_layers(model, "tensor" if degree > 1 else "none", degree, layers=[last]):
+        if module is not None:  # inside the fake process group and tensor mode split_layers holds
             if dtype != torch.float32:
                 cast_module(module, dtype)
             measured = [_measure_head(model, module, n * k, dtype, recompute) for k in HEAD_SAMPLES]

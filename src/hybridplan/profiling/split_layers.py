@@ -8,7 +8,7 @@ tensor-parallel shards on a fake process group) in a ``FakeTensorMode``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import cast
 
 import torch
@@ -21,9 +21,11 @@ from hybridplan.plan import Parallelism, StagePlan
 __all__ = ["split_layers", "layer_shard_shapes"]
 
 
-def split_layers(model: LayeredModel, kind: str, degree: int) -> Iterator[nn.Module | None]:
-    """Each layer of ``model`` as rank 0 of a ``kind`` x ``degree`` stage holds it, on fake tensors; ``None`` for
-    a layer that cannot be tensor-parallel at ``degree``. Only "tensor" at a degree above 1 splits.
+def split_layers(model: LayeredModel, kind: str, degree: int,
+                 layers: Sequence[int] | None = None) -> Iterator[nn.Module | None]:
+    """Each layer of ``model`` (or each of ``layers``) as rank 0 of a ``kind`` x ``degree`` stage holds it, on fake
+    tensors; ``None`` for a layer that cannot be tensor-parallel at ``degree``. Only "tensor" at a degree above 1
+    splits.
 
     Consume it whole: the fake process group and tensor mode stay set up until the last layer is given.
 
@@ -48,7 +50,7 @@ def split_layers(model: LayeredModel, kind: str, degree: int) -> Iterator[nn.Mod
             with unset_fake_temporarily():
                 mesh = DeviceMesh.from_group(world, "cpu")
             tp = TensorParallelGroup(world, mesh, 0, degree)
-        for layer in range(model.num_layers):
+        for layer in range(model.num_layers) if layers is None else layers:
             if tensor and model.tensor_parallel_problem(layer, degree) is not None:
                 yield None
                 continue
