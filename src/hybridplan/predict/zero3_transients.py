@@ -98,11 +98,11 @@ x tensor 2 x 2 ZeRO-3 stages per plan, every rank of a data group; static, data,
 the byte on every one): gpt-tiny layers 0-5 / 5-10, 1F1B -0.01% / +1.24%, GPipe 0.00% / +0.34%; moe-tiny 0-3 / 3-6
 1F1B -0.38% / +1.90%; wresnet-tiny 0-4 / 4-7 1F1B -0.19% / -4.59%, GPipe 0.00% / -0.23%. The forward is exact on
 gpt-tiny (1,389,696 unsharded + 2 x 100,736, a block's shards gathered, = 1,591,168 measured), as are its blocks'
-backward (131,328 + 2 x 100,736 = 332,800). What misses: at the model's last layer the loss runs outside every
-FSDP unit ([Note: the loss runs outside every FSDP unit]), and without a ZeRO-3 counterpart of the tensor scenario
-the head's and the loss's phases cannot be told apart, so the floor adds the head's and the prefetched block's
-gathered bytes to the loss's phase (gpt-tiny layers 5-10 later backward 248,704 predicted, 217,600 measured:
-+1.24% on the device); and where a layer's reduce-scatter sets the backward (wresnet-tiny's layer 5, whose 298,240
+backward (131,328 + 2 x 100,736 = 332,800). What missed: at the model's last layer the loss runs outside every
+FSDP unit ([Note: the loss runs outside every FSDP unit]) and its phase hides the head's and the earlier layers',
+so the floor added the head's and the prefetched block's gathered bytes to the loss's phase (gpt-tiny layers 5-10
+later backward 248,704 predicted, 217,600 measured: +1.24% on the device; composed since 28 Nov by [Note: the
+layers before the head]); and where a layer's reduce-scatter sets the backward (wresnet-tiny's layer 5, whose 298,240
 gathered bytes are held with its unsharded gradient of the same size and layer 4 prefetched: 685,272 measured
 against the floor's 512,064), the floor misses it, as it does for a data stage; there a scenario measured it. Here
 :func:`reduce_scatter_floor` takes it from the tensor stage's first-backward suffix, which holds layer ``j``'s

@@ -34,9 +34,9 @@ layer built as a rank of a tensor stage of each profiled degree builds it (profi
 precision: the peak above the forward's end from the moment the loss's backward has produced the layer's output
 gradient to the backward's end, fresh gradients (ZeRO-3 allocates them afresh each backward). Its bytes are not a
 straight line in the rows (gpt-tiny's head split 2 ways: 16,384 bytes at 1, 2 and 4 samples, then 4,096 per
-sample: 32,768 at 8), so it is taken at 1, 2, 4, ..., 32 sample groups and read piecewise linearly; in a
-recompute profile checkpointed as the runtime checkpoints a layer (its forward runs again inside the phase)
-(predict/batch_scaling.py ``measured_at``). Unsplit, gpt-tiny's comes out as the head's phase that
+sample: 32,768 at 8), so it is taken at 1, 2, 4, ..., 32 sample groups and read piecewise linearly
+(predict/batch_scaling.py ``measured_at``); in a recompute profile it is taken checkpointed as the runtime
+checkpoints a layer (its forward runs again inside the phase). Unsplit, gpt-tiny's comes out as the head's phase that
 [Note: the loss runs outside every FSDP unit] reads off the data and ZeRO-3 scenarios: 32,768 + 4,096 x rows.
 """
 
@@ -54,8 +54,8 @@ __all__ = ["loss_backward_bytes", "LOSS_BACKWARD_META", "head_backward_bytes", "
 LOSS_BACKWARD_META = "loss_backward_transient"
 """The profile's meta key: ``{"samples": [n1, n2], "bytes": [b1, b2]}``."""
 HEAD_BACKWARD_META = "head_backward_transient"
-"""The profile's meta key: ``{"<tensor degree>": {"samples": [...], "bytes": [...]}}`` ([Note: the head's backward
-phase])."""
+"""The profile's meta key: ``{"<tensor degree>": {"samples": [...], "bytes": [...], "recompute": bool}}`` ([Note:
+the head's backward phase])."""
 HEAD_SAMPLES = (1, 2, 4, 8, 16, 32)
 """The sample groups the head's phase is measured at."""
 
