@@ -374,6 +374,12 @@ def test_min_max_same_period_and_fill_as_the_reference(data: st.DataObject, num_
         # the reference's cap keeps a relative slack of 1e-12 for rounding, which can admit a cut that slower
         # with a smaller fill (e.g. stage times 1 and 1 + 1e-12); the found cut is then the faster one
         assert period(found.boundaries) >= period(reference.boundaries) * (1 - 1e-11)
+    elif period(found.boundaries) > period(reference.boundaries) * (1 + 1e-12) + 1e-300:
+        # periods within 1e-9 in ratio tie in the found cut (the reference's slack is 1e-12), and the least fill
+        # wins: a slower cut by rounding only, chosen for a smaller fill (found by Hypothesis: stage times
+        # 2 + 1.3e-9 with fill 2 + 1.3e-9 against 2 with fill 3)
+        assert period(found.boundaries) <= period(reference.boundaries) * (1 + 1e-9) + 1e-12
+        assert fill(found.boundaries) < fill(reference.boundaries)
     else:
         assert fill(found.boundaries) == pytest.approx(fill(reference.boundaries), rel=1e-9, abs=1e-12)
 
@@ -544,3 +550,16 @@ def test_fitting_starts_by_hand() -> None:
     assert fitting_starts(fits).tolist() == [0, 0, 1, 2]
     fits[2, 3] = False
     assert fitting_starts(fits).tolist() == [0, 0, 1, 3]
+
+
+def test_min_max_periods_within_rounding_tie_and_the_least_fill_wins() -> None:
+    """Hypothesis' case: cutting after layer 3 runs stage 1 in 2 + 1.3e-9 with nothing in stage 0 (fill
+    2 + 1.3e-9); after layer 4, in 2 with 1 in stage 0 (fill 3). The periods differ by 6.4e-10 in ratio, within
+    the found cut's tie band (1e-9) but not the reference's (1e-12): the found cut takes the smaller fill."""
+    from hybridplan.search.time.period_cut import bottleneck_min_max
+    from hybridplan.search.time.stage_cuts import min_max_assignment
+
+    stage_costs = [np.array([0.0, 0.0, 0.0, 1.0, 0.0]), np.array([0.0, 0.0, 0.0, 1.2836861573717329e-09, 2.0])]
+    floors = [np.zeros(5)]
+    assert min_max_assignment(stage_costs, floors).boundaries == (0, 4, 5)
+    assert bottleneck_min_max(stage_costs, floors).boundaries[1] <= 3
