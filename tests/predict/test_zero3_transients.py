@@ -42,6 +42,24 @@ def test_first_backward_prefetch_floor_of_wresnet_tiny_as_measured():
     assert first_backward_prefetch_floor([380544, 322176], [0, 298240], [0, 298240], [0, 149120]) == -math.inf
 
 
+def test_first_backward_prefetch_floor_of_a_span_less_the_head():
+    """[Note: the layers before the head]: the MLP's layers 2-5 (Linear 32x32, ReLU, head) as data 2 x tensor 2,
+    ZeRO-3, under GPipe (simulated devices, traced op by op): layer 2's first backward after two forwards holds
+    6,396 bytes above its level (4 of them the loss's scalar, not composed): its suffix less the head, 2,696 (the
+    tensor stage's at the replica's rows without the head's activations and the 1,024-byte gradient the head hands
+    back, with the head's 396-byte gradient shard), its 2,112 gathered bytes, the head gathered again (792, given as
+    ``again``: once) and the head's reduce-scatter input (792, in ``extra``)."""
+    assert first_backward_prefetch_floor([2696, 2120], [2112, 0], [2112, 0], [1056, 0], [792, 792], again=792) == 6392
+    # without ``again`` one layer with parameters has nothing to gather again
+    assert first_backward_prefetch_floor([2696, 2120], [2112, 0], [2112, 0], [1056, 0], [792, 792]) == -math.inf
+
+
+def test_first_backward_prefetch_floor_holds_the_next_layers_reduce_scatter_input():
+    """Three layers with parameters: the first one's moment holds the last one gathered again and the second's
+    reduce-scatter input (in wresnet-tiny's two-layer span both are layer 5's): 100 - 30 + 15 + 40 + 5 + 20."""
+    assert first_backward_prefetch_floor([100, 80, 60], [40, 20, 5], [40, 20, 10], [20, 10, 5]) == 150
+
+
 def test_sharded_backward_floor_by_hand():
     # the data stage's suffixes 50, 70, 40; gathered 10, 20, 5: layer 2 sets 40 (+ its 5 + layer 1's 20 prefetched),
     # layer 1 raises it to 70 (+ 20 + layer 0's 10), layer 0 raises nothing
@@ -76,3 +94,15 @@ def test_loss_phases_of_gpt_tiny_head_as_traced():
     assert backward == (2 * 32_768, 2 * 65_536)
     # the loss never set the data stage's value (ZeRO-3 a whole 2G above it at both sizes): no loss phase
     assert loss_phases([4, 8], [10, 20], [30, 40], 20, 16) == (40.0, -np.inf)
+
+
+def test_the_heads_reduce_scatter_input_is_held_down_to_the_next_layer_with_parameters():
+    """FSDP2 frees a unit's reduce-scatter input at the next unit's post-backward: the MLP's layers 0-5 hold the
+    head's (792 bytes) while the ReLU (3) and layer 2 run, not layer 1 or 0; without a layer with parameters
+    before the head, to the span's start."""
+    from hybridplan.predict.composed_zero import _head_input_held
+
+    assert _head_input_held([1088, 0, 2112, 0], 792) == [0, 0, 792, 792]
+    assert _head_input_held([2112, 0], 792) == [792, 792]
+    assert _head_input_held([0], 792) == [792]
+    assert _head_input_held([0, 0], 792) == [792, 792]

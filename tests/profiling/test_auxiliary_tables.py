@@ -30,7 +30,7 @@ def test_the_mlp_tables_by_hand(tmp_path):
         # the head unsplit: its weight's and bias's gradients (32 x 10 + 10 floats) with its input's (32 a sample)
         heads = store.get_meta("head_backward_transient")
         assert heads["1"] == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [1320 + 128 * n for n in (1, 2, 4, 8, 16, 32)],
-                              "recompute": False}
+                              "recompute": False, "input_bytes": 128}
         assert set(heads) == {"1", "2"}  # and split as a tensor x2 rank splits it
     assert said == []
 
@@ -83,3 +83,14 @@ def test_a_recompute_profile_takes_the_heads_phase_recomputed(tmp_path):
         record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim", "activation_checkpointing": True},
                                 lambda line: None)
         assert {v["recompute"] for v in store.get_meta("head_backward_transient").values()} == {True}
+
+
+def test_a_heads_phase_without_its_input_bytes_is_taken_again(tmp_path):
+    """A profile recorded before the head's input bytes were (28 Nov) gets them on its next campaign."""
+    with ProfileStore(tmp_path / "p.sqlite") as store:
+        record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim"}, lambda line: None)
+        older = {d: {k: v for k, v in entry.items() if k != "input_bytes"}
+                 for d, entry in store.get_meta("head_backward_transient").items()}
+        store.set_meta("head_backward_transient", older)
+        record_auxiliary_tables(store, resolve_model(MLP), SCENARIOS, {"backend": "sim"}, lambda line: None)
+        assert {v["input_bytes"] for v in store.get_meta("head_backward_transient").values()} == {128}

@@ -33,7 +33,7 @@ def test_the_heads_phase_unsplit_by_hand():
     gradient in bf16 and the weight's in the bf16 copy."""
     measured = head_backward_bytes(get_model("gpt-tiny"), 1)
     assert measured == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [32_768 + 4_096 * n for n in (1, 2, 4, 8, 16, 32)],
-                        "recompute": False}
+                        "recompute": False, "input_bytes": 16 * 64 * 4}  # its input: 16 positions x 64 float32
 
 
 def test_the_heads_phase_recomputed_by_hand():
@@ -42,7 +42,12 @@ def test_the_heads_phase_recomputed_by_hand():
     float32) and statistics (2 x 16 float32): 8,320 bytes."""
     measured = head_backward_bytes(get_model("gpt-tiny"), 1, recompute=True)
     assert measured == {"samples": [1, 2, 4, 8, 16, 32], "bytes": [33_280 + 8_320 * n for n in (1, 2, 4, 8, 16, 32)],
-                        "recompute": True}
+                        "recompute": True, "input_bytes": 16 * 64 * 4}
+
+
+def test_the_heads_input_is_counted_at_the_runs_precision():
+    """In bf16 the head hands back a bf16 gradient: gpt-tiny's 16 positions x 64 x 2 bytes per sample."""
+    assert head_backward_bytes(get_model("gpt-tiny"), 2, precision="bf16")["input_bytes"] == 16 * 64 * 2
 
 
 def test_a_head_that_does_not_split_is_not_measured():

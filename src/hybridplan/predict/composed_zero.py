@@ -71,10 +71,9 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
                                                               keep=False)
     ending, head = None, None
     if stop == predictor.num_layers:  # [Note: the layers before the head] in predict/zero3_transients.py
-        heads = (predictor.head_backward or {}).get(str(degree))  # measured as the stage runs, recomputed or not
-        if heads is not None and heads.get("recompute", False) == predictor.recompute:
-            head = measured_at(heads["samples"], heads["bytes"], predictor._rows(kind, degree))
-        ending = _ending_backwards(table, start, stop, layout, data, head, gpipe=predictor.schedule == "gpipe")
+        head, received = _head_phase(predictor, kind, degree)
+        ending = _ending_backwards(table, start, stop, layout, data, head, received,
+                                   gpipe=predictor.schedule == "gpipe")
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
         moments = _recomputed_moments(table, start, stop, layout, data)
         prefetch_later = predictor.schedule != "gpipe"
@@ -100,43 +99,95 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
     return q
 
 
-def _ending_backwards(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int, head: float | None, *,
-                      gpipe: bool) -> dict[str, float]:
+def _head_phase(predictor: MemoryPredictor, kind: str, degree: int) -> tuple[float | None, float]:
+    """The head's backward phase of a ``kind`` x ``degree`` stage's rank ([Note: the head's backward phase] in
+    profiling/loss_memory.py; None where the profile lacks it, or has it only for another recompute setting) and
+    the bytes of the gradient it hands back (0 where not recorded: profiles before 28 Nov)."""
+    heads = (predictor.head_backward or {}).get(str(degree))  # measured as the stage runs, recomputed or not
+    if heads is None or heads.get("recompute", False) != predictor.recompute:
+        return None, 0.0
+    rows = predictor._rows(kind, degree)
+    return measured_at(heads["samples"], heads["bytes"], rows), float(heads.get("input_bytes", 0)) * rows
+
+
+def _ending_backwards(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int, head: float | None,
+                      received: float = 0.0, *, gpipe: bool) -> dict[str, float]:
     """The first and later backward transients of a ZeRO-3 span over ``data`` ranks that ends the model, from the
     unsharded stage's scaled span ``table`` ([Note: the layers before the head] in predict/zero3_transients.py):
     the larger of the head's moment (its suffix, and ``head``, its own phase measured alone, with its gathered
     bytes and the layer before it prefetched; without ``head`` the suffix with them) and
     the floors of the span less the head, on the suffixes of ``[start, stop - 1)`` less the head's activations,
-    with the head's gradient shard (first backward) and, while the layer before the head runs, the head's
-    reduce-scatter input; under GPipe the later backward without the prefetched layer ([Note: a backward after a
-    backward])."""
+    with the head's gradient shard (first backward) and the head's reduce-scatter input (:func:`_head_input_held`),
+    and without ``received`` (the gradient the head hands back) before the layer before the head; under GPipe the
+    later backward without the prefetched layer ([Note: a backward after a backward])."""
     last, gathered = stop - 1, layout.gathered_bytes(start, stop, data)
     rest, g_head = gathered[:-1], gathered[-1]
     prev = next((size for size in reversed(rest) if size), 0)
-    freed = table[start, stop, INDEX["activation"]] - (table[start, last, INDEX["activation"]] if rest else 0.0)
-    held = [0] * (len(rest) - 1) + [g_head]  # freed by the next layer's post-backward
-    shard_head = layout.shard_bytes(last, stop, data)[0]
-    extra = layout.scatter_extra(start, stop, data)
+    held = _head_input_held(rest, g_head)
+    scatter = layout.scatter_extra(start, stop, data)
+    extra = [e + h for e, h in zip(scatter, held)]
     out = {}
-    for name, shard in (("first_backward_transient", shard_head), ("backward_transient", 0)):
+    for name, shard in (("first_backward_transient", layout.shard_bytes(last, stop, data)[0]), ("backward_transient", 0)):
         floor = scattered = -math.inf  # the span less the head: none where the head is alone
-        suffix = (table[start:last, last, INDEX[name]] - freed + shard).tolist()
+        suffix = _suffixes_less_head(table, start, stop, name, shard, received)
         if rest:
-            first_rest = (table[start:last, last, INDEX["first_backward_transient"]] - freed + shard).tolist()
             shards = layout.shard_bytes(start, last, data) if shard else [0] * len(rest)  # later: in the level
-            scattered = reduce_scatter_floor(first_rest, rest, layout.layer_bytes(start, last),
-                                             shards, [e + h for e, h in zip(extra, held)])
+            first_rest = _suffixes_less_head(table, start, stop, "first_backward_transient", shard, received)
+            scattered = reduce_scatter_floor(first_rest, rest, layout.layer_bytes(start, last), shards, extra)
             floor = sharded_backward_floor(suffix, rest, extra=held)
         after_backward = gpipe and name == "backward_transient"  # nothing prefetched: [Note: a backward after a backward]
         fetched, before = (prefetched_bytes(suffix, rest) if rest else 0, 0) if after_backward else (0, prev)
         own = float(table[last, stop, INDEX[name]])
         if head is None:  # the loss's phase taken for the head's where the loss sets the suffix: an over-count
             moment = max(own + g_head + before, float(table[last, stop, INDEX["first_backward_transient"]]) + g_head
-                         + before + extra[-1])
+                         + before + scatter[-1])
         else:
             moment = max(own, head + g_head + before)  # its reduce-scatter's cast below its measured phase
         out[name] = max(moment, floor - fetched, scattered - fetched)
     return out
+
+
+def _suffixes_less_head(table: np.ndarray, start: int, stop: int, name: str, shard: int,
+                        received: float) -> list[float]:
+    """The suffixes ``name`` of ``[start, stop - 1)`` in the unsharded stage's scaled span ``table`` as a rank of a
+    ZeRO-3 span ending the model runs them ([Note: the layers before the head] in predict/zero3_transients.py):
+    above a level without the head's activations, with ``shard`` (the head's gradient shard in a first backward),
+    and before the layer before the head without ``received``: the profiled stage ending there holds the gradient
+    it receives to its backward's end, the head's is freed once that layer has used it."""
+    last = stop - 1
+    freed = table[start, stop, INDEX["activation"]] - (table[start, last, INDEX["activation"]] if last > start else 0.0)
+    suffix = table[start:last, last, INDEX[name]] - freed + shard
+    suffix[:-1] -= received
+    return suffix.tolist()
+
+
+def _head_input_held(rest: list[int], g_head: int) -> list[int]:
+    """Per layer of ``rest`` (the gathered bytes of the layers before the head), the head's reduce-scatter input
+    held while it runs: ``g_head`` from the layer before the head down to the last one with parameters, whose
+    post-backward frees it (FSDP2 frees it at the next unit's; a layer without parameters is none), or to the
+    span's start where none has any. The MLP's layers 2-5 (Linear, ReLU, head): the input held while layer 2's
+    backward runs, freed after its reduce-scatter (traced op by op, simulated devices)."""
+    with_params = [j for j, size in enumerate(rest) if size]
+    first = with_params[-1] if with_params else 0
+    return [g_head if j >= first else 0 for j in range(len(rest))]
+
+
+def _ending_prefetch_floor(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int,
+                           received: float) -> float:
+    """:func:`first_backward_prefetch_floor` of a ZeRO-3 span over ``data`` ranks that ends the model: on the span
+    less the head (:func:`_suffixes_less_head`, the head's reduce-scatter input held as :func:`_head_input_held`
+    says), the head gathered again ([Note: a first backward after several forwards] and [Note: the layers before
+    the head] in predict/zero3_transients.py). The whole span's suffixes there are the loss's phase."""
+    last, gathered = stop - 1, layout.gathered_bytes(start, stop, data)
+    rest = gathered[:-1]
+    if not rest:
+        return -math.inf
+    held = _head_input_held(rest, gathered[-1])
+    return first_backward_prefetch_floor(
+        _suffixes_less_head(table, start, stop, "first_backward_transient", layout.shard_bytes(last, stop, data)[0],
+                            received),
+        rest, layout.layer_bytes(start, last), layout.shard_bytes(start, last, data),
+        [e + h for e, h in zip(layout.scatter_extra(start, stop, data), held)], again=gathered[-1])
 
 
 def _recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> RecomputedBackwards:
@@ -272,10 +323,13 @@ def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kin
             q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]),
                                                        moment + gathered[layers[-1]])
     elif several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
-        gathered = layout.gathered_bytes(start, stop, data)
-        q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), first_backward_prefetch_floor(
-            table[start:stop, stop, INDEX["first_backward_transient"]].tolist(), gathered, layout.layer_bytes(start, stop),
-            layout.shard_bytes(start, stop, data), layout.scatter_extra(start, stop, data)))
+        floor = (_ending_prefetch_floor(table, start, stop, layout, data, _head_phase(predictor, kind, degree)[1])
+                 if stop == predictor.num_layers else
+                 first_backward_prefetch_floor(table[start:stop, stop, INDEX["first_backward_transient"]].tolist(),
+                                               layout.gathered_bytes(start, stop, data), layout.layer_bytes(start, stop),
+                                               layout.shard_bytes(start, stop, data),
+                                               layout.scatter_extra(start, stop, data)))
+        q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]), floor)
     return _per_rank(q, layout, start, stop, data)
 
 

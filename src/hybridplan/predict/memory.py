@@ -103,7 +103,7 @@ class MemoryPredictor:
         zero_layout: ZeroLayout | None = None,
         reserved: ReservedExcess | None = None,
         loss_backward: Mapping[str, Sequence[float]] | None = None,
-        head_backward: Mapping[str, Mapping[str, Sequence[float]]] | None = None,
+        head_backward: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")

@@ -155,15 +155,17 @@ _fsdp_param_group.py ``_backward_prefetch``) gathers, in a layer's pre-backward,
 the forward order, and that order holds every forward run since the last backward. So the first backward after
 two forwards or more (GPipe's first backward; 1F1B's where the stage has a stage after it), at the span's first
 layer with parameters, finds "before" it the previous micro-batch's LAST layer, resharded by its own backward a
-moment ago, and gathers it again (the all-gather's buffer and the gathered copy, both held until the backward's
-end: nothing runs that layer again). Traced op by op (wresnet-tiny's layers 4-5 as data 2 x tensor 2, ZeRO-3,
+moment ago, and gathers it again (the all-gather's buffer, never copied out and held until the backward's end:
+nothing runs that layer again). Traced op by op (wresnet-tiny's layers 4-5 as data 2 x tensor 2, ZeRO-3,
 global batch 64 in 4 micro-batches, simulated devices): the first backward measures 903,296 bytes above its level
-under GPipe and 1F1B alike, at layer 4's convolution backward, with layer 5's 298,240 gathered bytes held twice
-(``_prefetch_unshard`` of layer 5 in layer 4's ``pre_backward``) and layer 5's reduce-scattered gradient (149,120),
-where the later backwards (one forward since the last backward, or none) measure 620,416 (GPipe) and 695,808
-(1F1B), as composed. The rule (:func:`first_backward_prefetch_floor`) is :func:`reduce_scatter_floor`'s value at
-the span's first layer with parameters plus twice the last one's gathered bytes: 380,544 (the tensor stage's
-first-backward suffix from layer 4) - 298,240 + 149,120 + 75,392 + 2 x 298,240 = 903,296, to the byte; the
+under GPipe and 1F1B alike, at layer 4's convolution backward, with 298,240 bytes (layer 5's gathered size) held
+twice: the buffer of ``_prefetch_unshard`` of layer 5 in layer 4's ``pre_backward`` and layer 5's reduce-scatter
+input, which FSDP2 frees at the next unit's post-backward (layer 4's); and layer 5's reduce-scattered gradient
+(149,120), where the later backwards (one forward since the last backward, or none) measure 620,416 (GPipe) and
+695,808 (1F1B), as composed. The rule (:func:`first_backward_prefetch_floor`) is :func:`reduce_scatter_floor`'s
+value at the span's first layer with parameters plus the last one's gathered bytes and the next one's (its
+reduce-scatter input): 380,544 (the tensor stage's first-backward suffix from layer 4) - 298,240 + 149,120 +
+75,392 + 2 x 298,240 = 903,296, to the byte; the
 device's peak, 1,993,248 under GPipe and 1,728,544 under 1F1B, is then predicted to the byte (it was -10.41% and
 -1.20%). It applies only where that layer sets its suffix's first backward (a suffix larger than the next one's):
 otherwise the suffix's value is a later layer's phase and the first layer's own is not known, and adding the
@@ -191,21 +193,29 @@ layers 5-10: block 8's first backward 131,328 (the suffix of 5-9) - 132,100 (the
 measured 226,048; the head's moment 32,768 (its phase at 8 rows, split 2 ways) + 16,896 + 100,736 = 150,400,
 below the block's (taking the loss's phase for the head's gave 248,704: +1.24%). The MLP's layers 3-5 (a ReLU,
 then the head): the later backward at the ReLU 2,048 - 324 + 792 (the head's reduce-scatter input) = 2,516,
-measured 2,520; in its layers 0-5 the input is freed before layer 2 runs (after the ReLU between them). Without
+measured 2,520 (in its layers 0-5 the input is held while layer 2 runs too, freed after its reduce-scatter:
+below). Without
 the head's phase recorded (a profile taken before 28 Nov) the loss's is taken for it where the loss sets the
 suffix: an over-count of at most the head's and the prefetched layer's gathered bytes (moe-tiny's layers 4-6
 +5.80% under 1F1B; predicted to the byte with it). ZeRO-2 there keeps the composition of [Note: predicting ZeRO-2
 from the ZeRO-3 scenario] and its peak is taken to be at least ZeRO-3's (as recomputed): the MLP's layers 3-5
 under GPipe were -5.88% without that, -0.05% with it, its head alone in bf16 -3.98% and +2.01% (ZeRO-2 measures
 ZeRO-3's bytes there); a bound, not always met: gpt-tiny's layer 9 alone under GPipe measures 705,820 bytes as
-ZeRO-2, 722,712 as ZeRO-3 (+2.39%). What misses: the MLP's layers
-2-5 under GPipe, +6.55% (the first backward after two forwards, [Note: a first backward after several forwards],
-counts the head gathered again twice and layer 2's moment 228 bytes high: 7,420 bytes above the level against
-6,396 measured). Recomputed (predicted since 28 Nov too), the stage takes [Note: a recomputed ZeRO-3 stage]'s
+ZeRO-2, 722,712 as ZeRO-3 (+2.39%). The head's reduce-scatter input
+is held down to the next layer with parameters (FSDP2 frees it at that unit's post-backward: the MLP's ReLU and
+layer 2 both hold it), and the layers before the one before the head run without the gradient the head hands back
+(freed once that layer has used it), which the tensor stage's suffixes hold (a stage ending before the head holds
+the gradient it receives through its whole backward): its bytes per sample are recorded with the head's phase.
+Traced op by op, the MLP's layers 2-5 under GPipe, the first backward after two forwards ([Note: a first backward
+after several forwards], on the span less the head, the head gathered again once beside its reduce-scatter input):
+layer 2's moment 2,696 (its suffix less the head, without the 1,024-byte gradient) + 2,112 (layer 2 gathered) +
+792 (the head gathered again) + 792 (its reduce-scatter input) = 6,392 bytes, 6,396 measured (it was composed
+7,420 with that gradient and the head counted twice: +6.55%); the MLP's layers 0-5 -0.02% (+1.23% before).
+Recomputed (predicted since 28 Nov too), the stage takes [Note: a recomputed ZeRO-3 stage]'s
 transients on the recompute profile's tensor stage, and at least these: without them the MLP's layers 3-5 were
 -3.09% (1F1B) and -5.88% (GPipe), the ReLU's moment again, with them -0.06% and -0.04%
-(benchmarks/zero_recompute ``--ending``: 416 devices in fp32 and bf16, none more than 0.76% low, 67.3% within 2%,
-the largest +8.71%, where the reduce-scatter's cast term over-counts in bf16). The head's moment there is taken
+(benchmarks/zero_recompute ``--ending``: 416 devices in fp32 and bf16, none more than 1.92% low, 70.2% within 2%,
+the largest +7.98%, where the reduce-scatter's cast term over-counts in bf16). The head's moment there is taken
 from its phase measured recomputed (the recompute profile's table: [Note: the head's backward phase]), and in the
 later backward the reduce-scatter's floor leaves out the later layers' shards, which are in its level (gpt-tiny's
 layers 5-10 in bf16, 1F1B: +6.00% with both as above, +3.16% now).
@@ -371,13 +381,16 @@ def reduce_scatter_floor(first_suffix: Sequence[float], gathered: Sequence[int],
 
 
 def first_backward_prefetch_floor(first_suffix: Sequence[float], gathered: Sequence[int], whole: Sequence[int],
-                                  shards: Sequence[int], extra: Sequence[int] | None = None) -> float:
+                                  shards: Sequence[int], extra: Sequence[int] | None = None,
+                                  again: int | None = None) -> float:
     """The least a ZeRO-3 backward that follows two forwards or more holds above its level while the span's first
     layer with parameters runs ([Note: a first backward after several forwards]): :func:`reduce_scatter_floor`'s
     value at that layer, with the span's last layer with parameters gathered again beside it (its all-gather's
     buffer and the gathered copy: twice its gathered bytes); -inf where one layer holds the span's parameters, or
     where that layer's suffix is no larger than the next one's (the suffix's value is then a later layer's phase,
-    and the first layer's own is not known).
+    and the first layer's own is not known); beside them the next layer with parameters' reduce-scatter input
+    (its gathered size). ``again``: the bytes gathered again where that layer is not in the span given (the span
+    less the model's last layer: [Note: the layers before the head]); one layer with parameters is then enough.
 
     >>> first_backward_prefetch_floor([100, 80], [40, 20], [40, 20], [20, 10])  # 100 - 20 + 10 + 40 + 2 x 20
     170
@@ -385,10 +398,14 @@ def first_backward_prefetch_floor(first_suffix: Sequence[float], gathered: Seque
     -inf
     """
     layers = [j for j, size in enumerate(gathered) if size]
-    if len(layers) < 2 or first_suffix[layers[0]] <= first_suffix[layers[0] + 1]:
+    if len(layers) < (2 if again is None else 1):
         return -math.inf
-    j, last = layers[0], layers[-1]
-    return (first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + 2 * gathered[last]
+    j = layers[0]
+    if j + 1 < len(first_suffix) and first_suffix[j] <= first_suffix[j + 1]:
+        return -math.inf
+    fetched = gathered[layers[-1]] if again is None else again
+    scattering = gathered[layers[1]] if len(layers) >= 2 else 0  # the next layer's reduce-scatter input
+    return (first_suffix[j] - sum(whole[j + 1:]) + sum(shards[j + 1:]) + gathered[j] + fetched + scattering
             + (extra[j] if extra else 0))
 
 

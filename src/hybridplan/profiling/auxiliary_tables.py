@@ -92,13 +92,15 @@ def _record_loss_backward(store: ProfileStore, model: LayeredModel, options: dic
 def _record_head_backward(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
                           options: dict[str, Any], say: Callable[[str], None]) -> None:
     """Per tensor degree profiled (and unsplit), the head's backward phase at several sample groups (on fake
-    tensors, once; checkpointed in a recompute profile, and taken again where an earlier one was not): what a
+    tensors, once; checkpointed in a recompute profile, and taken again where an earlier one was not or lacks the
+    head's input bytes): what a
     ZeRO-2/3 data x tensor stage that ends the model holds while its head runs ([Note: the head's backward phase]
     in profiling/loss_memory.py)."""
     from hybridplan.profiling.loss_memory import HEAD_BACKWARD_META, head_backward_bytes
 
     recompute = bool(options.get("activation_checkpointing", False))
-    have = {d: v for d, v in (store.get_meta(HEAD_BACKWARD_META) or {}).items() if v.get("recompute", False) == recompute}
+    have = {d: v for d, v in (store.get_meta(HEAD_BACKWARD_META) or {}).items()
+            if v.get("recompute", False) == recompute and "input_bytes" in v}  # taken again where older
     degrees = sorted(({1} | {s.degree for s in scenarios if s.kind == "tensor"}) - {int(d) for d in have})
     for degree in degrees:
         try:

@@ -38,10 +38,14 @@ sample: 32,768 at 8), so it is taken at 1, 2, 4, ..., 32 sample groups and read 
 (predict/batch_scaling.py ``measured_at``); in a recompute profile it is taken checkpointed as the runtime
 checkpoints a layer (its forward runs again inside the phase). Unsplit, gpt-tiny's comes out as the head's phase that
 [Note: the loss runs outside every FSDP unit] reads off the data and ZeRO-3 scenarios: 32,768 + 4,096 x rows.
+With it goes the head's input's bytes per sample (``input_bytes``, at the run's precision): the gradient the head
+hands back, which a stage ending there frees once the layer before the head has used it, where a profiled stage
+ending before the head holds the gradient it receives through its whole backward (the runtime keeps it).
 """
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # torch is imported where a measurement runs: the predictor reads the meta key without it
@@ -54,8 +58,8 @@ __all__ = ["loss_backward_bytes", "LOSS_BACKWARD_META", "head_backward_bytes", "
 LOSS_BACKWARD_META = "loss_backward_transient"
 """The profile's meta key: ``{"samples": [n1, n2], "bytes": [b1, b2]}``."""
 HEAD_BACKWARD_META = "head_backward_transient"
-"""The profile's meta key: ``{"<tensor degree>": {"samples": [...], "bytes": [...], "recompute": bool}}`` ([Note:
-the head's backward phase])."""
+"""The profile's meta key: ``{"<tensor degree>": {"samples": [...], "bytes": [...], "recompute": bool,
+"input_bytes": int}}`` ([Note: the head's backward phase]; ``input_bytes``: per sample, since 28 Nov)."""
 HEAD_SAMPLES = (1, 2, 4, 8, 16, 32)
 """The sample groups the head's phase is measured at."""
 
@@ -132,7 +136,10 @@ def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "f
             measured = [_measure_head(model, module, n * k, dtype, recompute) for k in HEAD_SAMPLES]
     if not measured:  # the layer was not built split (split_layers gives None for it)
         return None
-    return {"samples": [n * k for k in HEAD_SAMPLES], "bytes": measured, "recompute": recompute}
+    spec = boundary_specs(model)[last]  # the head's input, whose gradient it hands back
+    itemsize = (torch.empty((), dtype=dtype if spec.dtype.is_floating_point else spec.dtype)).element_size()
+    return {"samples": [n * k for k in HEAD_SAMPLES], "bytes": measured, "recompute": recompute,
+            "input_bytes": math.prod(spec.sample_shape) * itemsize}
 
 
 def _measure_head(model: LayeredModel, module: torch.nn.Module, samples: int, dtype: torch.dtype,
