@@ -102,7 +102,8 @@ def test_the_heads_reduce_scatter_input_is_held_down_to_the_next_layer_with_para
     before the head, to the span's start."""
     from hybridplan.predict.composed_zero import _head_input_held
 
-    assert _head_input_held([1088, 0, 2112, 0], 792) == [0, 0, 792, 792]
-    assert _head_input_held([2112, 0], 792) == [792, 792]
-    assert _head_input_held([0], 792) == [792]
-    assert _head_input_held([0, 0], 792) == [792, 792]
+    mlp = [1088, 0, 2112, 0, 792]  # the MLP's gathered bytes as data 2 x tensor 2 (fp32: no reduce-scatter term)
+    assert _head_input_held(mlp, [0] * 5)[0] == [0, 0, 792, 792]
+    assert _head_input_held(mlp[2:], [0] * 3)[0] == [792, 792]
+    assert _head_input_held(mlp[3:], [5, 7]) == ([792], [797])  # with the layer's own term
+    assert _head_input_held([0, 0, 0, 792], [0] * 4)[0] == [792, 792, 792]

@@ -123,9 +123,8 @@ def _ending_backwards(table: np.ndarray, start: int, stop: int, layout: ZeroLayo
     last, gathered = stop - 1, layout.gathered_bytes(start, stop, data)
     rest, g_head = gathered[:-1], gathered[-1]
     prev = next((size for size in reversed(rest) if size), 0)
-    held = _head_input_held(rest, g_head)
     scatter = layout.scatter_extra(start, stop, data)
-    extra = [e + h for e, h in zip(scatter, held)]
+    held, extra = _head_input_held(gathered, scatter)
     out = {}
     for name, shard in (("first_backward_transient", layout.shard_bytes(last, stop, data)[0]), ("backward_transient", 0)):
         floor = scattered = -math.inf  # the span less the head: none where the head is alone
@@ -161,33 +160,35 @@ def _suffixes_less_head(table: np.ndarray, start: int, stop: int, name: str, sha
     return suffix.tolist()
 
 
-def _head_input_held(rest: list[int], g_head: int) -> list[int]:
-    """Per layer of ``rest`` (the gathered bytes of the layers before the head), the head's reduce-scatter input
-    held while it runs: ``g_head`` from the layer before the head down to the last one with parameters, whose
-    post-backward frees it (FSDP2 frees it at the next unit's; a layer without parameters is none), or to the
-    span's start where none has any. The MLP's layers 2-5 (Linear, ReLU, head): the input held while layer 2's
-    backward runs, freed after its reduce-scatter (traced op by op, simulated devices)."""
+def _head_input_held(gathered: list[int], scatter: list[int]) -> tuple[list[int], list[int]]:
+    """Per layer before the head of a span ending the model (``gathered``: its layers' gathered bytes, the head's
+    last; ``scatter``: their reduce-scatter terms, :meth:`ZeroLayout.scatter_extra`), the head's reduce-scatter
+    input held while it runs, and that with the layer's own term: the head's gathered bytes from the layer before
+    the head down to the last one with parameters, whose post-backward
+    frees it (FSDP2 frees it at the next unit's; a layer without parameters is none), or to the span's start where
+    none has any. The MLP's layers 2-5 (Linear, ReLU, head): the input held while layer 2's backward runs, freed
+    after its reduce-scatter (traced op by op, simulated devices)."""
+    rest = gathered[:-1]
     with_params = [j for j, size in enumerate(rest) if size]
-    first = with_params[-1] if with_params else 0
-    return [g_head if j >= first else 0 for j in range(len(rest))]
+    frees = with_params[-1] if with_params else 0
+    held = [gathered[-1] if j >= frees else 0 for j in range(len(rest))]
+    return held, [e + h for e, h in zip(scatter, held)]
 
 
 def _ending_prefetch_floor(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int,
                            received: float) -> float:
     """:func:`first_backward_prefetch_floor` of a ZeRO-3 span over ``data`` ranks that ends the model: on the span
-    less the head (:func:`_suffixes_less_head`, the head's reduce-scatter input held as :func:`_head_input_held`
-    says), the head gathered again ([Note: a first backward after several forwards] and [Note: the layers before
+    less the head (:func:`_suffixes_less_head`, the head's reduce-scatter input as :func:`_head_input_held` holds
+    it), the head gathered again ([Note: a first backward after several forwards] and [Note: the layers before
     the head] in predict/zero3_transients.py). The whole span's suffixes there are the loss's phase."""
     last, gathered = stop - 1, layout.gathered_bytes(start, stop, data)
-    rest = gathered[:-1]
-    if not rest:
+    if last == start:
         return -math.inf
-    held = _head_input_held(rest, gathered[-1])
     return first_backward_prefetch_floor(
         _suffixes_less_head(table, start, stop, "first_backward_transient", layout.shard_bytes(last, stop, data)[0],
                             received),
-        rest, layout.layer_bytes(start, last), layout.shard_bytes(start, last, data),
-        [e + h for e, h in zip(layout.scatter_extra(start, stop, data), held)], again=gathered[-1])
+        gathered[:-1], layout.layer_bytes(start, last), layout.shard_bytes(start, last, data),
+        _head_input_held(gathered, layout.scatter_extra(start, stop, data))[1], again=gathered[-1])
 
 
 def _recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> RecomputedBackwards:

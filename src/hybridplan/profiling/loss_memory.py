@@ -123,8 +123,8 @@ def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "f
     from hybridplan.profiling.split_layers import split_layers
     from hybridplan.runtime.precision import cast_module, compute_dtype
 
-    last = model.num_layers - 1
-    if not boundary_specs(model)[model.num_layers].dtype.is_floating_point or (
+    last, specs = model.num_layers - 1, boundary_specs(model)
+    if not specs[model.num_layers].dtype.is_floating_point or (
             degree > 1 and model.tensor_parallel_problem(last, degree) is not None):
         return None
     dtype, n = compute_dtype(precision), model.sample_granularity
@@ -136,8 +136,8 @@ def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "f
             measured = [_measure_head(model, module, n * k, dtype, recompute) for k in HEAD_SAMPLES]
     if not measured:  # the layer was not built split (split_layers gives None for it)
         return None
-    spec = boundary_specs(model)[last]  # the head's input, whose gradient it hands back
-    itemsize = (torch.empty((), dtype=dtype if spec.dtype.is_floating_point else spec.dtype)).element_size()
+    spec = specs[last]  # the head's input, whose gradient it hands back
+    itemsize = (dtype if spec.dtype.is_floating_point else spec.dtype).itemsize
     return {"samples": [n * k for k in HEAD_SAMPLES], "bytes": measured, "recompute": recompute,
             "input_bytes": math.prod(spec.sample_shape) * itemsize}
 
