@@ -95,9 +95,27 @@ class LayeredModel(ABC):
         plan = self.tensor_parallel_plan(index)
         if plan is None:
             return "this layer has no tensor-parallel split"
+        signature = self.layer_signature(index)
+        known: dict[tuple[str, int], str | None] = self.__dict__.setdefault("_tensor_parallel_problems", {})
+        if signature is not None and (signature, degree) in known:  # the same layer: the same answer
+            return known[(signature, degree)]
         with torch.device("meta"):
             layer = self.build_layer(index)
-        return plan.problem(layer, degree)
+        problem = plan.problem(layer, degree)
+        if signature is not None:
+            known[(signature, degree)] = problem
+        return problem
+
+    def layer_signature(self, index: int) -> str | None:
+        """What layer ``index`` is, apart from where it sits: two layers with the same (non-None) signature build
+        the same modules (classes, shapes, dtypes, tensor-parallel split), take inputs of the same shape and run the
+        same operations, so a stage over them holds the same bytes whichever of them it holds.
+
+        A simulated profile measures each distinct span of signatures once (profiling/stage_memo.py: a Llama's 32
+        decoder layers are one ``"decoder"``), so a signature must name everything the layer's memory depends on.
+        ``None`` (the default) claims nothing: the layer is measured as itself.
+        """
+        return None
 
     def config(self) -> dict[str, Any]:
         """The model's hyper-parameters, for reports and profile databases."""

@@ -164,6 +164,10 @@ class GPT(LayeredModel):
             return Head(self.cfg)
         return Block(self.cfg)
 
+    def layer_signature(self, index: int) -> str:
+        """Every block is built from the same config (LayeredModel.layer_signature)."""
+        return "embed" if index == 0 else "head" if index == self.num_layers - 1 else "block"
+
     def tensor_parallel_plan(self, index: int) -> TensorParallelPlan | None:
         if index == 0:
             return _EMBED_TP

@@ -391,6 +391,13 @@ class HFModel(LayeredModel):
         _init_weights(built, cfg.initializer_range)
         return built
 
+    def layer_signature(self, index: int) -> str:
+        """Decoder layers differ only by ``layer_idx`` (a key-value cache index: no cache is kept here) and by their
+        attention window (``layer_types``): layers of one window are one layer (LayeredModel.layer_signature)."""
+        if index == 0 or index == self.num_layers - 1:
+            return "embed" if index == 0 else "head"
+        return f"decoder(window={self._sliding_window(index - 1)})"
+
     def tensor_parallel_plan(self, index: int) -> TensorParallelPlan:
         if index == 0:
             return _GPT2_EMBED_TP if self.model_type == "gpt2" else _EMBED_TP

@@ -337,6 +337,12 @@ class MoE(LayeredModel):
             return Head(self.cfg.gpt())
         return MoEBlock(self.cfg) if self.is_moe_block(index) else DenseBlock(self.cfg)
 
+    def layer_signature(self, index: int) -> str:
+        """MoE blocks alternate with dense ones, each kind built from the same config (LayeredModel.layer_signature)."""
+        if index == 0 or index == self.num_layers - 1:
+            return "embed" if index == 0 else "head"
+        return "moe" if self.is_moe_block(index) else "dense"
+
     def tensor_parallel_plan(self, index: int) -> TensorParallelPlan | None:
         if index == 0:
             return _EMBED_TP

@@ -57,6 +57,7 @@ from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.predict.zero_stage import zero_peaks, zero_tensor_peaks
 from hybridplan.profiling.loss_memory import HEAD_BACKWARD_META, LOSS_BACKWARD_META
 from hybridplan.profiling.schedule_memory import peak_terms
+from hybridplan.profiling.stage_memo import LAYER_CLASSES_META
 from hybridplan.profiling.statistics import SpanStatistics
 
 if TYPE_CHECKING:
@@ -104,6 +105,7 @@ class MemoryPredictor:
         reserved: ReservedExcess | None = None,
         loss_backward: Mapping[str, Sequence[float]] | None = None,
         head_backward: Mapping[str, Mapping[str, Any]] | None = None,
+        layer_classes: Sequence[str] | None = None,
     ) -> None:
         if degree_fit not in DEGREE_FITS:
             raise ProfileError(f"unknown degree fit {degree_fit!r}", fix=f"use one of {list(DEGREE_FITS)}")
@@ -113,6 +115,9 @@ class MemoryPredictor:
             raise PlanError(f"global batch {global_batch_size} does not split into {num_microbatches} micro-batches")
         self.stats = stats
         self.num_layers = num_layers
+        self.layer_classes = list(layer_classes) if layer_classes is not None and len(layer_classes) == num_layers else None
+        """Where the profile guarantees it (a simulated campaign of one-layer neighbour chains over layers with
+        signatures: [Note: identical spans predict alike] in predict/span_tables.py), each layer's signature."""
         self.schedule = schedule
         self.global_batch_size = global_batch_size
         self.num_microbatches = num_microbatches
@@ -233,6 +238,7 @@ class MemoryPredictor:
             reserved=reserved_excess(db),
             loss_backward=meta.get(LOSS_BACKWARD_META),
             head_backward=meta.get(HEAD_BACKWARD_META),
+            layer_classes=meta.get(LAYER_CLASSES_META),
         )
 
     @property
@@ -457,6 +463,7 @@ class MemoryPredictor:
             reserved=self.reserved,
             loss_backward=self.loss_backward,
             head_backward=self.head_backward,
+            layer_classes=self.layer_classes,
         )
 
     def on_units(self, bounds: list[int]) -> UnitView:

@@ -8,6 +8,16 @@ ZeRO rules (predict/zero_stage.py) span by span on the spans the unsharded sourc
 as its tensor replica, a data stage wider than the profiled ones as the largest profiled one at a smaller batch,
 an unprofiled tensor degree by the degree fit, else the schedule's replay of the scaled quantities. It takes the
 predictor rather than living in it, so that memory.py keeps the span-by-span composition.
+
+[Note: identical spans predict alike] The ZeRO rules run span by span (a partition of the span's parameters, the
+gathered shards of its layers), ``L^2/2`` spans for each stage config: minutes for a real model in the whole
+extended space. Where the profile records its layers' classes (``layer_classes``: a simulated campaign whose
+neighbour chains are one layer long, profiling/campaign.py), every statistic of layer ``l`` comes from spans of
+``l`` and ``l-1`` measured by their signatures (``M_i(l)`` from ``[l, l+1)``, ``M_a(l)`` from ``[l-1, l+1)``
+and ``[l-1, l)``, profiling/stage_memo.py), and the parameter shapes of a layer are its signature's; so a span's
+prediction is a function of its layers' signatures, whether it starts the model and whether it ends it, and
+each such class is predicted once. (tests/predict/test_span_classes.py compares every table with the
+span-by-span one.)
 """
 
 from __future__ import annotations
@@ -41,9 +51,17 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
         if source is None or predictor.zero_layout is None:
             return out
         base = predictor.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
+        classes = predictor.layer_classes if predictor.layer_classes is not None and len(predictor.layer_classes) == L else None
+        known: dict[tuple[tuple[str, ...], bool, bool], float] = {}
         for start, stop in zip(*np.nonzero(np.isfinite(base))):
-            out[start, stop] = predictor.stage_memory(int(start), int(stop), kind, degree, stages_after,
-                                                      tensor_degree=tensor_degree, zero=zero)
+            a, b = int(start), int(stop)
+            key = (tuple(classes[a:b]), a == 0, b == L) if classes is not None else None
+            if key is not None and key in known:
+                out[a, b] = known[key]
+                continue
+            out[a, b] = predictor.stage_memory(a, b, kind, degree, stages_after, tensor_degree=tensor_degree, zero=zero)
+            if key is not None:
+                known[key] = out[a, b]
         return out
     if kind == "data+tensor":
         replica = predictor._replica(degree, tensor_degree)

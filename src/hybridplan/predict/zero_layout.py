@@ -126,6 +126,32 @@ class ZeroLayout:
         self._of_degree: dict[int, ZeroLayout | None] = {}
         self._shifts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self._zero1: dict[tuple[int, int, int], list[list[int]]] = {}
+        self._layer_values: dict[tuple[object, ...], tuple[list[int], list[int]]] = {}
+
+    def _per_layer(self, key: tuple[object, ...], value: object) -> tuple[list[int], list[int]]:
+        """A per-layer quantity ``value(layer)`` for every layer, and its prefix sums, computed once per ``key``: the
+        search asks every span (``L^2/2``) of each degree and rank, and a span's sum or maximum over its layers is
+        then a slice rather than a walk over its parameters."""
+        if key not in self._layer_values:
+            values = [value(layer) for layer in self.shapes]  # type: ignore[operator]
+            prefix = [0]
+            for v in values:
+                prefix.append(prefix[-1] + v)
+            self._layer_values[key] = (values, prefix)
+        return self._layer_values[key]
+
+    def _span_sum(self, key: tuple[object, ...], value: object, start: int, stop: int) -> int:
+        prefix = self._per_layer(key, value)[1]
+        return prefix[stop] - prefix[start]
+
+    def _span_max(self, key: tuple[object, ...], value: object, start: int, stop: int) -> int:
+        return max(self._per_layer(key, value)[0][start:stop], default=0)
+
+    def _chunk_max(self, degree: int, rank: int, start: int, stop: int) -> int:
+        """The largest parameter chunk (bytes) ``rank`` of ``degree`` FSDP2 ranks holds in ``[start, stop)``."""
+        return self._span_max(("chunk", degree, rank), lambda layer: max(
+            (e * fsdp_rows((shape or (1,))[0], degree, rank) * math.prod(shape[1:]) for e, shape in layer), default=0),
+            start, stop)
 
     def of_tensor_shards(self, tensor_degree: int) -> ZeroLayout | None:
         """The layout of one tensor rank's shards at ``tensor_degree`` ([Note: ZeRO-1 of a data x tensor stage]),
@@ -172,18 +198,16 @@ class ZeroLayout:
 
     def optimizer_bytes(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:
         """AdamW state bytes that ``rank`` of a ``degree``-way stage ``[start, stop)`` holds at ZeRO ``zero``."""
-        params = self._params(start, stop)
-        numels = [math.prod(shape) for _, shape in params]
         if zero == 0:
-            return sum(self._state(e, n, zero) for (e, _), n in zip(params, numels))
+            return self._span_sum(("state",), lambda layer: sum(
+                self._state(e, math.prod(shape), 0) for e, shape in layer), start, stop)
         if zero == 1:
+            params = self._params(start, stop)
             share = self._zero1_shares(start, stop, degree)[rank]
-            return sum(self._state(params[i][0], numels[i], zero) for i in share)
-        out = 0
-        for element, shape in params:
-            dims = shape or (1,)
-            out += self._state(element, fsdp_rows(dims[0], degree, rank) * math.prod(dims[1:]), zero)
-        return out
+            return sum(self._state(params[i][0], math.prod(params[i][1]), zero) for i in share)
+        return self._span_sum(("fsdp state", degree, rank), lambda layer: sum(
+            self._state(e, fsdp_rows((shape or (1,))[0], degree, rank) * math.prod((shape or (1,))[1:]), 2)
+            for e, shape in layer), start, stop)
 
     def _zero1_shares(self, start: int, stop: int, degree: int) -> list[list[int]]:
         """:func:`zero1_shares` of the span's parameters over ``degree`` ranks, partitioned once (a sort of the
@@ -223,19 +247,18 @@ class ZeroLayout:
         ``ceil(dim0 / degree)`` rows each (FSDP2 ``FSDPParam.init_all_gather_outputs`` allocates ``world_size`` x
         the padded shard; the unsharded parameter is a view of it). 0 for a layer without parameters (not an FSDP
         unit: runtime/sharding.py)."""
-        out = []
-        for layer in self.shapes[start:stop]:
-            total = 0
-            for element, shape in layer:
-                dims = shape or (1,)
-                total += element * degree * fsdp_rows(dims[0], degree, 0) * math.prod(dims[1:])
-            out.append(total)
-        return out
+        return self._padded(degree)[0][start:stop]
+
+    def _padded(self, degree: int) -> tuple[list[int], list[int]]:
+        """:meth:`padded_bytes` of every layer, and their prefix sums."""
+        return self._per_layer(("padded", degree), lambda layer: sum(
+            element * degree * fsdp_rows((shape or (1,))[0], degree, 0) * math.prod((shape or (1,))[1:])
+            for element, shape in layer))
 
     def layer_bytes(self, start: int, stop: int) -> list[int]:
         """Per layer of ``[start, stop)``: its parameters' bytes in the unsharded stage (its whole gradients' too):
         in mixed precision the low-precision copies (runtime/precision.py)."""
-        return self._low([sum(e * math.prod(shape) for e, shape in layer) for layer in self.shapes[start:stop]])
+        return self._low(self._per_layer(("bytes",), lambda layer: sum(e * math.prod(shape) for e, shape in layer))[0][start:stop])
 
     def shard_bytes(self, start: int, stop: int, degree: int) -> list[int]:
         """Per layer of ``[start, stop)``: the reduce-scattered gradient shard each of ``degree`` FSDP2 ranks keeps
@@ -257,7 +280,8 @@ class ZeroLayout:
         """Parameter bytes each rank of a ``degree``-way FSDP2 stage ``[start, stop)`` stores (every rank's shard is
         padded to the first rank's chunk; its reduce-scattered gradients too; fp32 in either precision, the shards
         being the masters): :meth:`padded_bytes` over ``degree``."""
-        return sum(self.padded_bytes(start, stop, degree)) // degree
+        prefix = self._padded(degree)[1]
+        return (prefix[stop] - prefix[start]) // degree
 
     def unsharded_shift(self, start: int, stop: int, degree: int, rank: int) -> tuple[int, int, int]:
         """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the same stage unsharded, in ``static``,
@@ -266,15 +290,14 @@ class ZeroLayout:
         steps its largest chunk, where the unsharded stage holds and steps whole parameters (in mixed precision
         low-precision parameters and gradients beside fp32 masters and moments, and a step with an fp32 copy of
         the gradient besides AdamW's two temporaries: runtime/precision.py)."""
-        params = self._params(start, stop)
         whole = sum(self.layer_bytes(start, stop))
         stored = self.stored_bytes(start, stop, degree)
         static = stored - whole + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
             start, stop, 0, 1, 0)
-        chunks = [e * fsdp_rows((shape or (1,))[0], degree, rank) * math.prod(shape[1:]) for e, shape in params]
-        largest = max((e * math.prod(shape) for e, shape in params), default=0)
+        largest = self._span_max(("largest",), lambda layer: max((e * math.prod(shape) for e, shape in layer), default=0),
+                                 start, stop)
         return (static, stored - whole,
-                _STEP_TEMPORARIES * max(chunks, default=0) - self._unsharded_step_temporaries * largest)
+                _STEP_TEMPORARIES * self._chunk_max(degree, rank, start, stop) - self._unsharded_step_temporaries * largest)
 
     def wider_zero3_shift(self, start: int, stop: int, profiled: int, degree: int, rank: int) -> tuple[int, int, int]:
         """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the first rank of the same stage over
@@ -286,11 +309,7 @@ class ZeroLayout:
         static = stored + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
             start, stop, 3, profiled, 0)
 
-        def largest_chunk(world: int, r: int) -> int:
-            return max((e * fsdp_rows((shape or (1,))[0], world, r) * math.prod(shape[1:])
-                        for e, shape in self._params(start, stop)), default=0)
-
-        step = _STEP_TEMPORARIES * (largest_chunk(degree, rank) - largest_chunk(profiled, 0))
+        step = _STEP_TEMPORARIES * (self._chunk_max(degree, rank, start, stop) - self._chunk_max(profiled, 0, start, stop))
         return static, step, stored
 
     def step_delta(self, start: int, stop: int, zero: int, degree: int, rank: int) -> int:

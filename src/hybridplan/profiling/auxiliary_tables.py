@@ -15,23 +15,41 @@ from typing import Any
 
 from hybridplan.models.base import LayeredModel
 from hybridplan.profiling.partitions import Scenario
+from hybridplan.profiling.stage_memo import StageMemo, code_digest
 from hybridplan.profiling.store import ProfileStore
 
 __all__ = ["record_auxiliary_tables"]
 
 
 def record_auxiliary_tables(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
-                            run_options: dict[str, Any], say: Callable[[str], None]) -> None:
+                            run_options: dict[str, Any], say: Callable[[str], None], memo: StageMemo | None = None) -> None:
     """Record into ``store`` each auxiliary table of ``model`` it does not hold yet, for the campaign's
-    ``scenarios`` and ``run_options`` (its precision and device type); ``say`` gets a line per table left out."""
-    _record_weight_stash(store, model, scenarios, run_options, say)
-    _record_shard_shapes(store, model, scenarios, say)
-    _record_loss_backward(store, model, run_options, say)
-    _record_head_backward(store, model, scenarios, run_options, say)
+    ``scenarios`` and ``run_options`` (its precision and device type); ``say`` gets a line per table left out.
+    With ``memo``, a table computed before for the same model, options and code is read from it (each is a
+    function of these alone: profiling/stage_memo.py)."""
+    tables = _Tables(model, memo)
+    _record_weight_stash(store, model, scenarios, run_options, say, tables)
+    _record_shard_shapes(store, model, scenarios, say, tables)
+    _record_loss_backward(store, model, run_options, say, tables)
+    _record_head_backward(store, model, scenarios, run_options, say, tables)
+
+
+class _Tables:
+    """Computes a table, or reads it from the memo where the model's layers have signatures (else it computes)."""
+
+    def __init__(self, model: LayeredModel, memo: StageMemo | None) -> None:
+        shareable = memo is not None and all(model.layer_signature(i) is not None for i in range(model.num_layers))
+        self.memo = memo if shareable else None
+        self.model = {k: v for k, v in model.config().items() if k != "name"}
+
+    def get(self, table: str, args: dict[str, Any], compute: Callable[[], Any]) -> Any:
+        if self.memo is None:
+            return compute()
+        return self.memo.cached({"code": code_digest(), "table": table, "model": self.model, **args}, compute)
 
 
 def _record_weight_stash(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
-                         options: dict[str, Any], say: Callable[[str], None]) -> None:
+                         options: dict[str, Any], say: Callable[[str], None], tables: _Tables) -> None:
     """Per-layer bytes of a PipeDream-2BW weight stash in each scenario (computed on fake tensors, once),
     with which the predictor turns a profile of one schedule into predictions for the other."""
     from hybridplan.profiling.stash_sizes import layer_stash_bytes
@@ -42,8 +60,9 @@ def _record_weight_stash(store: ProfileStore, model: LayeredModel, scenarios: Se
         if (kind, degree) in have:
             continue
         try:
-            sizes = layer_stash_bytes(model, kind, degree, precision=options.get("precision", "fp32"),
-                                      device_type=options.get("device_type", "cpu"))
+            precision, device = options.get("precision", "fp32"), options.get("device_type", "cpu")
+            sizes = tables.get("weight_stash", {"kind": kind, "degree": degree, "precision": precision, "device": device},
+                               lambda: layer_stash_bytes(model, kind, degree, precision=precision, device_type=device))
         except Exception as e:  # an auxiliary table must not stop the memory campaign (a model fake tensors cannot build)
             say(f"weight-stash sizes of {kind} x{degree} not recorded ({type(e).__name__}: {e}): predictions"
                 " of 2bw plans from this profile will be refused unless it is taken with --schedule 2bw")
@@ -52,7 +71,7 @@ def _record_weight_stash(store: ProfileStore, model: LayeredModel, scenarios: Se
 
 
 def _record_shard_shapes(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
-                         say: Callable[[str], None]) -> None:
+                         say: Callable[[str], None], tables: _Tables) -> None:
     """Per tensor degree profiled, the parameter shards of a tensor rank, layer by layer (on fake tensors, once):
     what ZeRO-1 partitions over the data group of a data x tensor stage ([Note: predicting ZeRO from a
     profile] in predict/zero_layout.py)."""
@@ -62,7 +81,8 @@ def _record_shard_shapes(store: ProfileStore, model: LayeredModel, scenarios: Se
     degrees = sorted({s.degree for s in scenarios if s.kind == "tensor" and s.degree > 1} - {int(d) for d in have})
     for degree in degrees:
         try:
-            have[str(degree)] = layer_shard_shapes(model, degree)
+            have[str(degree)] = tables.get("shard_shapes", {"degree": degree},
+                                           lambda: layer_shard_shapes(model, degree))  # noqa: B023 (called at once)
         except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
             say(f"parameter shards of tensor x{degree} not recorded ({type(e).__name__}: {e}): ZeRO-1 of"
                 " data x tensor stages will not be predicted from this profile")
@@ -71,7 +91,7 @@ def _record_shard_shapes(store: ProfileStore, model: LayeredModel, scenarios: Se
 
 
 def _record_loss_backward(store: ProfileStore, model: LayeredModel, options: dict[str, Any],
-                          say: Callable[[str], None]) -> None:
+                          say: Callable[[str], None], tables: _Tables) -> None:
     """The loss's backward transient at one and two sample groups (on fake tensors, once): the floor of the
     backward transients of a stage that ends the model ([Note: the loss's backward floor] in
     profiling/loss_memory.py)."""
@@ -80,7 +100,9 @@ def _record_loss_backward(store: ProfileStore, model: LayeredModel, options: dic
     if store.get_meta(LOSS_BACKWARD_META) is not None:
         return
     try:
-        measured = loss_backward_bytes(model, precision=options.get("precision", "fp32"))
+        precision = options.get("precision", "fp32")
+        measured = tables.get("loss_backward", {"precision": precision},
+                              lambda: loss_backward_bytes(model, precision=precision))
     except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
         say(f"the loss's backward bytes not recorded ({type(e).__name__}: {e}): the backward of stages that"
             " end the model is predicted by the batch scaling alone")
@@ -90,7 +112,7 @@ def _record_loss_backward(store: ProfileStore, model: LayeredModel, options: dic
 
 
 def _record_head_backward(store: ProfileStore, model: LayeredModel, scenarios: Sequence[Scenario],
-                          options: dict[str, Any], say: Callable[[str], None]) -> None:
+                          options: dict[str, Any], say: Callable[[str], None], tables: _Tables) -> None:
     """Per tensor degree profiled (and unsplit), the head's backward phase at several sample groups (on fake
     tensors, once; checkpointed in a recompute profile, and taken again where an earlier one was not or lacks the
     head's input bytes): what a
@@ -104,7 +126,10 @@ def _record_head_backward(store: ProfileStore, model: LayeredModel, scenarios: S
     degrees = sorted(({1} | {s.degree for s in scenarios if s.kind == "tensor"}) - {int(d) for d in have})
     for degree in degrees:
         try:
-            measured = head_backward_bytes(model, degree, precision=options.get("precision", "fp32"), recompute=recompute)
+            precision = options.get("precision", "fp32")
+            measured = tables.get("head_backward", {"degree": degree, "precision": precision, "recompute": recompute},
+                                  lambda: head_backward_bytes(model, degree, precision=precision,  # noqa: B023
+                                                              recompute=recompute))
         except Exception as e:  # an auxiliary table must not stop the memory campaign (as the weight stash's)
             say(f"the head's backward bytes at tensor x{degree} not recorded ({type(e).__name__}: {e}): ZeRO-2/3"
                 " data x tensor stages that end the model take the loss's phase for the head's")

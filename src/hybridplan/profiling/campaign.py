@@ -36,6 +36,7 @@ from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
 from hybridplan.profiling.execution import failed_stage, measurements_of, run_plan, simulate_stages
 from hybridplan.profiling.statistics import anchor_of, statistics_of
+from hybridplan.profiling.stage_memo import LAYER_CLASSES_META, StageMemo
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.models.boundaries import boundary_specs
 
@@ -136,6 +137,8 @@ class Campaign:
             and the simulator substitute their own.
         launch: runs a RunConfig (default: the runtime's front door, runtime/launch.py, on this machine;
             runtime/multinode.py's ``MultiNode.launch`` runs it on several).
+        memo: on simulated devices, where stages simulated before are kept (profiling/stage_memo.py; default: in
+            this process only, so a campaign simulates each distinct stage once).
     """
 
     def __init__(
@@ -146,10 +149,12 @@ class Campaign:
         progress: Callable[[str], None] | None = None,
         execute: Callable[[Plan, Cluster], Any] | None = None,
         launch: Callable[[RunConfig], Any] | None = None,
+        memo: StageMemo | None = None,
     ) -> None:
         from hybridplan.models.zoo import resolve_model
 
         self.cfg = cfg
+        self.memo = memo if memo is not None else StageMemo()
         self.store = store
         self.say = progress or (lambda _msg: None)
         self.model = resolve_model(cfg.model)
@@ -220,6 +225,12 @@ class Campaign:
             self.store.set_meta("parameter_shapes", parameter_shapes(self.model))
         self.store.set_meta("scenarios", [s.name for s in self.scenarios])
         self.store.set_meta("neighbors", {s.name: self._neighbors(s) for s in self.scenarios})
+        signatures = [self.model.layer_signature(i) for i in range(self.L)]
+        if (cfg.run_options.get("backend") == "sim" and not cfg.merge_to and None not in signatures
+                and all(self._neighbors(s) == 1 for s in self.scenarios)):
+            # every M_i and M_a then comes from spans of one or two layers, measured by signature: [Note: identical
+            # spans predict alike] in predict/span_tables.py
+            self.store.set_meta(LAYER_CLASSES_META, signatures)
 
     # ------------------------------------------------------------------ spans
     def _units(self, scenario: Scenario) -> LayerGroups:
@@ -262,7 +273,7 @@ class Campaign:
         """Profile everything not yet in the database; returns what was done."""
         summary = CampaignSummary()
         started = time.perf_counter()
-        record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say)
+        record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say, self.memo)
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
         plan = [(b, s) for s in order for b in self.batch_sizes]
@@ -427,7 +438,8 @@ class Campaign:
                 self._specs = boundary_specs(self.model)
             spans = {(s.start, s.stop) for s in self._units(run.scenario).original_spans(run.measured)}
             outcome = simulate_stages(plan, cluster, spans, model=self.model, seed=self.cfg.seed, iterations=self.cfg.iterations,
-                                      run_options={**self.cfg.run_options, "timeout_s": self.cfg.timeout_s}, specs=self._specs)
+                                      run_options={**self.cfg.run_options, "timeout_s": self.cfg.timeout_s}, specs=self._specs,
+                                      memo=self.memo)
         else:
             outcome = run_plan(plan, cluster, self.execute)
         wall = time.perf_counter() - started

@@ -24,6 +24,7 @@ from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.profiling.quantities import quantities_from_report, quantities_from_timeline
+from hybridplan.profiling.stage_memo import StageMemo, code_digest, span_identity
 
 __all__ = ["RunOutcome", "run_plan", "simulate_stages", "measurements_of", "failed_stage"]
 
@@ -72,8 +73,10 @@ def simulate_stages(
     iterations: int,
     run_options: dict[str, Any],
     specs: Sequence[Any],
+    memo: StageMemo | None = None,
 ) -> RunOutcome:
-    """Simulate one device of each stage of ``plan`` whose layers are in ``spans`` (see the note above)."""
+    """Simulate one device of each stage of ``plan`` whose layers are in ``spans`` (see the note above); with
+    ``memo``, a stage simulated before (by its identity: profiling/stage_memo.py) is read from it instead."""
     from hybridplan.runtime.config import RunConfig
     from hybridplan.runtime.memory import DeviceOutOfMemory
     from hybridplan.runtime.sim import simulate_stage
@@ -86,21 +89,50 @@ def simulate_stages(
     for index, stage in enumerate(plan.stages):
         if (stage.start, stage.stop) not in spans:
             continue
-        try:
-            report = simulate_stage(cfg, index, iterations=iterations, specs=list(specs))
-        except DeviceOutOfMemory as e:
-            return RunOutcome("oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}")
-        static, data = report.static[-1], round(report.data[-1] * scale)
-        q = quantities_from_timeline(static, data, report.timeline)
+        identity = _stage_identity(sim_plan, index, cluster, model, specs, seed, iterations, run_options) if memo else None
+        simulated = memo.get(identity) if memo is not None and identity is not None else None
+        if simulated is None:
+            try:
+                report = simulate_stage(cfg, index, iterations=iterations, specs=list(specs))
+            except DeviceOutOfMemory as e:
+                return RunOutcome("oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}")
+            simulated = {
+                "static": report.static[-1], "data": report.data[-1], "timeline": report.timeline,
+                # the simulated run's own peaks, with two micro-batches (predict/reserved.py [Note: predicting the
+                # reserved peak])
+                "reserved": [report.iteration_peaks[-1], report.reserved_peaks[-1]] if report.reserved_peaks else None,
+                "workspaces": report.workspaces,  # inside ``static``: profiling/statistics.py [Note: workspaces are per device]
+            }
+            if memo is not None and identity is not None:
+                memo.put(identity, simulated)
+        static, data = simulated["static"], round(simulated["data"] * scale)
+        q = quantities_from_timeline(static, data, simulated["timeline"])
         peak = stage_peak(q, plan.schedule, plan.num_stages - 1 - index, plan.num_microbatches)
+        reserved = simulated["reserved"]
         devices.append({
             "device": stage.devices[0], "stage": index, "peak_memory_bytes": int(round(peak)),
-            "static_memory_bytes": static, "data_bytes": data, "timeline": report.timeline,
-            # the simulated run's own peaks, with two micro-batches (predict/reserved.py [Note: predicting the reserved peak])
-            "reserved": (report.iteration_peaks[-1], report.reserved_peaks[-1]) if report.reserved_peaks else None,
-            "workspaces": report.workspaces,  # inside ``static``: profiling/statistics.py [Note: workspaces are per device]
+            "static_memory_bytes": static, "data_bytes": data, "timeline": simulated["timeline"],
+            "reserved": tuple(reserved) if reserved is not None else None, "workspaces": simulated["workspaces"],
         })
     return RunOutcome("ok", None, devices)
+
+
+def _stage_identity(plan: Plan, index: int, cluster: Cluster, model: Any, specs: Sequence[Any], seed: int,
+                    iterations: int, run_options: dict[str, Any]) -> dict[str, Any] | None:
+    """What the simulated device of stage ``index`` measures depends on ([Note: a simulated stage is a function of
+    its layers' signatures] in profiling/stage_memo.py); None when its layers have no signatures."""
+    from hybridplan.plan.schedule import stage_actions
+
+    stage = plan.stages[index]
+    span = span_identity(model, stage.start, stage.stop, list(specs))
+    if span is None:
+        return None
+    form = {k: v for k, v in stage.to_dict().items() if k not in ("layers", "devices")}
+    actions = " ".join(map(str, stage_actions(plan.schedule, plan.num_stages, index, plan.num_microbatches)))
+    options = {k: v for k, v in run_options.items() if k not in ("timeout_s", "backend")}
+    return {"code": code_digest(), "span": span, "stage": form, "schedule": plan.schedule, "actions": actions,
+            "microbatch_size": plan.microbatch_size, "iterations": iterations, "seed": seed, "options": options,
+            "capacity": cluster.memory_of(stage.devices[0])}
 
 
 def measurements_of(outcome: RunOutcome, plan: Plan, batch: int) -> list[dict[str, Any]]:

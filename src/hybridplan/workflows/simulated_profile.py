@@ -1,0 +1,188 @@
+"""A profile without a GPU: the profiling campaign on simulated devices, each distinct stage simulated once, kept
+in the user's cache, so that ``plan`` answers for a model and a cluster without ``--db``.
+
+[Note: the simulated profile] ``hybridplan profile --backend sim`` already measures a campaign's stages on fake
+tensors (profiling/execution.py: one device per measured stage, two micro-batches); what made it slow on a real
+model is that it measured the same work again and again: every decoder layer of a Llama alone, every pair of
+them, at every position, in every scenario. Here the campaign runs with
+
+- neighbour chains of one layer (``--neighbors 1``: ``M_a(l)`` from the pair ``[l-1, l+1)``, CAPTURE's nearest
+  neighbours), so every measured span holds one or two layers;
+- a :class:`~hybridplan.profiling.stage_memo.StageMemo` on disk, so a span is simulated once per distinct
+  sequence of layer signatures (a Llama has six: embed, decoder, head, and their pairs), and its auxiliary
+  tables once per model;
+
+and writes an ordinary profile database (its runs, measurements and statistics the same as a campaign that
+simulated every stage: tests/profiling/test_stage_memo.py), which the predictor and every search read as
+they read any profile. Plain and recomputed, so the search may recompute any stage; with the data-parallel
+ZeRO-3 scenarios, so it may shard any data stage.
+
+A finished database is kept in the cache under the SHA-256 of what it profiles (the model's configuration, the
+mesh shape, device type, batch, micro-batches, schedule, training options and the code: profiling/stage_memo.py
+``code_digest``): the same question again reads it and simulates nothing. A database is built under a private
+name and renamed into place when complete, so an interrupted or concurrent build never leaves a partial one
+where another command would read it (the stages it finished stay in the memo and are not simulated again).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hybridplan.plan import Cluster
+
+__all__ = ["SimulatedProfiles", "default_cache_dir", "simulated_profiles", "cache_entries", "clear_cache",
+           "CACHE_ENV"]
+
+CACHE_ENV = "HYBRIDPLAN_CACHE_DIR"
+"""Environment variable naming the cache folder (else ``$XDG_CACHE_HOME/hybridplan``, else ``~/.cache/hybridplan``)."""
+
+_NEIGHBORS = 1
+"""Chain length of the simulated profile (module note)."""
+
+
+def default_cache_dir() -> Path:
+    """The user's cache folder for hybridplan (the platform convention: XDG on Linux)."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "hybridplan"
+
+
+@dataclass(frozen=True)
+class SimulatedProfiles:
+    """The profile databases of a question: plain, and recomputed (None when not asked for)."""
+
+    db: Path
+    recompute_db: Path | None
+    simulated: int
+    """Stages and tables simulated by this call (0: everything was in the cache)."""
+    reused: int
+    """Stages and tables read from the cache."""
+    seconds: float
+    cached: bool
+    """Whether the cache folder was usable (else the databases live until the ``with`` block ends)."""
+
+
+@contextmanager
+def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, num_microbatches: int,
+                       schedule: str = "1f1b", precision: str = "fp32", device_type: str = "cpu", zero: bool = True,
+                       recompute: bool = True, cache_dir: str | Path | None = None,
+                       progress: Callable[[str], None] | None = None) -> Iterator[SimulatedProfiles]:
+    """The simulated profiles of ``model`` on ``cluster``'s shape (module note), built where the cache lacks them.
+
+    Args:
+        model: zoo name, ``hf:...`` or ``module:function``.
+        cluster: the mesh (its shape and device type; capacities are not used: every stage is measured).
+        global_batch_size, num_microbatches, schedule: the targets the profile is taken for.
+        precision, device_type: the training options of every simulated stage.
+        zero: profile the data-parallel ZeRO-3 scenarios too (the search may then shard data stages 2 and 3 ways).
+        recompute: a second profile with every layer recomputed (the search may then recompute any stage).
+        cache_dir: the cache folder (default :func:`default_cache_dir`); if it cannot be written, the work is done
+            in a temporary folder and a line says so.
+        progress: one line per event.
+
+    Raises:
+        HybridPlanError: a bad model, batch or cluster (before anything is simulated).
+    """
+    from hybridplan.models.zoo import resolve_model
+    from hybridplan.profiling.campaign import CampaignConfig
+    from hybridplan.profiling.stage_memo import StageMemo, code_digest
+
+    say = progress or (lambda _msg: None)
+    started = time.perf_counter()
+    config = resolve_model(model).config()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    memo = StageMemo(root / "stages", on_unusable=say)
+    shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None)
+    options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision}
+    configs = [CampaignConfig(model=model, cluster=shape, global_batch_size=global_batch_size,
+                              num_microbatches=num_microbatches, schedule=schedule, zero=zero, neighbors=_NEIGHBORS,
+                              run_options={**options, **({"activation_checkpointing": True} if ac else {})})
+               for ac in ((False, True) if recompute else (False,))]
+    with tempfile.TemporaryDirectory(prefix="hybridplan-profile-") as scratch:
+        folder = root / "profiles" if memo.directory is not None else Path(scratch)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = []
+        for cfg in configs:
+            identity = {"code": code_digest(), "model": config, "shape": shape.shape,
+                        "device": device_type, "batch": global_batch_size, "microbatches": num_microbatches,
+                        "schedule": schedule, "options": cfg.run_options, "zero": zero, "neighbors": _NEIGHBORS}
+            key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+            path = folder / f"{key}.sqlite"
+            what = "recomputed profile" if cfg.run_options.get("activation_checkpointing") else "profile"
+            if path.exists():
+                say(f"{what} of {model} on {shape.shape} read from the cache ({path})")
+            else:
+                say(f"simulating the {what} of {model} on {shape.shape} {device_type} devices ({precision}): each"
+                    " distinct stage once")
+                _build(cfg, path, memo, say)
+            paths.append(path)
+        yield SimulatedProfiles(db=paths[0], recompute_db=paths[1] if recompute else None, simulated=memo.misses,
+                                reused=memo.hits, seconds=time.perf_counter() - started,
+                                cached=memo.directory is not None)
+
+
+def _build(cfg: Any, path: Path, memo: Any, say: Callable[[str], None]) -> None:
+    """Run the campaign into a private file, then rename it to ``path`` (module note)."""
+    from hybridplan.profiling.campaign import Campaign
+    from hybridplan.profiling.store import ProfileStore
+
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.{uuid.uuid4().hex}.sqlite")
+    try:
+        before = memo.misses
+        with ProfileStore(tmp) as store:
+            summary = Campaign(cfg, store, memo=memo, progress=_quiet(say)).run()
+        if summary.unmeasured:
+            say(f"  could not measure: {summary.unmeasured}")
+        os.replace(tmp, path)
+        say(f"  {summary.runs_total} profiling runs, {memo.misses - before} stage(s) and table(s) simulated, the rest"
+            f" read from the cache, in {summary.seconds:.1f} s")
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _quiet(say: Callable[[str], None]) -> Callable[[str], None]:
+    """The campaign's lines, one in ten of its per-run lines (a simulated campaign runs a hundred in a minute)."""
+    count = [0]
+
+    def line(msg: str) -> None:
+        if msg.startswith("["):
+            count[0] += 1
+            if count[0] % 10:
+                return
+        say("  " + msg)
+
+    return line
+
+
+def cache_entries(cache_dir: str | Path | None = None) -> list[tuple[str, int, int]]:
+    """What the cache holds: ``(kind, files, bytes)`` for the stage memo and the profiles."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    out = []
+    for kind, pattern in (("stages", "*.json"), ("profiles", "*.sqlite")):
+        files = [p for p in (root / kind).glob(pattern) if not p.name.startswith(".")] if (root / kind).is_dir() else []
+        out.append((kind, len(files), sum(p.stat().st_size for p in files)))
+    return out
+
+
+def clear_cache(cache_dir: str | Path | None = None) -> int:
+    """Remove the cache's stage memo and profiles; returns the files removed."""
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    removed = 0
+    for kind in ("stages", "profiles"):
+        folder = root / kind
+        if folder.is_dir():
+            removed += sum(1 for p in folder.iterdir() if p.is_file())
+            shutil.rmtree(folder)
+    return removed
