@@ -34,16 +34,29 @@ def register(sub: argparse._SubParsersAction) -> None:
         "iteration (AMP's cost model and search, or PipeDream-2BW's planner with --mode 2bw) among plans whose every "
         "device's predicted peak fits its memory. --objective pareto: the frontier of predicted peak memory against "
         "iteration time. --baseline NAME: the plan a baseline partitioner gives, with its predictions.",
-        reads="the profile database (--db, read only: memory statistics, layer times); a layer-time JSON "
-        "(--time-profile); a cluster TOML if --cluster names one.",
+        reads="the profile database (--db, read only: memory statistics, layer times); without --db, the simulated "
+        "profiles of --model in the cache (built there first where missing: each distinct stage simulated once on fake "
+        "tensors); a layer-time JSON (--time-profile); a cluster TOML if --cluster names one.",
         writes="the plan JSON to --out (--objective pareto: the frontier); the plan and its per-device predictions to "
         "the terminal (or the plan JSON with --json).",
-        examples=["hybridplan plan --db profile.sqlite --cluster 1x4 --device-memory 16GiB --out best.json",
+        examples=["hybridplan plan --model hf:llama2-7b --cluster 2x8 --device cuda --device-memory 80GiB "
+                  "--global-batch-size 64 --num-microbatches 8 --precision bf16",
+                  "hybridplan plan --db profile.sqlite --cluster 1x4 --device-memory 16GiB --out best.json",
                   "hybridplan plan --db profile.sqlite --cluster 4x4 --objective throughput --device-memory 40GiB",
                   "hybridplan plan --db profile.sqlite --cluster 1x4 --baseline torchgpipe-time"],
     )
-    p.add_argument("--db", help="profile database written by 'hybridplan profile' (memory statistics; layer times)")
+    p.add_argument("--db", help="profile database written by 'hybridplan profile' (memory statistics; layer times);"
+                   " without it, --model is profiled on simulated devices (cached) and the whole extended space is"
+                   " searched: data x tensor stages, ZeRO-1/2/3, recompute per stage, stages across nodes")
     add_cluster(p)
+    w = p.add_argument_group("without --db: a simulated profile (docs/instant-planning.md)")
+    w.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="the devices simulated: cuda counts CUDA allocator blocks, the reserved peak and what CUDA holds"
+                   " outside the allocator (default cpu)")
+    w.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
+                   help="training precision (mixed precision keeps fp32 master weights; default fp32)")
+    w.add_argument("--cache-dir", metavar="DIR", help="where simulated stages and profiles are kept (default: $"
+                   "HYBRIDPLAN_CACHE_DIR, else the user's cache folder; 'hybridplan cache list')")
     p.add_argument("--objective", choices=("memory", "throughput", "pareto"), default="memory",
                    help="what to minimise (default memory)")
     p.add_argument("--mode", choices=(*MODES, *THROUGHPUT_MODES),
@@ -79,8 +92,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = p.add_argument_group("throughput, pareto and baselines")
     t.add_argument("--time-profile", metavar="FILE", help="layer-time profile JSON, or several (one per device type)"
                    " separated by commas (default: the --db's layer times)")
-    add_model(t, required=False, help="the model, for its layer rules and baseline costs (default: the profile's zoo "
-              "model; required when the profile names user code, which is imported only when you name it here)")
+    add_model(t, required=False, help="without --db: the model to profile on simulated devices; with it, the model for its"
+              " layer rules and baseline costs (default: the profile's zoo model; required when the profile names user"
+              " code, which is imported only when you name it here)")
     t.add_argument("--placement", choices=("megatron", "anneal"), default="megatron",
                    help="amp mode: Megatron's rank placement (default), or also simulated annealing of the best few")
     t.add_argument("--top", type=positive_int, default=10, help="candidates to list (default 10)")
@@ -96,6 +110,12 @@ def handle(args: argparse.Namespace) -> int:
     from hybridplan.cli import plan_throughput
 
     check_output(args.out, "--out")
+    if args.db and (args.device != "cpu" or args.precision != "fp32" or args.cache_dir):
+        raise UsageError("--device, --precision and --cache-dir choose the simulated profile, used without --db (a"
+                         " profile database holds its own device type and precision)", fix="drop them, or drop --db")
+    if not args.db and args.objective != "memory" and not args.time_profile:
+        raise UsageError(f"--objective {args.objective} needs layer times, which a simulated profile does not measure",
+                         fix="give --db FILE from 'hybridplan profile --time', or --time-profile FILE")
     if args.baseline:
         return plan_throughput.baseline(args)
     if args.objective != "memory":
@@ -110,7 +130,12 @@ def handle(args: argparse.Namespace) -> int:
     if args.mode in THROUGHPUT_MODES:
         raise UsageError(f"--mode {args.mode} plans for throughput", fix=f"add --objective throughput (or pareto), or use --mode {'/'.join(MODES)}")
     if not args.db:
-        raise UsageError("--objective memory needs a profile database", fix="give --db FILE from 'hybridplan profile'")
+        if args.model is None or args.global_batch_size is None or args.num_microbatches is None:
+            raise UsageError("without --db, plan profiles the model on simulated devices and needs --model,"
+                             " --global-batch-size and --num-microbatches",
+                             fix="give them, or --db FILE from 'hybridplan profile'")
+        if args.mode == "bayesian":
+            raise UsageError("--mode bayesian searches a profile's CAPTURE space", fix="drop --mode, or give --db")
     if args.zero and args.pipeline_only:
         raise UsageError("--zero searches sharded data stages, which --pipeline-only excludes",
                          fix="drop --zero, or --pipeline-only")
@@ -124,15 +149,34 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _memory(args: argparse.Namespace) -> int:
-    from hybridplan.workflows.plan_memory import plan_memory
+    from hybridplan.workflows.plan_memory import MemoryPlan, plan_memory
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
-    answer = plan_memory(args.db, cluster_from(args), schedule=args.schedule, global_batch_size=args.global_batch_size,
-                         num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
-                         pipeline_only=args.pipeline_only, composite=args.space == "extended", zero=args.zero,
-                         recompute_db=args.recompute_db, cross_node=args.allow_cross_node,
-                         fewest=args.fewest_devices, seed=args.seed,
-                         progress=say, say=say)
+    cluster = cluster_from(args)
+
+    def search(db: str, recompute_db: str | None, whole: bool) -> MemoryPlan:
+        return plan_memory(db, cluster, schedule=args.schedule, global_batch_size=args.global_batch_size,
+                           num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
+                           pipeline_only=args.pipeline_only, composite=whole or args.space == "extended",
+                           zero=whole or args.zero, recompute_db=recompute_db,
+                           cross_node=whole or args.allow_cross_node, fewest=args.fewest_devices, seed=args.seed,
+                           progress=say, say=say)
+
+    if args.db:
+        answer = search(args.db, args.recompute_db, False)
+    else:
+        from hybridplan.workflows.simulated_profile import simulated_profiles
+
+        if args.recompute_db:
+            raise UsageError("--recompute-db names a measured profile; without --db the simulated profiles include"
+                             " the recomputed one", fix="drop --recompute-db, or give --db")
+        with simulated_profiles(args.model, cluster, global_batch_size=args.global_batch_size,
+                                num_microbatches=args.num_microbatches, schedule=args.schedule or "1f1b",
+                                precision=args.precision, device_type=args.device, zero=not args.pipeline_only,
+                                recompute=True, cache_dir=args.cache_dir, progress=say) as profiles:
+            say(f"profiles ready in {profiles.seconds:.1f} s: {profiles.simulated} stage(s) and table(s) simulated,"
+                f" {profiles.reused} reused")
+            answer = search(str(profiles.db), str(profiles.recompute_db), not args.pipeline_only)
     for attempt in answer.tried:
         say(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}")
     if args.fewest_devices:

@@ -123,8 +123,8 @@ class StageMemo:
         self._memory[key] = value
         if self.directory is None:
             return
-        text = json.dumps({"key": json.loads(json.dumps(identity, sort_keys=True, default=str)), "value": value,
-                           "digest": _digest(value)}, sort_keys=True)
+        text = json.dumps({"key": json.loads(json.dumps(identity, default=str)), "value": value,
+                           "digest": _digest(value)})  # the value's key order kept: a hit reads what a miss gave
         path = self.directory / f"{key}.json"
         tmp = self.directory / f".{key}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         try:
@@ -151,7 +151,7 @@ class StageMemo:
             return None
         try:
             entry = json.loads(text)
-            ok = (isinstance(entry, dict) and entry.get("key") == json.loads(json.dumps(identity, sort_keys=True, default=str))
+            ok = (isinstance(entry, dict) and entry.get("key") == json.loads(json.dumps(identity, default=str))
                   and isinstance(entry.get("value"), dict) and entry.get("digest") == _digest(entry["value"]))
         except (ValueError, RecursionError):
             ok = False

@@ -1,0 +1,111 @@
+"""``plan`` without ``--db``: the model profiled on simulated devices (cached), the whole extended space searched;
+``cache list|clear``; and the span classes that make that search fast predict what span-by-span composition does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hybridplan.cli import main
+from hybridplan.plan import Plan
+
+pytest.importorskip("transformers")
+
+_QUESTION = ["plan", "--model", "hf:llama-tiny", "--cluster", "1x4", "--global-batch-size", "8", "--num-microbatches", "2"]
+
+
+@pytest.fixture(scope="module")
+def answered(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The question asked once, cold: its cache folder and the plan written."""
+    root = tmp_path_factory.mktemp("instant")
+    assert main([*_QUESTION, "--cache-dir", str(root / "cache"), "--out", str(root / "best.json")]) == 0
+    return root / "cache", root / "best.json"
+
+
+def test_plan_without_a_profile_answers_from_simulated_devices(answered: tuple[Path, Path]) -> None:
+    cache, best = answered
+    plan = Plan.load(best)
+    assert plan.stages[0].start == 0 and plan.stages[-1].stop == 4 and plan.num_devices <= 4
+    assert len(list((cache / "profiles").glob("*.sqlite"))) == 2  # plain and recomputed
+    assert len(list((cache / "stages").glob("*.json"))) > 0
+
+
+def test_the_same_question_is_read_from_the_cache(answered: tuple[Path, Path], tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    cache, best = answered
+    capsys.readouterr()
+    assert main([*_QUESTION, "--cache-dir", str(cache), "--out", str(tmp_path / "again.json")]) == 0
+    err = capsys.readouterr().err
+    assert err.count("read from the cache") == 2 and "simulating" not in err
+    assert Plan.load(tmp_path / "again.json").to_dict() == Plan.load(best).to_dict()
+
+
+def test_another_cluster_reuses_the_simulated_stages(answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    cache, _ = answered
+    stages = set((cache / "stages").glob("*.json"))
+    capsys.readouterr()
+    assert main(["plan", "--model", "hf:llama-tiny", "--cluster", "2x2", "--global-batch-size", "8",
+                 "--num-microbatches", "2", "--cache-dir", str(cache)]) == 0
+    err = capsys.readouterr().err
+    assert "simulating the profile" in err  # a new profile (another mesh) ...
+    new = set((cache / "stages").glob("*.json")) - stages
+    assert len(new) < len(stages)  # ... mostly from stages simulated for the first question
+
+
+def test_cache_list_and_clear(tmp_path: Path, answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    import shutil
+
+    cache = tmp_path / "copy"
+    shutil.copytree(answered[0], cache)
+    capsys.readouterr()
+    assert main(["cache", "list", "--cache-dir", str(cache)]) == 0
+    out = capsys.readouterr().out
+    profiles = len(list((cache / "profiles").glob("*.sqlite")))
+    assert profiles >= 2 and str(cache) in out and f" {profiles} simulated profiles" in out
+    assert main(["cache", "clear", "--cache-dir", str(cache)]) == 0
+    assert not list(cache.rglob("*.json")) and not list(cache.rglob("*.sqlite"))
+
+
+@pytest.mark.parametrize("args, wanted", [
+    (["plan", "--model", "hf:llama-tiny", "--cluster", "1x4", "--global-batch-size", "8"], "--num-microbatches"),
+    (["plan", "--cluster", "1x4", "--global-batch-size", "8", "--num-microbatches", "2"], "--model"),
+    ([*_QUESTION, "--objective", "throughput"], "layer times"),
+    ([*_QUESTION, "--model", "hf:no-such-model"], "no-such-model"),
+])
+def test_bad_questions_are_one_line_and_exit_2(args: list[str], wanted: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*args, "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert wanted in err and "Traceback" not in err
+    assert not list(tmp_path.rglob("*.sqlite"))
+
+
+def test_an_unwritable_cache_still_answers_and_says_so(tmp_path: Path, answered: tuple[Path, Path],
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    capsys.readouterr()
+    assert main([*_QUESTION, "--cache-dir", str(blocker / "cache"), "--out", str(tmp_path / "p.json")]) == 0
+    assert "cannot be written" in capsys.readouterr().err
+    assert Plan.load(tmp_path / "p.json").to_dict() == Plan.load(answered[1]).to_dict()
+
+
+def test_span_classes_predict_what_span_by_span_composition_predicts(answered: tuple[Path, Path]) -> None:
+    """[Note: identical spans predict alike]: every ZeRO table of the simulated profile, with the classes and without."""
+    from hybridplan.predict.memory import MemoryPredictor
+
+    cache, _ = answered
+    plain = [p for p in (cache / "profiles").glob("*.sqlite")]
+    for db in plain:
+        fast = MemoryPredictor.from_db(db)
+        slow = MemoryPredictor.from_db(db)
+        assert fast.layer_classes == ["embed", "decoder(window=None)", "decoder(window=None)", "head"]
+        slow.layer_classes = None
+        for kind, degree, tensor in (("data", 2, 0), ("data", 4, 0), ("data+tensor", 4, 2)):
+            for zero in (1, 2, 3):
+                for after in (0, 1, 3):
+                    a = fast.stage_memory_matrix(kind, degree, after, 4, tensor_degree=tensor, zero=zero)
+                    b = slow.stage_memory_matrix(kind, degree, after, 4, tensor_degree=tensor, zero=zero)
+                    assert np.array_equal(a, b), (db.name, kind, degree, zero, after)
