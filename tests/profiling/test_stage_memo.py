@@ -85,9 +85,11 @@ def test_a_second_campaign_reads_every_stage_from_the_disk(tmp_path: Path) -> No
 
 def test_a_changed_config_misses_the_memo(tmp_path: Path) -> None:
     _campaign(tmp_path / "a.sqlite", StageMemo(tmp_path / "stages"), _llama(tmp_path / "llama")).run()
-    other = StageMemo(tmp_path / "stages")
-    _campaign(tmp_path / "b.sqlite", other, _llama(tmp_path / "wider", intermediate_size=72)).run()
-    assert other.hits == 0 and other.misses > 0
+    wider = _llama(tmp_path / "wider", intermediate_size=72)
+    other, alone = StageMemo(tmp_path / "stages"), StageMemo(tmp_path / "alone")
+    _campaign(tmp_path / "b.sqlite", other, wider).run()
+    _campaign(tmp_path / "c.sqlite", alone, wider).run()
+    assert other.misses == alone.misses > 0  # nothing of the first model's was taken
     a, b = _content(tmp_path / "a.sqlite")[0], _content(tmp_path / "b.sqlite")[0]
     assert [r[9] for r in a] != [r[9] for r in b]  # and it measures other bytes
 

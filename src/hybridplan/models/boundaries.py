@@ -16,7 +16,6 @@ Example::
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,7 @@ class BoundarySpec:
 def boundary_specs(model: LayeredModel, stop: int | None = None) -> list[BoundarySpec]:
     """``specs[i]`` describes one sample of the input of layer ``i`` (``specs[num_layers]``: the output).
 
-    Computed once per model and process (a profile asks for them from many places; a 7B model's meta-device
+    Computed once per model object (a profile asks for them from many places; a 7B model's meta-device
     forward takes over a second), and a layer whose signature (``LayeredModel.layer_signature``) and input equal an
     earlier layer's gives that layer's output without being built again.
 
@@ -51,18 +50,10 @@ def boundary_specs(model: LayeredModel, stop: int | None = None) -> list[Boundar
         ModelError: if a layer fails on a meta-device batch, or does not return one batch-first tensor.
     """
     stop = model.num_layers if stop is None else stop
-    key = (_model_key(model), stop)
-    if key not in _SPECS:
-        _SPECS[key] = _compute_specs(model, stop)
-    return list(_SPECS[key])
-
-
-_SPECS: dict[tuple[str, int], list[BoundarySpec]] = {}
-
-
-def _model_key(model: LayeredModel) -> str:
-    """The model's class and configuration: two models with equal keys have equal layers."""
-    return f"{type(model).__module__}.{type(model).__qualname__}:{json.dumps(model.config(), sort_keys=True, default=str)}"
+    known: dict[int, list[BoundarySpec]] = model.__dict__.setdefault("_boundary_specs", {})
+    if stop not in known:
+        known[stop] = _compute_specs(model, stop)
+    return list(known[stop])
 
 
 def _compute_specs(model: LayeredModel, stop: int) -> list[BoundarySpec]:

@@ -146,11 +146,11 @@ class StageMemo:
     def _read(self, directory: Path, key: str, identity: dict[str, Any]) -> dict[str, Any] | None:
         path = directory / f"{key}.json"
         try:
-            text = path.read_text()
+            data = path.read_bytes()
         except OSError:
             return None
         try:
-            entry = json.loads(text)
+            entry = json.loads(data.decode())
             ok = (isinstance(entry, dict) and entry.get("key") == json.loads(json.dumps(identity, default=str))
                   and isinstance(entry.get("value"), dict) and entry.get("digest") == _digest(entry["value"]))
         except (ValueError, RecursionError):
