@@ -152,7 +152,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
              before_torch=False),
     )),
     ("Combinations", (
-        Case("plan --cluster 1x4", "needs a profile database"),
+        Case("plan --cluster 1x4", "needs --model, --global-batch-size and --num-microbatches"),
         Case(f"{PLAN} --mode 2bw", "plans for throughput"),
         Case(f"{PLAN} --objective throughput --mode bayesian", "solves the memory objective"),
         Case(f"{PLAN} --objective throughput --fewest-devices --model {MLP}", "apply to --objective memory"),

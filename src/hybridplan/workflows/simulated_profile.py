@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hybridplan.plan import Cluster
+from hybridplan.plan import Cluster, as_schedule
 
 __all__ = ["SimulatedProfiles", "default_cache_dir", "simulated_profiles", "cache_entries", "clear_cache",
            "CACHE_ENV"]
@@ -112,7 +112,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None)
     options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision}
     configs = [CampaignConfig(model=model, cluster=shape, global_batch_size=global_batch_size,
-                              num_microbatches=num_microbatches, schedule=schedule, zero=zero, neighbors=_NEIGHBORS,
+                              num_microbatches=num_microbatches, schedule=as_schedule(schedule), zero=zero, neighbors=_NEIGHBORS,
                               scenarios=scenarios,
                               run_options={**options, **({"activation_checkpointing": True} if ac else {})})
                for ac in ((False, True) if recompute else (False,))]
