@@ -81,7 +81,7 @@ def test_a_target_far_beyond_the_profile_is_warned_about_once(base, capsys):
 @pytest.mark.parametrize("args, message", [
     (["plan", "--mode", "2bw", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "plans for throughput"),
     (["plan", "--objective", "throughput", "--mode", "bayesian", "--db", "{d}/p.sqlite", "--cluster", "1x4"], "solves the memory"),
-    (["plan", "--cluster", "1x4"], "needs a profile database"),
+    (["plan", "--cluster", "1x4"], "without --db, plan profiles the model"),
 ])
 def test_bad_input_exits_2(files, capsys, args, message):
     assert main([a.format(d=files) for a in args]) == 2
