@@ -54,6 +54,12 @@ _LLAMA3_8B = {  # meta-llama/Meta-Llama-3-8B config.json
     "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "attention_bias": False,
     "tie_word_embeddings": False, "initializer_range": 0.02,
 }
+_LLAMA3_70B = {  # meta-llama/Meta-Llama-3-70B config.json
+    "model_type": "llama", "vocab_size": 128256, "hidden_size": 8192, "intermediate_size": 28672,
+    "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "hidden_act": "silu", "attention_bias": False,
+    "tie_word_embeddings": False, "initializer_range": 0.02,
+}
 _LLAMA2_7B = {  # meta-llama/Llama-2-7b-hf config.json
     "model_type": "llama", "vocab_size": 32000, "hidden_size": 4096, "intermediate_size": 11008,
     "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32, "max_position_embeddings": 4096,
@@ -103,6 +109,7 @@ HF_CONFIGS: dict[str, dict[str, Any]] = {
                        bos_token_id=0, eos_token_id=0),
     "mixtral-tiny": _tiny(_MIXTRAL_8X7B, **{**_TINY, "intermediate_size": 48}, num_local_experts=4),
     "llama3-8b": _LLAMA3_8B,
+    "llama3-70b": _LLAMA3_70B,
     "llama2-7b": _LLAMA2_7B,
     "mistral-7b": _MISTRAL_7B,
     "qwen2-7b": _QWEN2_7B,
