@@ -195,3 +195,59 @@ def test_toml_bad_latency_is_named(tmp_path, value, message):
     (tmp_path / "c.toml").write_text(f"nodes = 1\ndevices_per_node = 2\n[network]\nintra_node_latency = {value}\n")
     with pytest.raises(ClusterError, match=re.escape(message)):
         Cluster.parse(tmp_path / "c.toml")
+
+
+# ---------------------------------------------------------------------------------------------- GPUs of the catalogue
+GIB = 2**30
+
+
+def test_a_named_gpu_sets_the_type_the_memory_and_the_link_of_the_shorthand():
+    """"2 nodes of 8 H100 SXM": cuda devices of 80 GiB, NVLink 4 within a node (900 GB/s both ways: 450 one way)."""
+    c = Cluster.parse("2x8", gpu="h100-sxm")
+    assert {(d.type, d.gpu, d.memory_bytes) for d in c.devices} == {("cuda", "h100-sxm", 80 * GIB)}
+    assert c.bandwidth(0, 1) == 450e9 and c.bandwidth(0, 8) == 12.5e9  # inter-node: the default 100 Gbps
+    assert c.gpu_of(3).name == "NVIDIA H100 SXM5 80GB"
+    assert c.describe().startswith("2x8 cuda h100-sxm, 80.00 GiB per device, intra 450.00 GB/s")
+    assert Cluster.parse("1x2").gpu_of(0) is None
+
+
+def test_device_memory_wins_over_the_gpus_and_cpu_devices_cannot_be_gpus():
+    assert Cluster.parse("1x2", gpu="a100-80gb", device_memory="70GiB").memory_of(1) == 70 * GIB
+    with pytest.raises(ClusterError, match="'cpu'"):
+        Cluster.parse("1x2", gpu="t4", device_type="cpu")
+    with pytest.raises(ClusterError, match="unknown GPU 'x100'"):
+        Cluster.parse("1x2", gpu="x100")
+
+
+def test_reshaping_keeps_the_gpu():
+    assert Cluster.parse("2x8", gpu="l4").with_shape(1, 4).devices[0].gpu == "l4"
+
+
+def test_toml_gpu_per_node(tmp_path):
+    """[device] names the A100 40GB; node 1 is of T4s, whose PCIe Gen3 x16 link (15.75 GB/s one way) it takes."""
+    f = tmp_path / "c.toml"
+    f.write_text('nodes = 3\ndevices_per_node = 2\n[device]\ngpu = "a100-40gb"\n'
+                 '[[node_overrides]]\nnodes = [1]\ngpu = "T4"\n'
+                 '[[node_overrides]]\nnodes = [2]\nmemory = "30GiB"\n')
+    c = Cluster.parse(f)
+    assert [(d.type, d.gpu, d.memory_bytes // GIB) for d in c.devices[::2]] == [
+        ("cuda", "a100-40gb", 40), ("cuda", "t4", 16), ("cuda", "a100-40gb", 30)]  # node 2 keeps [device]'s GPU
+    assert [c.bandwidth(2 * n, 2 * n + 1) for n in range(3)] == [300e9, pytest.approx(15.75e9, rel=1e-3), 300e9]
+    assert Cluster.from_dict(c.to_dict()) == c
+
+
+def test_toml_gpu_gives_way_to_what_the_file_says(tmp_path):
+    f = tmp_path / "c.toml"
+    f.write_text('nodes = 1\ndevices_per_node = 2\n[device]\ngpu = "h100-sxm"\ntype = "H100"\nmemory = "79GiB"\n'
+                 '[network]\nintra_node = "100GB/s"\n')
+    c = Cluster.parse(f)
+    assert (c.devices[0].type, c.devices[0].gpu, c.memory_of(0), c.bandwidth(0, 1)) == ("H100", "h100-sxm", 79 * GIB, 100e9)
+
+
+@pytest.mark.parametrize("value, message", [('"b200"', "unknown GPU 'b200'"), ("80", "gpu must be the name of a GPU")])
+def test_toml_bad_gpu_is_named(tmp_path, value, message):
+    f = tmp_path / "c.toml"
+    f.write_text(f"nodes = 1\ndevices_per_node = 1\n[device]\ngpu = {value}\n")
+    with pytest.raises(ClusterError, match=re.escape(message)) as e:
+        Cluster.parse(f)
+    assert "[device]" in e.value.message and "h100-sxm" in (e.value.fix or "")

@@ -6,6 +6,8 @@ A cluster comes from the shorthand ``"2x4"`` (2 nodes of 4 devices) or from a TO
     devices_per_node = 4
 
     [device]                 # defaults for every device
+    gpu = "a100-40gb"        # optional: a GPU of the catalogue (plan/gpus.py, 'hybridplan gpus'); sets type "cuda",
+                             # the memory and the node's intra_node link, unless given here
     type = "A100-40GB"
     memory = "40GiB"         # capacity; omit for unlimited
     speed = 1.0              # relative compute speed (1.0 = the device the time profiles were measured on)
@@ -19,6 +21,7 @@ A cluster comes from the shorthand ``"2x4"`` (2 nodes of 4 devices) or from a TO
 
     [[node_overrides]]       # optional: heterogeneous nodes, everything about them in one place
     nodes = [2, 3]           # which nodes (indices from 0)
+    gpu = "t4"               # as in [device]: these nodes' memory and link follow from it, unless given here
     type = "T4"
     memory = "16GiB"
     speed = 0.25
@@ -28,6 +31,12 @@ Devices are numbered globally; device ``d`` is on node ``d // devices_per_node``
 optional (what it omits comes from ``[device]`` and ``[network]``); a node named by several overrides takes
 the last. Two devices of different nodes talk at ``inter_node``; of one node, at that node's ``intra_node``.
 A ``matrix`` gives every pair instead, so it cannot be combined with a per-node ``intra_node``.
+
+A ``gpu`` names the device's model in the GPU catalogue (plan/gpus.py): the table it is in takes the GPU's memory as
+the card states it and the type "cuda" where it gives no ``memory`` or ``type`` of its own, and its nodes take the
+GPU's default link (NVLink or PCIe, one direction) as ``intra_node`` where neither that table nor, for ``[device]``,
+``[network]`` gives one (and no ``matrix`` gives every link). A ``gpu`` given in ``[device]`` stays a node override's
+unless the override names another.
 
 The latencies are Hockney's ``alpha``, the fixed seconds of one message on a link whatever its size (the
 bandwidths are its ``beta``); the time model charges them per message the runtime sends
@@ -46,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridplan.errors import ClusterError, UsageError
+from hybridplan.plan.gpus import Gpu, gpu_spec
 from hybridplan.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_seconds
 
 __all__ = ["DeviceSpec", "Cluster", "DEFAULT_INTRA_NODE_BANDWIDTH", "DEFAULT_INTER_NODE_BANDWIDTH"]
@@ -88,8 +98,13 @@ class DeviceSpec:
     """Memory capacity in bytes; ``None`` means unlimited (no out-of-memory check)."""
     speed: float = 1.0
     """Relative compute speed: a layer takes ``time / speed`` on this device."""
+    gpu: str | None = None
+    """The device's model in the GPU catalogue (plan/gpus.py), e.g. ``"h100-sxm"``: its peak rates, link and CUDA
+    terms (the simulated device's cuBLAS workspace); None: no model named (a CPU, or ``--device cuda`` alone)."""
 
     def __post_init__(self) -> None:
+        if self.gpu is not None:
+            object.__setattr__(self, "gpu", gpu_spec(self.gpu).key)  # checked, and spelled as the catalogue does
         if self.memory_bytes is not None and self.memory_bytes < 1:
             raise ClusterError(f"device memory must be positive, got {self.memory_bytes} bytes",
                                fix="give a capacity such as --device-memory 40GiB, or none for unlimited")
@@ -163,10 +178,12 @@ class Cluster:
         speed: float = 1.0,
         intra_node_bandwidth: float = DEFAULT_INTRA_NODE_BANDWIDTH,
         inter_node_bandwidth: float = DEFAULT_INTER_NODE_BANDWIDTH,
+        gpu: str | None = None,
     ) -> Cluster:
-        """A homogeneous cluster of ``num_nodes`` x ``devices_per_node`` identical devices."""
+        """A homogeneous cluster of ``num_nodes`` x ``devices_per_node`` identical devices (``gpu``: their model in
+        the GPU catalogue, which sets nothing else here; :meth:`parse` derives the memory and link from it)."""
         _check_shape(num_nodes, devices_per_node)  # before making one spec per device
-        spec = DeviceSpec(type=device_type, memory_bytes=memory_bytes, speed=speed)
+        spec = DeviceSpec(type=device_type, memory_bytes=memory_bytes, speed=speed, gpu=gpu)
         return cls(
             num_nodes=num_nodes,
             devices_per_node=devices_per_node,
@@ -176,22 +193,33 @@ class Cluster:
         )
 
     @classmethod
-    def parse(cls, spec: str | Path, *, device_memory: str | int | None = None, device_type: str = "cpu") -> Cluster:
+    def parse(cls, spec: str | Path, *, device_memory: str | int | None = None, device_type: str | None = None,
+              gpu: str | Gpu | None = None) -> Cluster:
         """A cluster from the shorthand ``"NxK"`` or a TOML file path.
 
         Args:
             spec: ``"2x4"`` or the path of a TOML cluster file.
-            device_memory: if given ("200MiB"), overrides every device's memory capacity.
-            device_type: the devices' type for the shorthand (a run's ``--device``: "cpu" or "cuda"), which
-                labels them in reports and layer-time profiles; a TOML file names its own types.
+            device_memory: if given ("200MiB"), overrides every device's memory capacity (also a ``gpu``'s).
+            device_type: the devices' type for the shorthand (a run's ``--device``: "cpu" or "cuda"; default "cpu",
+                "cuda" with a ``gpu``), which labels them in reports and layer-time profiles; a TOML file names its
+                own types.
+            gpu: a GPU of the catalogue (plan/gpus.py) every device is: their memory as the card states it and, for
+                the shorthand, the GPU's default link within a node (a TOML file keeps its own links).
 
         Raises:
-            ClusterError: for a malformed shorthand or file.
+            ClusterError: for a malformed shorthand or file, or an unknown GPU.
         """
+        model = gpu_spec(gpu) if gpu is not None else None
+        kind = device_type or ("cuda" if model is not None else "cpu")
+        if model is not None and kind == "cpu":
+            raise ClusterError(f"GPU {model.key!r} named for devices of type 'cpu'",
+                               fix="drop the device type (a GPU's devices are 'cuda'), or the GPU")
         text = str(spec)
         match = _SHORTHAND.match(text)
         if match:
-            cluster = cls.uniform(int(match.group(1)), int(match.group(2)), device_type=device_type)
+            link = model.link_bandwidth if model is not None and model.link_bandwidth is not None else None
+            cluster = cls.uniform(int(match.group(1)), int(match.group(2)), device_type=kind,
+                                  intra_node_bandwidth=link or DEFAULT_INTRA_NODE_BANDWIDTH)
         elif text.endswith(".toml") or Path(text).is_file():
             cluster = cls.from_toml(Path(text))
         else:
@@ -199,6 +227,8 @@ class Cluster:
                 f"cluster {text!r} is neither the shorthand NxK nor an existing TOML file",
                 fix="write e.g. --cluster 2x4 (2 nodes of 4 devices) or --cluster path/to/cluster.toml",
             )
+        if model is not None:
+            cluster = cluster.with_gpu(model, device_type=kind)
         if device_memory is not None:
             capacity = parse_bytes(device_memory, what="--device-memory")
             if capacity < 1:
@@ -248,7 +278,9 @@ class Cluster:
                                    fix="use intra_node, inter_node, matrix, intra_node_latency, inter_node_latency")
             latencies = {k: parse_seconds(network[k], what=f"{source}: network.{k}")
                          for k in ("intra_node_latency", "inter_node_latency") if k in network}
-            intra = _bandwidth(network.get("intra_node", DEFAULT_INTRA_NODE_BANDWIDTH), f"{source}: network.intra_node")
+            device_link = _gpu_link(data.get("device", {}), f"{source}: [device]") if "matrix" not in network else None
+            intra = _bandwidth(network.get("intra_node", device_link or DEFAULT_INTRA_NODE_BANDWIDTH),
+                               f"{source}: network.intra_node")
             inter = _bandwidth(network.get("inter_node", DEFAULT_INTER_NODE_BANDWIDTH), f"{source}: network.inter_node")
             per_node = [base] * nodes
             node_intra = [intra] * nodes
@@ -265,7 +297,7 @@ class Cluster:
                                        f" got {which!r}", fix=f"e.g. nodes = [0, 1]; the cluster has {nodes} node(s)")
                 spec = _device_spec({k2: v for k2, v in override.items() if k2 not in ("nodes", "intra_node")}, base, where)
                 bandwidth = (_bandwidth(override["intra_node"], f"{where}: intra_node") if "intra_node" in override
-                             else None)
+                             else _gpu_link(override, where) if "matrix" not in network else None)
                 for n in which:
                     per_node[n] = spec
                     if bandwidth is not None:
@@ -300,6 +332,13 @@ class Cluster:
             **latencies,
         )
 
+    def with_gpu(self, gpu: str | Gpu, *, device_type: str = "cuda") -> Cluster:
+        """The same cluster with every device a ``gpu`` of the catalogue, of that GPU's memory and ``device_type``
+        (its links unchanged)."""
+        model = gpu_spec(gpu)
+        return replace(self, devices=tuple(replace(d, gpu=model.key, memory_bytes=model.memory_bytes, type=device_type)
+                                           for d in self.devices))
+
     def with_memory(self, memory_bytes: int | None) -> Cluster:
         """The same cluster with every device's memory capacity set to ``memory_bytes``."""
         return replace(self, devices=tuple(replace(d, memory_bytes=memory_bytes) for d in self.devices))
@@ -318,6 +357,7 @@ class Cluster:
             device_type=d.type,
             memory_bytes=d.memory_bytes,
             speed=d.speed,
+            gpu=d.gpu,
             intra_node_bandwidth=self.intra_node_bandwidth,
             inter_node_bandwidth=self.inter_node_bandwidth,
         ).with_latencies(self.intra_node_latency, self.inter_node_latency)
@@ -385,9 +425,15 @@ class Cluster:
         """Memory capacity of ``device`` in bytes (``None``: unlimited)."""
         return self.devices[device].memory_bytes
 
+    def gpu_of(self, device: int) -> Gpu | None:
+        """The catalogue entry of ``device``'s GPU (plan/gpus.py: peak rates, bandwidth, link), None if none is named."""
+        name = self.devices[device].gpu
+        return gpu_spec(name) if name is not None else None
+
     def describe(self) -> str:
-        """One line for humans, e.g. ``2x4 cpu, 200.00 MiB/device, intra 300.00 GB/s, inter 12.50 GB/s``."""
-        types = sorted({d.type for d in self.devices})
+        """One line for humans, e.g. ``2x4 cpu, 200.00 MiB/device, intra 300.00 GB/s, inter 12.50 GB/s`` (a device
+        of a named GPU shows the GPU: ``2x8 cuda h100-sxm, ...``)."""
+        types = sorted({d.type if d.gpu is None else f"{d.type} {d.gpu}" for d in self.devices})
         mems = sorted({d.memory_bytes for d in self.devices}, key=lambda m: -1 if m is None else m)
         mem = "/".join("unlimited" if m is None else format_bytes(m) for m in mems)
         intra = sorted(set(self.node_intra_bandwidths or (self.intra_node_bandwidth,)))
@@ -426,6 +472,8 @@ def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
     out: dict[str, Any] = {"type": spec.type, "speed": spec.speed}
     if spec.memory_bytes is not None:
         out["memory"] = spec.memory_bytes
+    if spec.gpu is not None:
+        out["gpu"] = spec.gpu
     return out
 
 
@@ -443,13 +491,33 @@ def _bandwidth(value: Any, where: str) -> float:
     return bandwidth
 
 
+def _gpu_of(value: Any, where: str) -> Gpu:
+    """The catalogue GPU a table's ``gpu`` key names."""
+    if not isinstance(value, str):
+        raise ClusterError(f"{where}: gpu must be the name of a GPU, got {value!r}", fix='e.g. gpu = "h100-sxm"')
+    try:
+        return gpu_spec(value)
+    except ClusterError as e:
+        raise ClusterError(f"{where}: {e.message}", fix=e.fix) from None
+
+
+def _gpu_link(data: dict[str, Any], where: str) -> float | None:
+    """The intra-node bytes/s a table's ``gpu`` key implies (its GPU's default link), None if it names none or the
+    catalogue does not know the link's rate."""
+    return _gpu_of(data["gpu"], where).link_bandwidth if "gpu" in data else None
+
+
 def _device_spec(data: dict[str, Any], base: DeviceSpec, where: str) -> DeviceSpec:
     if not isinstance(data, dict):
         raise ClusterError(f"{where} must be a table, got {data!r}", fix='e.g. [device] with type = "A100"')
-    bad = set(data) - {"type", "memory", "speed"}
+    bad = set(data) - {"type", "memory", "speed", "gpu"}
     if bad:
-        raise ClusterError(f"{where}: unknown key(s) {sorted(bad)}", fix="use type, memory, speed (and intra_node in node_overrides)")
+        raise ClusterError(f"{where}: unknown key(s) {sorted(bad)}",
+                           fix="use gpu, type, memory, speed (and intra_node in node_overrides)")
     spec = base
+    if "gpu" in data:
+        model = _gpu_of(data["gpu"], where)
+        spec = replace(spec, gpu=model.key, memory_bytes=model.memory_bytes, type="cuda")
     if "type" in data:
         if not isinstance(data["type"], str) or not data["type"]:
             raise ClusterError(f"{where}: type must be a non-empty string, got {data['type']!r}")

@@ -34,7 +34,9 @@ allocator, which ``CUBLAS_WORKSPACE_CONFIG=:0:0 CUBLASLT_WORKSPACE_SIZE=0`` remo
 gpt3-1.3b matched the simulator to the byte). A recomputed forward (activation checkpointing) runs on
 the backward thread, whose handle then gets its own cuBLASLt workspace (66 MiB: derived, not measured).
 The simulated device allocates each at the first matmul of its thread, the thread read from the
-tracker's phase ("backward": the engine's thread). The sizes are Hopper's: the notes' GPU.
+tracker's phase ("backward": the engine's thread). The cuBLAS workspace's size is the device's GPU's (plan/gpus.py:
+32 MiB on Hopper, 8,519,680 bytes on the catalogue's other GPUs); a CUDA device of no named GPU gets Hopper's, the
+notes' GPU.
 
 [Note: memory outside the allocator] Memory a GPU process uses that the caching allocator did not
 reserve, measured on an H100 as ``total - free - memory_reserved`` (../shared/notes/gpu-h100-facts.md,
@@ -49,7 +51,8 @@ for 4, so the assumption may be off by about 20% per communicator). A one-device
 the runtime does not synchronise a world of one rank (runtime/executor.py ``barrier``), so its
 estimate is 618.8 + 66 + 16 = 700.8 MiB for a GPT (the H100 run of the notes, whose barriers created a
 communicator, measured 1313-1333 MiB: 700.8 + 562 = 1262.8 MiB, 3.8-5.3% under; the rest is not isolated).
-Not modelled: cuDNN's workspaces (allocated through the allocator by the algorithm cuDNN picks at run
+The context is the H100's on every GPU (the only one measured, plan/gpus.py ``cuda_context_bytes``), and so are
+the library and NCCL terms. Not modelled: cuDNN's workspaces (allocated through the allocator by the algorithm cuDNN picks at run
 time, up to 166 MiB more on the notes' convolutional models, not isolated), and other processes on a
 shared GPU.
 """
@@ -61,6 +64,7 @@ from collections.abc import Hashable
 from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
+from hybridplan.plan.gpus import CUBLASLT_WORKSPACE_BYTES, GPUS, MEASURED_CONTEXT_GPU, cuda_context_bytes, gpu_spec
 from hybridplan.runtime.cuda_allocator import AllocatorOutOfMemory, CachingAllocatorModel, round_size
 from hybridplan.runtime.routing import layout_of, route
 
@@ -81,9 +85,10 @@ __all__ = [
 
 _MIB = 2**20
 
-CUDA_CONTEXT_BYTES = round(618.8 * _MIB)
+CUDA_CONTEXT_BYTES = cuda_context_bytes(None)
 """The CUDA context of a PyTorch process holding one tensor, outside the allocator: 618.8 MiB measured on
-an H100 (../shared/notes/gpu-h100-facts.md, "CUDA context + one tensor")."""
+an H100 (../shared/notes/gpu-h100-facts.md, "CUDA context + one tensor"), the catalogue's figure (plan/gpus.py)
+for every GPU."""
 
 LIBRARY_BYTES = {"cublas": 66 * _MIB, "attention": 16 * _MIB, "cudnn": 2 * _MIB}
 """Memory outside the allocator each library adds when its first kernel runs, measured on an H100
@@ -104,12 +109,15 @@ NCCL_COMMUNICATOR_BYTES = 562 * _MIB
 barrier of a one-rank world, which created the first communicator (../shared/notes/gpu-h100-facts.md);
 assumed for every communicator (see [Note: memory outside the allocator])."""
 
-CUBLAS_WORKSPACE_BYTES = 4096 * 8 * 1024
-"""cuBLAS workspace per (handle, stream) on Hopper: ``parseChosenWorkspaceSize`` in
-aten/src/ATen/cuda/CublasHandlePool.cpp (32 MiB for sm90). See [Note: cuBLAS workspaces]."""
+CUBLAS_WORKSPACE_BYTES = GPUS[MEASURED_CONTEXT_GPU].cublas_workspace_bytes
+"""cuBLAS workspace per (handle, stream) of a CUDA device of no named GPU: Hopper's 32 MiB, the notes' GPU
+(``parseChosenWorkspaceSize`` in aten/src/ATen/cuda/CublasHandlePool.cpp; per GPU: plan/gpus.py). See [Note: cuBLAS
+workspaces]. The cuBLASLt workspace, :data:`CUBLASLT_WORKSPACE_BYTES`, is 1024 KiB on every GPU."""
 
-CUBLASLT_WORKSPACE_BYTES = 1024 * 1024
-"""cuBLASLt workspace per (handle, stream): ``parseCUDABlasLtWorkspaceSize`` default of 1024 KiB (same file)."""
+
+def _workspace_bytes(gpu: str | None) -> int:
+    """The cuBLAS workspace of a device of ``gpu`` (None: :data:`CUBLAS_WORKSPACE_BYTES`)."""
+    return CUBLAS_WORKSPACE_BYTES if gpu is None else gpu_spec(gpu).cublas_workspace_bytes
 
 
 def cuda_block_bytes(nbytes: int) -> int:
@@ -132,7 +140,7 @@ def check_cuda_capacity(cluster: Cluster) -> None:
     """
     from hybridplan.units import format_bytes
 
-    small = [m for d in cluster.devices if (m := d.memory_bytes) is not None and m <= CUDA_CONTEXT_BYTES]
+    small = [m for d in cluster.devices if (m := d.memory_bytes) is not None and m <= cuda_context_bytes(d.gpu)]
     if small:
         raise UsageError(
             f"device memory {format_bytes(min(small))} cannot even hold a CUDA context ({format_bytes(CUDA_CONTEXT_BYTES)}"
@@ -160,6 +168,8 @@ class CudaDeviceModel:
         capacity_bytes: the device's whole memory (None: unlimited); the allocator may reserve what the
             memory outside it leaves.
         communicators: NCCL communicators the rank joins (:func:`communicators_of`).
+        gpu: the device's GPU in the catalogue (plan/gpus.py), which sizes its cuBLAS workspaces and context
+            (None: Hopper's workspaces and the measured H100 context).
 
     Example (a bias Linear's forward, then its backward's matmul, on another thread):
         >>> dev = CudaDeviceModel(None, communicators=0)
@@ -171,12 +181,17 @@ class CudaDeviceModel:
         ([], 65)
         >>> dev.outside_bytes == CUDA_CONTEXT_BYTES + LIBRARY_BYTES["cublas"]
         True
+        >>> [n for _, n in CudaDeviceModel(None, communicators=0, gpu="a100-80gb").workspaces_for(
+        ...     "mm", bias=False, backward=False)]  # an Ampere GPU's default, 8 MiB + 128 KiB
+        [8519680]
     """
 
-    def __init__(self, capacity_bytes: int | None, *, communicators: int) -> None:
+    def __init__(self, capacity_bytes: int | None, *, communicators: int, gpu: str | None = None) -> None:
         self.capacity_bytes = capacity_bytes
         self.libraries: set[str] = set()
-        self.base_bytes = CUDA_CONTEXT_BYTES + communicators * NCCL_COMMUNICATOR_BYTES
+        self.cublas_workspace_bytes = _workspace_bytes(gpu)
+        """The cuBLAS workspace of each thread's handle on this device's GPU."""
+        self.base_bytes = cuda_context_bytes(gpu) + communicators * NCCL_COMMUNICATOR_BYTES
         """The context and the communicators: held from the start (the runtime creates its groups first)."""
         self.allocator = CachingAllocatorModel(None)
         if capacity_bytes is not None:  # a capacity below this fails at the first allocation, as on a GPU
@@ -216,7 +231,7 @@ class CudaDeviceModel:
             return []
         thread = "backward" if backward else "forward"
         blocks: list[tuple[Hashable, int]] = []
-        wanted = [("cublas", CUBLAS_WORKSPACE_BYTES)]
+        wanted = [("cublas", self.cublas_workspace_bytes)]
         if bias and op in ("addmm", "_addmm_activation"):
             wanted.append(("cublaslt", CUBLASLT_WORKSPACE_BYTES))
         for kind, nbytes in wanted:
@@ -255,10 +270,11 @@ def communicators_of(plan: Plan, rank: int) -> list[int]:
     return sizes
 
 
-def estimate_overhead_bytes(plan: Plan, rank: int, libraries: set[str] | frozenset[str] = frozenset()) -> int:
+def estimate_overhead_bytes(plan: Plan, rank: int, libraries: set[str] | frozenset[str] = frozenset(), *,
+                            gpu: str | None = None) -> int:
     """Estimated device memory ``rank`` uses outside the caching allocator when ``plan`` runs on GPUs
-    with NCCL: the CUDA context, the ``libraries`` its kernels load (keys of :data:`LIBRARY_BYTES`) and
-    each of its communicators (see [Note: memory outside the allocator]).
+    with NCCL: the CUDA context (of its ``gpu``, plan/gpus.py), the ``libraries`` its kernels load (keys of
+    :data:`LIBRARY_BYTES`) and each of its communicators (see [Note: memory outside the allocator]).
 
     Example (a single device running matmuls and attention: no communicator):
         >>> from hybridplan.plan import Plan
@@ -267,5 +283,5 @@ def estimate_overhead_bytes(plan: Plan, rank: int, libraries: set[str] | frozens
         >>> round(estimate_overhead_bytes(plan, 0, {"cublas", "attention"}) / 2**20, 1)
         700.8
     """
-    return (CUDA_CONTEXT_BYTES + sum(LIBRARY_BYTES[lib] for lib in libraries)
+    return (cuda_context_bytes(gpu) + sum(LIBRARY_BYTES[lib] for lib in libraries)
             + len(communicators_of(plan, rank)) * NCCL_COMMUNICATOR_BYTES)

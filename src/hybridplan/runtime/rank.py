@@ -64,7 +64,8 @@ def make_meter(cfg: RunConfig, device: torch.device, capacity: int | None, *, si
     if device.type == "cuda":
         return CudaMemoryMeter(device, capacity, outside_bytes=estimate_overhead_bytes(cfg.plan, rank, set(LIBRARY_BYTES)))
     if simulated and cfg.device_type == "cuda":
-        return StorageTracker(device=CudaDeviceModel(capacity, communicators=len(communicators_of(cfg.plan, rank))))
+        return StorageTracker(device=CudaDeviceModel(capacity, communicators=len(communicators_of(cfg.plan, rank)),
+                                                     gpu=cfg.cluster.devices[rank].gpu))
     return StorageTracker(capacity)
 
 
