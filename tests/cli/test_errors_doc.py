@@ -87,6 +87,8 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{RUN} --device-memory 0", "is not a capacity"),
         Case(f"{RUN} --device-memory=-1GiB", "is not a size"),
         Case(f"{RUN} --backend sim --device cuda --device-memory 200MiB", "cannot even hold a CUDA context"),
+        Case(f"{RUN} --gpu h100", "unknown GPU 'h100'; name one of h100-sxm"),
+        Case(f"{RUN} --gpu t4 --device cpu", "--gpu t4 names a GPU, but --device cpu asks for CPU devices"),
         Case(f"{PLAN} --device-memory 1KiB", "the lowest-memory plan does not fit"),
         Case("plan --db profile.sqlite --cluster 8x4", "use fewer devices"),
         Case("plan --db profile.sqlite --cluster 1000x1000", "use fewer devices"),

@@ -19,8 +19,8 @@ from hybridplan.errors import HybridPlanError
 
 __all__ = ["main", "build_parser"]
 
-_COMMANDS = ("models", "run", "profile", "predict", "estimate", "estimate-memory", "plan", "validate", "export", "demo",
-             "report", "cache")
+_COMMANDS = ("models", "gpus", "run", "profile", "predict", "estimate", "estimate-memory", "plan", "validate", "export",
+             "demo", "report", "cache")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +54,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # --help (0) or a malformed argument (2): a return code, as for every other outcome
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
+        from hybridplan.cli.common import resolve_device
+
+        resolve_device(args)  # --device from --gpu, before a command reads it
         return int(args.handler(args) or 0)
     except HybridPlanError as e:
         print(f"hybridplan {args.command}: error: {e}", file=sys.stderr)

@@ -133,15 +133,82 @@ def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, required:
 
 def add_cluster(p: argparse.ArgumentParser, *, required: bool = True) -> None:
     p.add_argument("--cluster", required=required, help="NxK (N nodes of K devices) or a cluster TOML file")
-    p.add_argument("--device-memory", help="per-device memory capacity, e.g. 200MiB or 40GB (overrides the cluster's);"
-                   " on CUDA the device's whole memory, as nvidia-smi counts it")
+    p.add_argument("--device-memory", help="per-device memory capacity, e.g. 200MiB or 40GB (overrides the cluster's"
+                   " and --gpu's); on CUDA the device's whole memory, as nvidia-smi counts it")
+
+
+def gpu_name(text: str) -> str:
+    """An argparse type: a GPU of the catalogue (plan/gpus.py), spelled as the catalogue does."""
+    from hybridplan.errors import ClusterError
+    from hybridplan.plan.gpus import gpu_spec
+
+    try:
+        return gpu_spec(text).key
+    except ClusterError as e:
+        raise argparse.ArgumentTypeError(str(e).replace("\n  fix:", ";")) from None
+
+
+def add_device(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, help: str) -> None:
+    """``--device`` (cpu or cuda; ``help`` says what it changes for the command) and ``--gpu``, which names the GPU and
+    implies cuda. The default device is resolved after parsing (:func:`resolve_device`): cuda with ``--gpu``, else cpu."""
+    p.add_argument("--device", choices=("cpu", "cuda"), help=f"{help} (default cpu; cuda with --gpu)")
+    p.add_argument("--gpu", type=gpu_name, metavar="NAME",
+                   help="the GPU every device is, e.g. h100-sxm ('hybridplan gpus' lists them): implies --device cuda;"
+                   " sets each device's memory as the card states it, the link within a node and the CUDA terms of"
+                   " simulated devices (cuBLAS workspace); --device-memory overrides its memory")
+
+
+def resolve_device(args: argparse.Namespace) -> None:
+    """Settle ``--device`` from ``--gpu`` (:func:`add_device`): cuda with a GPU, else cpu when not given; a GPU with
+    ``--device cpu`` is refused. Idempotent; the CLI calls it before a command starts, :func:`cluster_from` again.
+
+    Raises:
+        UsageError: for ``--device cpu`` with ``--gpu``.
+    """
+    if not hasattr(args, "device") or getattr(args, "device_given", None) is not None:
+        return
+    args.device_given = args.device is not None
+    gpu = getattr(args, "gpu", None)
+    if gpu is not None and args.device == "cpu":
+        raise UsageError(f"--gpu {gpu} names a GPU, but --device cpu asks for CPU devices",
+                         fix="drop --device cpu (--gpu implies --device cuda), or drop --gpu")
+    args.device = "cuda" if gpu is not None else (args.device or "cpu")
 
 
 def cluster_from(args: argparse.Namespace) -> Cluster:
     """The ``--cluster``; its devices are of the ``--device`` type where the command has that option (a CUDA
-    run's devices are labelled "cuda" in its output and its layer-time profile, not "cpu")."""
+    run's devices are labelled "cuda" in its output and its layer-time profile, not "cpu"), of the ``--gpu``'s model
+    and memory where given. A cluster file that names GPUs makes the command's devices cuda too. Says on stderr what
+    it assumed: a ``--device-memory`` that differs from the ``--gpu``'s (the explicit figure wins), and a
+    ``--device-memory`` given without ``--device`` or a GPU (CPU devices).
+
+    Raises:
+        UsageError: for ``--device cpu`` with a GPU named by ``--gpu`` or the cluster file.
+    """
+    from hybridplan.units import format_bytes, parse_bytes
+
+    resolve_device(args)
     device = getattr(args, "device", "cpu")
-    cluster = Cluster.parse(args.cluster, device_memory=args.device_memory, device_type=device)
+    gpu = getattr(args, "gpu", None)
+    cluster = Cluster.parse(args.cluster, device_memory=args.device_memory, device_type=device, gpu=gpu)
+    named = sorted({d.gpu for d in cluster.devices if d.gpu is not None})
+    if named and device == "cpu" and hasattr(args, "device"):
+        if args.device_given:
+            raise UsageError(f"the cluster file {args.cluster!r} names GPUs ({', '.join(named)}), but --device cpu asks"
+                             " for CPU devices", fix="drop --device cpu (a GPU implies cuda), or the file's gpu keys")
+        args.device = device = "cuda"
+    if gpu is not None and args.device_memory is not None:
+        stated = cluster.gpu_of(0)
+        given = parse_bytes(args.device_memory, what="--device-memory")
+        if stated is not None and given != stated.memory_bytes:
+            print(f"note: --device-memory {args.device_memory} ({format_bytes(given)}) differs from the {gpu}'s"
+                  f" {stated.memory_stated} ({format_bytes(stated.memory_bytes)}); planning with --device-memory",
+                  file=sys.stderr)
+    elif (not named and args.device_memory is not None and hasattr(args, "device") and not args.device_given
+          and device == "cpu"):
+        print(f"note: --device-memory {args.device_memory} without --device or --gpu: planning for CPU devices (no CUDA"
+              " context, caching allocator or cuBLAS workspaces); for GPUs name them, e.g. --gpu h100-sxm"
+              " ('hybridplan gpus' lists them), or add --device cuda", file=sys.stderr)
     if device == "cuda":
         from hybridplan.runtime.gpu_memory import check_cuda_capacity  # imports no torch
 
@@ -153,8 +220,7 @@ def add_training(p: argparse.ArgumentParser) -> None:
     """Training settings shared by run, profile and validate (runtime/config.py RunConfig)."""
     p.add_argument("--backend", choices=("real", "sim"), default="real",
                    help="real: one process per device (default); sim: fake tensors, no device memory needed")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="device type; with --backend sim, cuda reports peaks in CUDA allocator terms")
+    add_device(p, help="device type; with --backend sim, cuda reports peaks in CUDA allocator terms")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="fp32, or mixed precision with fp32 master weights (default fp32)")
     p.add_argument("--loss-scale", type=positive_float, help="static loss scale of fp16 runs (default 128)")

@@ -8,7 +8,8 @@ import json
 import sys
 import time
 
-from hybridplan.cli.common import add_cluster, add_command, add_model, check_output, cluster_from, positive_int, write_output
+from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, positive_int,
+                                   write_output)
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES, Plan
 
@@ -38,8 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--global-batch-size", type=positive_int, help="without --plan: the global batch")
     p.add_argument("--num-microbatches", type=positive_int, help="without --plan: the micro-batch count")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="without --plan: the schedule (default 1f1b)")
-    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="cuda: peaks in CUDA allocator terms, plus the memory outside tensors")
+    add_device(p, help="cuda: peaks in CUDA allocator terms, plus the memory outside tensors")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="training precision")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute every layer's activations")
     p.add_argument("--cache", metavar="FILE", help="keep the simulated stages in this JSON file and reuse them")

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hybridplan.cli.common import add_cluster, add_command, add_model, check_output, cluster_from, output_plan, positive_int
+from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, output_plan,
+                                   positive_int)
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES
 from hybridplan.predict.memory import DEGREE_FITS
@@ -50,9 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    " searched: data x tensor stages, ZeRO-1/2/3, recompute per stage, stages across nodes")
     add_cluster(p)
     w = p.add_argument_group("without --db: a simulated profile (docs/instant-planning.md)")
-    w.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
-                   help="the devices simulated: cuda counts CUDA allocator blocks, the reserved peak and what CUDA holds"
-                   " outside the allocator (default cpu)")
+    add_device(w, help="the devices simulated: cuda counts CUDA allocator blocks, the reserved peak and what CUDA holds"
+               " outside the allocator")
     w.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="training precision (mixed precision keeps fp32 master weights; default fp32)")
     w.add_argument("--cache-dir", metavar="DIR", help="where simulated stages and profiles are kept (default: $"

@@ -220,9 +220,11 @@ _CATALOGUE: tuple[Gpu, ...] = (
         memory_stated="24GB", memory_bytes=24 * _GIB,
         fp32_flops=None, tf32_flops=None, bf16_flops=None, fp16_flops=None,
         memory_bandwidth=None, link="PCIe", link_bandwidth=None, source=_G5_PAGE,
-        notes="AWS's variant of the A10: NVIDIA publishes no A10G datasheet and AWS gives its memory and that its GPUs"
-              " are joined by PCIe, not its rates, bandwidth or PCIe generation (the A10's datasheet figures do not"
-              " carry over: the cards differ in their Tensor Core rates), so those are unknown here."),
+        notes="AWS's variant of the A10. NVIDIA publishes no A10G datasheet; AWS gives its 24 GB, not its rates,"
+              " bandwidth or PCIe generation, so those are unknown here (the A10's datasheet rates do not carry over:"
+              " the two differ in Tensor Core rates, https://www.baseten.co/blog/nvidia-a10-vs-a10g-for-ml-model-"
+              "inference/). The GPUs of a multi-GPU G5 instance are joined by PCIe (the GPU-instance table of"
+              " https://gist.github.com/shashankprasanna/10ebe6dc1ba1d8d93db17da4e2cc890e)."),
 )
 
 GPUS: Mapping[str, Gpu] = MappingProxyType({g.key: g for g in _CATALOGUE})
