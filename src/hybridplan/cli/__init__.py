@@ -20,7 +20,7 @@ from hybridplan.errors import HybridPlanError
 __all__ = ["main", "build_parser"]
 
 _COMMANDS = ("models", "gpus", "run", "profile", "predict", "estimate", "estimate-memory", "plan", "validate", "export",
-             "demo", "report", "cache")
+             "demo", "report", "show", "cache")
 
 
 class _Parser(argparse.ArgumentParser):
