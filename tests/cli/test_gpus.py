@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -126,18 +127,70 @@ def test_bad_gpu_options_exit_2_before_any_work(extra, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+def _one_stage_plan(tmp_path: Path) -> Path:
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2, "stages": [
+        {"layers": [0, 5], "parallelism": "none", "degree": 1, "devices": [0]}]}))
+    return plan
+
+
+def _estimate(plan: Path, gpu: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, int]:
+    """estimate-memory's allocated peak and memory outside the allocator of the one device of ``plan``."""
+    assert main(["estimate-memory", "--model", MLP, "--cluster", "1x1", "--plan", str(plan), "--gpu", gpu, "--json"]) == 0
+    (device,) = json.loads(capsys.readouterr().out)["estimates"][0]["devices"]
+    return device["peak_memory_bytes"], device["overhead_bytes"]
+
+
 def test_estimate_memory_simulates_the_named_gpus_cublas_workspace(tmp_path, capsys):
     """The MLP's bias Linear forward and its backward's matmuls hold one cuBLAS workspace per thread and one cuBLASLt
     workspace: 2 x 32 MiB + 1 MiB on an H100, 2 x 8,519,680 + 1 MiB on an A100 (PyTorch's defaults), a difference of
     2 x (33,554,432 - 8,519,680) = 50,069,504 bytes in the allocated peak, and the same memory outside the allocator."""
-    plan = tmp_path / "plan.json"
-    plan.write_text(json.dumps({"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2, "stages": [
-        {"layers": [0, 5], "parallelism": "none", "degree": 1, "devices": [0]}]}))
-    peaks = {}
+    plan = _one_stage_plan(tmp_path)
+    h100, a100 = _estimate(plan, "h100-sxm", capsys), _estimate(plan, "a100-80gb", capsys)
+    assert h100[0] - a100[0] == 2 * (33_554_432 - 8_519_680) == 50_069_504
+    assert h100[1] == a100[1]
+
+
+def test_plan_without_a_profile_simulates_the_named_gpu(tmp_path, capsys):
+    """The profile-free planner's simulated profile is taken on the GPU named: its prediction of the one-device plan
+    is the one-shot estimate on that GPU, also after the same stages were simulated on another GPU into the same
+    cache (the stage memo keys a stage by its GPU)."""
+    plan = _one_stage_plan(tmp_path)
     for gpu in ("h100-sxm", "a100-80gb"):
-        assert main(["estimate-memory", "--model", MLP, "--cluster", "1x1", "--plan", str(plan), "--gpu", gpu,
-                     "--json"]) == 0
-        (device,) = json.loads(capsys.readouterr().out)["estimates"][0]["devices"]
-        peaks[gpu] = (device["peak_memory_bytes"], device["overhead_bytes"])
-    assert peaks["h100-sxm"][0] - peaks["a100-80gb"][0] == 2 * (33_554_432 - 8_519_680) == 50_069_504
-    assert peaks["h100-sxm"][1] == peaks["a100-80gb"][1]
+        expected = _estimate(plan, gpu, capsys)[0]
+        assert main(["plan", "--model", MLP, "--cluster", "1x1", "--gpu", gpu, "--global-batch-size", "8",
+                     "--num-microbatches", "2", "--cache-dir", str(tmp_path / "cache"), "--json"]) == 0
+        assert json.loads(capsys.readouterr().out)["predicted_peak_bytes"] == expected, gpu
+
+
+def test_profile_records_the_named_gpus_workspaces(tmp_path):
+    db = tmp_path / "p.sqlite"
+    assert main(["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "8", "--num-microbatches", "2",
+                 "--backend", "sim", "--gpu", "a100-80gb", "--scenarios", "pipeline", "--db", str(db)]) == 0
+    with sqlite3.connect(db) as con:
+        sizes = dict(con.execute("SELECT DISTINCT name, bytes FROM workspaces").fetchall())
+    assert sizes == {"cublas/forward": 8_519_680, "cublas/backward": 8_519_680, "cublaslt/forward": 1_048_576}
+
+
+def test_a_stage_simulated_on_one_gpu_is_not_reused_for_another(tmp_path):
+    """The memo of simulated stages (profiling/stage_memo.py) keys a stage by its GPU: the A100 campaign served by a
+    memo that holds the H100's stages simulates them again, and so records the A100's workspaces."""
+    pytest.importorskip("transformers")
+    from hybridplan.plan import Cluster
+    from hybridplan.profiling.campaign import Campaign, CampaignConfig
+    from hybridplan.profiling.partitions import Scenario
+    from hybridplan.profiling.stage_memo import StageMemo
+    from hybridplan.profiling.store import ProfileStore
+
+    memos = []
+    for gpu in ("h100-sxm", "a100-80gb"):
+        cfg = CampaignConfig(model="hf:llama-tiny", cluster=Cluster.uniform(1, 1, device_type="cuda", gpu=gpu),
+                             global_batch_size=8, num_microbatches=2, scenarios=(Scenario("none", 1),),
+                             run_options={"backend": "sim", "device_type": "cuda"})
+        memos.append(StageMemo(tmp_path / "stages"))
+        with ProfileStore(tmp_path / f"{gpu}.sqlite") as store:
+            Campaign(cfg, store, memo=memos[-1]).run()
+        with sqlite3.connect(tmp_path / f"{gpu}.sqlite") as con:
+            assert {b for (b,) in con.execute("SELECT DISTINCT bytes FROM workspaces WHERE name LIKE 'cublas/%'")} == {
+                {"h100-sxm": 33_554_432, "a100-80gb": 8_519_680}[gpu]}
+    assert memos[1].misses > 0

@@ -431,7 +431,8 @@ class Campaign:
 
     def _run_one(self, run: ProfilingRun, plan: Plan, key: str, scenario: Scenario, batch: int) -> tuple[str, str | None, int | None, float]:
         memory = self.cfg.cluster.memory_of(0)
-        cluster = Cluster.uniform(1, run.devices, device_type=self.cfg.cluster.devices[0].type, memory_bytes=memory)
+        cluster = Cluster.uniform(1, run.devices, device_type=self.cfg.cluster.devices[0].type, memory_bytes=memory,
+                                  gpu=self.cfg.cluster.devices[0].gpu)
         started = time.perf_counter()
         if self.cfg.run_options.get("backend") == "sim":
             if self._specs is None:

@@ -132,7 +132,8 @@ def _stage_identity(plan: Plan, index: int, cluster: Cluster, model: Any, specs:
     options = {k: v for k, v in run_options.items() if k not in ("timeout_s", "backend")}
     return {"code": code_digest(), "span": span, "stage": form, "schedule": plan.schedule, "actions": actions,
             "microbatch_size": plan.microbatch_size, "iterations": iterations, "seed": seed, "options": options,
-            "capacity": cluster.memory_of(stage.devices[0])}
+            "capacity": cluster.memory_of(stage.devices[0]),
+            **({"gpu": gpu} if (gpu := cluster.devices[stage.devices[0]].gpu) is not None else {})}  # its CUDA terms
 
 
 def measurements_of(outcome: RunOutcome, plan: Plan, batch: int) -> list[dict[str, Any]]:

@@ -109,7 +109,9 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     scenarios = _scenarios(layered, cluster.devices_per_node, global_batch_size, num_microbatches, zero)
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     memo = StageMemo(root / "stages", on_unusable=say)
-    shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None)
+    gpu = cluster.devices[0].gpu  # a named GPU's CUDA terms (plan/gpus.py): the simulated device's cuBLAS workspace
+    shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None,
+                            gpu=gpu)
     options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision}
     configs = [CampaignConfig(model=model, cluster=shape, global_batch_size=global_batch_size,
                               num_microbatches=num_microbatches, schedule=as_schedule(schedule), zero=zero, neighbors=_NEIGHBORS,
@@ -124,7 +126,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
             identity = {"code": code_digest(), "model": config, "shape": shape.shape,
                         "device": device_type, "batch": global_batch_size, "microbatches": num_microbatches,
                         "schedule": schedule, "options": cfg.run_options, "zero": zero, "neighbors": _NEIGHBORS,
-                        "scenarios": [s.name for s in scenarios]}
+                        "scenarios": [s.name for s in scenarios], **({"gpu": gpu} if gpu is not None else {})}
             key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
             path = folder / f"{key}.sqlite"
             what = "recomputed profile" if cfg.run_options.get("activation_checkpointing") else "profile"

@@ -135,7 +135,8 @@ def validate_plan(
     if cluster is None:
         profiled = Cluster.from_dict(identity["cluster"])
         cluster = Cluster.uniform(
-            1, plan.num_devices, device_type=profiled.devices[0].type, memory_bytes=profiled.memory_of(0)
+            1, plan.num_devices, device_type=profiled.devices[0].type, memory_bytes=profiled.memory_of(0),
+            gpu=profiled.devices[0].gpu,
         )
     name = model_of_campaign(identity, model, source=f"profile database {str(db)!r}")
 
