@@ -95,8 +95,13 @@ def _cluster(args: argparse.Namespace, plan: Plan) -> Cluster:
 
 
 def handle(args: argparse.Namespace) -> int:
+    import importlib.util
+
     from hybridplan.report.device_memory import plan_memory_from
 
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("hybridplan show draws with matplotlib, which is not installed",
+                         fix="pip install 'hybridplan[plot]' (or matplotlib)")
     check_output(args.png, "--png")
     if args.db and args.time_profile:
         raise UsageError("--db and --time-profile both give layer times", fix="give one of them")
@@ -138,4 +143,8 @@ def _timeline(args: argparse.Namespace, plan: Plan, cluster: Cluster) -> Any:
         raise type(e)(f"the time model cannot time the plan: {e.message}", fix=e.fix) from None
     name = Path(args.time_profile or args.db).name
     return play(plan, model_durations(breakdown), unit="s",
-                source=f"time model, {name}; its closed form: {breakdown.total_s:.4g} s")
+                source=f"time model, {name}; its closed form: {_seconds(breakdown.total_s)}")
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:.4g} ms" if value < 1 else f"{value:.4g} s"

@@ -136,14 +136,17 @@ def _memory(ax: Axes, memory: PlanMemory, cluster: Cluster) -> None:
 
 
 def _timeline(ax: Axes, timeline: Timeline) -> None:
-    length = timeline.length or 1.0
+    """Boxes in the timeline's unit (seconds: milliseconds below one second)."""
+    ms = timeline.unit == "s" and timeline.length < 1
+    scale = 1e3 if ms else 1.0
+    length = (timeline.length or 1.0) * scale
     numbers = max((b.microbatch or 0 for b in timeline.boxes), default=0) < _BOX_TEXT_UP_TO
     colours = {"F": FORWARD, "B": BACKWARD, "step": STEP}
     for b in timeline.boxes:
-        ax.barh(b.stage, b.duration, left=b.start, height=0.8, color=colours[b.kind], edgecolor="white", linewidth=0.5,
+        ax.barh(b.stage, b.duration * scale, left=b.start * scale, height=0.8, color=colours[b.kind], edgecolor="white", linewidth=0.5,
                 gid=f"{b.kind}{'' if b.microbatch is None else b.microbatch}@{b.stage}")
-        if numbers and b.microbatch is not None and b.duration / length > 0.012:
-            ax.text(b.start + b.duration / 2, b.stage, str(b.microbatch), ha="center", va="center", fontsize=6,
+        if numbers and b.microbatch is not None and b.duration * scale / length > 0.012:
+            ax.text((b.start + b.duration / 2) * scale, b.stage, str(b.microbatch), ha="center", va="center", fontsize=6,
                     color="black" if b.kind == "F" else "white")
     from matplotlib.patches import Patch
 
@@ -155,10 +158,10 @@ def _timeline(ax: Axes, timeline: Timeline) -> None:
     ax.set_yticks(range(p), [f"stage {s}" for s in range(p)], fontsize=7)
     ax.set_ylim(p - 0.5, -0.5)
     ax.set_xlim(0, length)
-    unit = "seconds" if timeline.unit == "s" else "unit times"
+    unit = "milliseconds" if ms else "seconds" if timeline.unit == "s" else "unit times"
     ax.set_xlabel(unit, fontsize=8)
-    idle = sum(timeline.bubble(s) for s in range(p)) / (p * length)
-    shown = f"{length:.4g} s" if timeline.unit == "s" else f"{length:g} units"
+    idle = sum(timeline.bubble(s) for s in range(p)) / (p * (timeline.length or 1.0))
+    shown = f"{length:.4g} {'ms' if ms else 's' if timeline.unit == 's' else 'units'}"
     ax.set_title(f"timeline of one iteration ({timeline.source}): {shown}, {100 * idle:.0f}% of stage time in "
                  f"bubbles (gaps); numbers: micro-batch", fontsize=9)
 
