@@ -141,6 +141,13 @@ def _estimate(plan: Path, gpu: str, capsys: pytest.CaptureFixture[str]) -> tuple
     return device["peak_memory_bytes"], device["overhead_bytes"]
 
 
+def test_a_gpu_with_a_profile_database_is_refused_naming_it(capsys):
+    """With --db the profile holds its device type: --gpu chooses the simulated profile, as --device does."""
+    assert main(["plan", "--db", "profile.sqlite", "--cluster", "1x2", "--gpu", "h100-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert "--device/--gpu, --precision and --cache-dir choose the simulated profile" in err and "--device-memory" in err
+
+
 def test_estimate_memory_simulates_the_named_gpus_cublas_workspace(tmp_path, capsys):
     """The MLP's bias Linear forward and its backward's matmuls hold one cuBLAS workspace per thread and one cuBLASLt
     workspace: 2 x 32 MiB + 1 MiB on an H100, 2 x 8,519,680 + 1 MiB on an A100 (PyTorch's defaults), a difference of

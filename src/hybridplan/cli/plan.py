@@ -111,8 +111,9 @@ def handle(args: argparse.Namespace) -> int:
 
     check_output(args.out, "--out")
     if args.db and (args.device != "cpu" or args.precision != "fp32" or args.cache_dir):
-        raise UsageError("--device, --precision and --cache-dir choose the simulated profile, used without --db (a"
-                         " profile database holds its own device type and precision)", fix="drop them, or drop --db")
+        raise UsageError("--device/--gpu, --precision and --cache-dir choose the simulated profile, used without --db"
+                         " (a profile database holds its own device type and precision)",
+                         fix="drop them (with --db, --device-memory gives the devices' capacity), or drop --db")
     if not args.db and args.objective != "memory" and not args.time_profile:
         raise UsageError(f"--objective {args.objective} needs layer times, which a simulated profile does not measure",
                          fix="give --db FILE from 'hybridplan profile --time', or --time-profile FILE")
