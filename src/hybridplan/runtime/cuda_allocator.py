@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 
 __all__ = [
@@ -233,6 +233,12 @@ class CachingAllocatorModel:
         """Start new peak windows at the current levels (``reset_peak_memory_stats``)."""
         self.peak_allocated = self.allocated
         self.peak_reserved = self.reserved
+
+    def rekey(self, pairs: Iterable[tuple[Hashable, Hashable]]) -> None:
+        """Give each ``(old, new)`` pair's block to ``new`` (runtime/memory.py ``StorageTracker.adopt``); a block
+        whose key is in no pair keeps it."""
+        moved = {old: new for old, new in pairs}
+        self._live = {moved.get(key, key): block for key, block in self._live.items()}
 
     def block_of(self, key: Hashable) -> int:
         """Bytes of ``key``'s block (0 if it has none)."""

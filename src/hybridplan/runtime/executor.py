@@ -46,7 +46,9 @@ from hybridplan import collectives
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.plan import Plan
+from hybridplan.runtime.memory import StorageTracker
 from hybridplan.runtime.release import is_fake, release_output
+from hybridplan.runtime.repeats import run_actions
 from hybridplan.runtime import shared_gpu
 from hybridplan.runtime.routing import Transfer, layout_of, route
 from hybridplan.runtime.sharding import optimizer_state, reduces_gradients
@@ -112,6 +114,9 @@ class StageExecutor:
         loss_scale: the loss is multiplied by it before the backward pass (fp16), default 1.
         checkpointed: the module recomputes activations in the backward pass (see release_output).
         staged: point-to-point transfers go through host memory (ranks sharing a GPU: runtime/shared_gpu.py).
+        skip_repeats: replay, not trace, the blocks of actions that repeat (a simulated device's
+            :class:`~hybridplan.runtime.memory.StorageTracker` only: runtime/repeats.py [Note: skipping repeated
+            blocks]; there is no loss to count then).
     """
 
     def __init__(
@@ -133,6 +138,7 @@ class StageExecutor:
         loss_scale: float = 1.0,
         checkpointed: bool = False,
         staged: bool = False,
+        skip_repeats: bool = False,
     ) -> None:
         self.model = model
         self.plan = plan
@@ -150,6 +156,7 @@ class StageExecutor:
         self.loss_scale = loss_scale
         self.checkpointed = checkpointed
         self.staged = staged
+        self.skip_repeats = skip_repeats
 
         self.stage_index = plan.stage_of_device(rank)
         self.stage = plan.stages[self.stage_index]
@@ -320,23 +327,30 @@ class StageExecutor:
             local_in, local_tgt = self._local_batch(iteration)
             data = self.meter.current - static
             stash: dict[int, Any] = {}
-            loss: float | None = 0.0
+            loss: float | None
             timeline: list[dict[str, Any]] = []
             if self.weight_stash is not None:
                 self.weight_stash.use_stale()
-            for action in self.actions:
+            losses: list[float | None] = []
+
+            def execute(action: Action) -> tuple[int, int, int]:
                 before = self.meter.start_window()
                 if action.kind == "F":
                     with self.meter.in_phase("activations"):
-                        part = self._forward(action.microbatch, local_in, local_tgt, stash)
-                    loss = None if part is None or loss is None else loss + part
+                        losses.append(self._forward(action.microbatch, local_in, local_tgt, stash))
                 else:
                     with self.meter.in_phase("backward"):
                         self._backward(action.microbatch, stash)
-                if self.record_timeline:
-                    timeline.append(
-                        {"action": str(action), "before": before, "peak": self.meter.window_peak, "after": self.meter.current}
-                    )
+                return before, self.meter.window_peak, self.meter.current
+
+            replayable = self.skip_repeats and isinstance(self.meter, StorageTracker)
+            levels = run_actions(self.actions, execute, meter=self.meter if replayable else None)
+            if self.record_timeline:
+                timeline += [{"action": str(a), "before": b, "peak": p, "after": c}
+                             for a, (b, p, c) in zip(self.actions, levels)]
+            # a skipped block's forwards were not traced (only under fake tensors, where there is no loss)
+            traced = len(losses) == sum(a.kind == "F" for a in self.actions)
+            loss = None if not traced or any(part is None for part in losses) else sum(p for p in losses if p is not None)
             del local_in, local_tgt
             before = self.meter.start_window()
             with self.meter.in_phase("step"):

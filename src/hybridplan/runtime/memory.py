@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -55,6 +55,11 @@ CATEGORIES = ("parameters", "gradients", "optimizer", "data", "activations", "ba
 they are accumulated into ``param.grad``) and parameters/optimizer state (registered). "weight_stash" is
 PipeDream-2BW's second weight version (runtime/weight_stash.py); other schedules have none. "workspace":
 the cuBLAS workspaces of a simulated CUDA device (runtime/gpu_memory.py [Note: cuBLAS workspaces])."""
+
+
+def _NO_STORAGE() -> None:
+    """The weak reference of a replayed storage (runtime/repeats.py): there is no tensor behind it."""
+    return None
 
 
 class DeviceOutOfMemory(RuntimeError):
@@ -118,14 +123,25 @@ class StorageTracker(TorchDispatchMode):
         self._by_category = dict.fromkeys(CATEGORIES, 0)
         self.peak_by_category = dict(self._by_category)
         self._paused = 0
-        self._resizable: dict[int, Any] = {}
+        self._resizable: dict[Any, Any] = {}
         """Storages written through an ``out=`` argument, by key: a weakref each, re-measured at every op."""
+        self._events: list[tuple[Any, ...]] | None = None
+        """What happened to the live storages since :meth:`begin_trace`, or None when not tracing."""
+        self._anchor: dict[Any, int] = {}
+        """Storages live when the trace began, by key: their position in allocation order."""
+        self._born: dict[Any, int] = {}
+        """Storages allocated since the trace began, by key: which allocation of the trace made them."""
+        self._births = 0
 
     # ------------------------------------------------------------------ accounting
     def _release(self, key: Any, _ref: Any = None) -> None:
         self._resizable.pop(key, None)
         entry = self._live.pop(key, None)
         if entry is not None:
+            if self._events is not None:
+                self._events.append(("f", self._ref(key)))
+                self._anchor.pop(key, None)
+                self._born.pop(key, None)
             self.current -= entry[0]
             self._by_category[entry[1]] -= entry[0]
             if self.device is not None:
@@ -172,6 +188,10 @@ class StorageTracker(TorchDispatchMode):
             nbytes = self._allocate(key, size)
             self._live[key] = (nbytes, cat, weakref.ref(storage, functools.partial(self._release, key)), size)
             self._count(nbytes, cat)
+            if self._events is not None:
+                self._events.append(("a", size, cat))
+                self._born[key] = self._births
+                self._births += 1
             if self.device is None and self.capacity_bytes is not None and self.current > self.capacity_bytes:
                 raise DeviceOutOfMemory(self.current, self.capacity_bytes, self.phase)
 
@@ -189,6 +209,8 @@ class StorageTracker(TorchDispatchMode):
                 nbytes = self._allocate(key, size)
                 self._live[key] = (nbytes, entry[1], entry[2], size)
                 self._count(nbytes - entry[0], entry[1])
+                if self._events is not None:
+                    self._events.append(("z", self._ref(key), size))
 
     def track_all(self, objects: Iterable[Any], category: str) -> None:
         """Register pre-existing tensors: modules (parameters, gradients, buffers), optimizers (state), tensors."""
@@ -218,6 +240,8 @@ class StorageTracker(TorchDispatchMode):
                 self._by_category[entry[1]] -= entry[0]
                 self._by_category[category] += entry[0]
                 self._live[key] = (entry[0], category, entry[2], entry[3])
+                if self._events is not None:
+                    self._events.append(("r", self._ref(key), category))
 
     def forget(self, t: Any) -> None:
         """Stop counting ``t``'s storage now (it is only kept alive for an in-flight send)."""
@@ -248,6 +272,95 @@ class StorageTracker(TorchDispatchMode):
         return {f"{key[1]}/{key[2]}": entry[0] for key, entry in self._live.items()
                 if isinstance(key, tuple) and key[:1] == ("workspace",)}
 
+    # ------------------------------------------------------------------ repeated blocks
+    # runtime/repeats.py [Note: skipping repeated blocks]: a block of actions is traced as events on the live
+    # storages (named by their place in allocation order at the block's start, or by which of the block's
+    # allocations made them), and a block that would repeat it is replayed from those events, without tensors.
+
+    def structure(self) -> tuple[Any, ...]:
+        """The live storages as the program sees them: in allocation order, each one's own bytes, category,
+        and whether it is resized outside ops; not the bytes the allocator gives them (its history)."""
+        return tuple((e[3], e[1], k in self._resizable, isinstance(k, tuple)) for k, e in self._live.items())
+
+    def _ref(self, key: Any) -> tuple[str, int]:
+        born = self._born.get(key)
+        return ("n", born) if born is not None else ("o", self._anchor[key])
+
+    def begin_trace(self) -> None:
+        """Start recording events, named relative to the storages live now."""
+        self._events, self._anchor, self._born, self._births = [], {k: i for i, k in enumerate(self._live)}, {}, 0
+
+    def take_events(self) -> tuple[tuple[Any, ...], ...]:
+        """The events since the trace began or since the last call (one action's)."""
+        if self._events is None:
+            raise RuntimeError("take_events called outside a trace")
+        out = tuple(self._events)
+        self._events.clear()
+        return out
+
+    def end_trace(self) -> None:
+        """Stop recording."""
+        self._events, self._anchor, self._born = None, {}, {}
+
+    def replay(self, actions: Sequence[Sequence[tuple[Any, ...]]]) -> list[tuple[int, int, int]]:
+        """Apply a traced block's events, one sequence per action, to the storages live now (which must have the
+        traced block's :meth:`structure`); returns each action's (level before, window peak, level after).
+        Storages the block allocates get keys of their own (no tensor stands behind them); :meth:`adopt`
+        gives the live set back to the program's tensors afterwards."""
+        order = list(self._live)
+        born: list[Any] = []
+        out = []
+        for events in actions:
+            before = self.current
+            for event in events:
+                kind = event[0]
+                key = None if kind in ("s", "a") else order[event[1][1]] if event[1][0] == "o" else born[event[1][1]]
+                if kind == "s":
+                    before = self.window_peak = self.current
+                elif kind == "a":
+                    key = object()
+                    born.append(key)
+                    nbytes = self._allocate(key, event[1])
+                    self._live[key] = (nbytes, event[2], None, event[1])
+                    self._count(nbytes, event[2])
+                    if self.device is None and self.capacity_bytes is not None and self.current > self.capacity_bytes:
+                        raise DeviceOutOfMemory(self.current, self.capacity_bytes, self.phase)
+                elif kind == "f":
+                    self._release(key)
+                elif kind == "r":
+                    entry = self._live[key]
+                    self._by_category[entry[1]] -= entry[0]
+                    self._by_category[event[2]] += entry[0]
+                    self._live[key] = (entry[0], event[2], entry[2], entry[3])
+                elif kind == "z":
+                    entry = self._live[key]
+                    if self.device is not None:
+                        self.device.allocator.free(key)
+                    nbytes = self._allocate(key, event[2])
+                    self._live[key] = (nbytes, entry[1], entry[2], event[2])
+                    self._count(nbytes - entry[0], entry[1])
+                elif kind == "w":
+                    self._resizable[key] = _NO_STORAGE
+                else:
+                    raise RuntimeError(f"a traced event of kind {kind!r} cannot be replayed")
+            out.append((before, self.window_peak, self.current))
+        return out
+
+    def snapshot(self) -> list[tuple[Any, Any]]:
+        """The live storages now, in allocation order, with their weak references (for :meth:`adopt`)."""
+        return [(k, e[2]) for k, e in self._live.items()]
+
+    def adopt(self, snapshot: list[tuple[Any, Any]]) -> None:
+        """After :meth:`replay`: the storage at each place in allocation order is the program's storage at that
+        place in ``snapshot`` (taken when the structure was the same), with the bytes the replay gave it."""
+        now = list(self._live.items())
+        if len(now) != len(snapshot):
+            raise RuntimeError(f"replayed {len(now)} live storages for the program's {len(snapshot)}")
+        self._live = {key: (e[0], e[1], ref, e[3]) for (key, ref), (_, e) in zip(snapshot, now)}
+        self._resizable = {key: ref for (key, ref), (old, _) in zip(snapshot, now) if old in self._resizable}
+        if self.device is not None:
+            self.device.allocator.rekey([(old, key) for (key, _), (old, _) in zip(snapshot, now)])
+
     def counts(self, t: Any) -> bool:
         """Whether ``t``'s storage is currently counted."""
         return all(p.untyped_storage()._cdata in self._live for p in storage_tensors(t))
@@ -265,6 +378,8 @@ class StorageTracker(TorchDispatchMode):
         """Start a sub-window (for per-action peaks); returns the current level."""
         self._remeasure_resizable()
         self.window_peak = self.current
+        if self._events is not None:
+            self._events.append(("s",))
         return self.current
 
     @property
@@ -304,6 +419,8 @@ class StorageTracker(TorchDispatchMode):
                     for plain in storage_tensors(t):
                         storage = plain.untyped_storage()
                         if storage._cdata in self._live:
+                            if self._events is not None and storage._cdata not in self._resizable:
+                                self._events.append(("w", self._ref(storage._cdata)))
                             self._resizable[storage._cdata] = weakref.ref(storage)
             for t in tree_flatten(out)[0]:
                 if isinstance(t, torch.Tensor):
@@ -327,6 +444,8 @@ class StorageTracker(TorchDispatchMode):
         for key, nbytes in blocks:  # held for the process's life, as PyTorch's handle-to-workspace map holds them
             self._live[key] = (nbytes, "workspace", None, nbytes)
             self._count(nbytes, "workspace")
+            if self._events is not None:
+                self._events.append(("workspace", key))  # never replayed: a trace holding one does not repeat
 
 
 class _PassiveMeter:

@@ -76,6 +76,7 @@ def run_rank(
     device: torch.device,
     specs: list[BoundarySpec] | None = None,
     simulated: bool = False,
+    skip_repeats: bool = True,
 ) -> RankReport:
     """Train ``cfg`` as ``rank`` in an initialised default process group; return this rank's report.
 
@@ -87,7 +88,8 @@ def run_rank(
     The same code runs; only what needs real data or a separate process differs: losses are not
     reported, weights are not saved, the cyclic garbage collector's frozen set is released after the run
     (the simulator runs many ranks in one process), and a rank standing for a CUDA device is measured in
-    GPU terms with an estimated overhead (runtime/gpu_memory.py).
+    GPU terms with an estimated overhead (runtime/gpu_memory.py), and, with ``skip_repeats``, blocks of
+    actions that repeat the device's state are not traced (runtime/repeats.py [Note: skipping repeated blocks]).
     """
     model = resolve_model(cfg.model)
     plan = cfg.plan
@@ -152,6 +154,7 @@ def run_rank(
             loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
             checkpointed=checkpointing,
             staged=cfg.share_gpu,
+            skip_repeats=simulated and skip_repeats,
         )
         timer = LayerTimer(module, device, optimizer) if cfg.layer_timing else None
         # Objects alive now live for the whole run: freezing them keeps the per-iteration full

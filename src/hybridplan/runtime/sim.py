@@ -114,6 +114,7 @@ def simulate_stage(
     iterations: int = 2,
     specs: list[BoundarySpec] | None = None,
     rank: int | None = None,
+    skip_repeats: bool = True,
 ) -> RankReport:
     """Simulate one device of stage ``stage_index`` of ``cfg.plan``; return its report.
 
@@ -131,6 +132,8 @@ def simulate_stage(
         iterations: iterations to simulate.
         specs: the model's boundary specs (:func:`~hybridplan.models.boundaries.boundary_specs`), if known.
         rank: which device of the stage (default: its first; all do the same work in memory terms).
+        skip_repeats: do not trace blocks of actions that repeat the device's state (runtime/repeats.py
+            [Note: skipping repeated blocks]: the report is the same to the byte); False traces every action.
 
     Raises:
         UsageError: for a stage index out of range, a rank not in the stage, or fewer than 1 iteration.
@@ -151,7 +154,8 @@ def simulate_stage(
         raise UsageError(f"device {rank} is not in stage {stage_index} (devices {list(devices)})")
     run_cfg = replace(cfg, iterations=iterations, save_weights_dir=None)
     with frozen_heap(), fake_process_group(rank, plan.num_devices), _simulated_tensor_mode():
-        return run_rank(rank, run_cfg, device=torch.device("cpu"), specs=specs, simulated=True)
+        return run_rank(rank, run_cfg, device=torch.device("cpu"), specs=specs, simulated=True,
+                        skip_repeats=skip_repeats)
 
 
 def simulate(
