@@ -97,7 +97,8 @@ def test_a_bar_per_device_its_total_the_predicted_peak_and_the_peak_split_by_its
     peaks = [d["peak_memory_bytes"] for d in sorted(prediction["devices"], key=lambda d: d["device"])]
     for x, peak in enumerate(peaks):
         assert sum(h for _, h in stacks[x]) == pytest.approx(peak / KIB)  # the axis is in KiB
-    assert [t.get_text() for t in memory.texts] == [format_bytes(p) for p in peaks]
+    # on top: the total and its share of the 20 KiB capacity
+    assert [t.get_text() for t in memory.texts] == [f"{format_bytes(p)}\n{round(100 * p / (20 * KIB))}%" for p in peaks]
     # Device 0 (stage 0 of 2, 1F1B, 4 micro-batches: F0 F1 B0 F2 B1 F3 B2 B3) peaks in B1: two micro-batches in flight,
     # the gradients allocated by B0, B1's temporaries. Device 4 (the last stage: F0 B0 ...) peaks in its first
     # backward: one micro-batch in flight, no gradient yet.
@@ -119,6 +120,11 @@ def test_the_capacity_line_is_at_the_capacity(prediction):
     memory = _axes(_picture(prediction, capacity=None))[1]
     assert not [ln for ln in memory.lines if ln.get_gid() == "capacity"]
     assert "no capacity" in memory.get_title()
+    # far above the bars (1 GiB against 18 KiB) the line would squash them: the legend names it instead
+    memory = _axes(_picture(prediction, capacity="1GiB"))[1]
+    assert not [ln for ln in memory.lines if ln.get_gid() == "capacity"]
+    assert "capacity 1.00 GiB (off scale)" in _legend(memory)
+    assert memory.texts[0].get_text().endswith("\n0%")
 
 
 def test_a_peak_no_action_gives_is_drawn_whole_and_cuda_terms_on_top(prediction):
@@ -132,7 +138,7 @@ def test_a_peak_no_action_gives_is_drawn_whole_and_cuda_terms_on_top(prediction)
     memory = _axes(_picture(changed, capacity="64KiB"))[1]
     assert _stacks(memory)[0] == [("peak", pytest.approx(d0["peak_memory_bytes"] / KIB)), ("reserved", 2),
                                   ("outside", 5)]
-    assert memory.texts[0].get_text() == format_bytes(d0["total_bytes"])
+    assert memory.texts[0].get_text() == f"{format_bytes(d0['total_bytes'])}\n{round(100 * d0['total_bytes'] / (64 * KIB))}%"
     labels = _legend(memory)
     assert "tensor peak (the file does not split it)" in labels and "allocator cache (reserved above the peak)" in labels
 

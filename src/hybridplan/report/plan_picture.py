@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from hybridplan.plan import Cluster, Plan
 from hybridplan.report.device_memory import SEGMENTS, PlanMemory
-from hybridplan.report.plots import _figure, _save
+from hybridplan.report.plots import CAPACITY_LINE_BELOW, _figure, _save
 from hybridplan.report.timeline import Timeline
 from hybridplan.units import format_bytes
 
@@ -101,7 +101,14 @@ def _unit(largest: float) -> tuple[int, str]:
     return 1, "B"
 
 
+def _capacities(known: list[int]) -> str:
+    low, high = min(known), max(known)
+    return format_bytes(high) if low == high else f"{format_bytes(low)} to {format_bytes(high)}"
+
+
 def _memory(ax: Axes, memory: PlanMemory, cluster: Cluster) -> None:
+    """Stacked bars; the capacity as a line, or named in the legend where it is off scale (report/plots.py's rule);
+    on each bar its total and the share of its device's capacity it takes."""
     bars = memory.bars
     xs = list(range(len(bars)))
     capacities = [cluster.memory_of(b.device) for b in bars]
@@ -117,7 +124,10 @@ def _memory(ax: Axes, memory: PlanMemory, cluster: Cluster) -> None:
     if predicted:
         ax.scatter([x for x, _ in predicted], [y for _, y in predicted], marker="_", s=300, color="black", zorder=4,
                    label="predicted tensor peak")
-    if known and len(set(known)) == 1 and len(known) == len(bars):
+    highest = max([b.total for b in bars] + [b.predicted or 0 for b in bars])
+    if known and max(known) > CAPACITY_LINE_BELOW * highest > 0:  # a line so far up would squash the bars
+        ax.plot([], [], " ", label=f"capacity {_capacities(known)} (off scale)")
+    elif known and len(set(known)) == 1 and len(known) == len(bars):
         ax.axhline(known[0] / size, color="black", linestyle="--", linewidth=1,
                    label=f"capacity {format_bytes(known[0])}", gid="capacity")
     elif known:
@@ -125,8 +135,10 @@ def _memory(ax: Axes, memory: PlanMemory, cluster: Cluster) -> None:
         ax.hlines([c / size for _, c in segments], [x - 0.45 for x, _ in segments], [x + 0.45 for x, _ in segments],
                   color="black", linestyle="--", linewidth=1, label="capacity", gid="capacity")
     if len(bars) <= 16:
-        for x, b in zip(xs, bars):
-            ax.text(x, b.total / size, format_bytes(b.total), ha="center", va="bottom", fontsize=6, gid="total")
+        for x, b, c in zip(xs, bars, capacities):
+            share = "" if c is None else f"\n{100 * b.total / c:.0f}%"
+            ax.text(x, b.total / size, format_bytes(b.total) + share, ha="center", va="bottom", fontsize=6, gid="total")
+    ax.set_ylim(0, ax.get_ylim()[1] * 1.15)  # room for the totals
     step = max(1, len(bars) // 32)
     ax.set_xticks(xs[::step], [f"{b.device}\ns{b.stage}" for b in bars][::step], fontsize=7)
     ax.set_xlabel("device (stage)", fontsize=8)
