@@ -171,3 +171,18 @@ def test_a_prediction_of_other_devices_or_no_prediction_is_refused(prediction):
         plan_memory_from(PLAN, plan, "p.json", validation=False)
     with pytest.raises(UsageError, match="is not a validation"):
         plan_memory_from(prediction, plan, "p.json", validation=True)
+
+
+def test_an_estimate_of_the_plan_is_drawn_unsplit_and_an_estimate_of_others_refused():
+    """``estimate-memory --json``: {"estimates": [{"plan", "devices": [{device, stage, peak_memory_bytes,
+    reserved_peak_bytes, overhead_bytes, total_bytes}]}]} (workflows/estimate_memory.py ``PlanEstimate.to_dict``)."""
+    devices = [{"device": d, "stage": 0 if d < 4 else 1, "peak_memory_bytes": (10 + d) * KIB,
+                "reserved_peak_bytes": (12 + d) * KIB, "overhead_bytes": 3 * KIB, "total_bytes": (15 + d) * KIB}
+               for d in range(6)]
+    other = {**PLAN, "num_microbatches": 2}
+    doc = {"estimates": [{"plan": other, "devices": devices}, {"plan": PLAN, "devices": devices}]}
+    memory = plan_memory_from(doc, Plan.from_dict(PLAN), "e.json", validation=False)
+    assert [b.segments for b in memory.bars][5] == (("peak", 15 * KIB), ("reserved", 2 * KIB), ("outside", 3 * KIB))
+    assert [b.total for b in memory.bars] == [(15 + d) * KIB for d in range(6)]
+    with pytest.raises(UsageError, match="holds 1 estimated plan\\(s\\), none of them the plan"):
+        plan_memory_from({"estimates": doc["estimates"][:1]}, Plan.from_dict(PLAN), "e.json", validation=False)
