@@ -153,6 +153,12 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("estimate-memory --model wresnet-tiny --cluster 1x4 --plan gpt_plan.json", "model has 7 layers",
              before_torch=False),
     )),
+    ("Pictures (hybridplan show)", (
+        Case("show times.json --png a.png", "'times.json' is not a plan: plan lacks key(s)"),
+        Case("show plan.json --validation v.json --png a.png",
+             "--validation v.json does not match the plan: it has 1 device(s) [0], the plan 4"),
+        Case("show plan.json --png missing/a.png", "--png 'missing/a.png' cannot be written"),
+    )),
     ("Combinations", (
         Case("plan --cluster 1x4", "needs --model, --global-batch-size and --num-microbatches"),
         Case(f"{PLAN} --mode 2bw", "plans for throughput"),
