@@ -42,6 +42,43 @@ def test_the_same_question_is_read_from_the_cache(answered: tuple[Path, Path], t
     assert Plan.load(tmp_path / "again.json").to_dict() == Plan.load(best).to_dict()
 
 
+def test_the_same_question_again_builds_no_model(answered: tuple[Path, Path], tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """[Note: the question index]: a question asked before is answered from the index, the stored stage matrices and
+    the profiles, without building the model (4-5 s for a 7B HuggingFace model)."""
+    import hybridplan.models.zoo as zoo
+
+    def no_model(name: str) -> None:
+        raise AssertionError(f"{name} was built")
+
+    cache, best = answered
+    assert list((cache / "tables").glob("*.npz"))  # the first search kept its stage matrices
+    monkeypatch.setattr(zoo, "resolve_model", no_model)
+    capsys.readouterr()
+    assert main([*_QUESTION, "--cache-dir", str(cache), "--out", str(tmp_path / "again.json")]) == 0
+    assert "read from the cache" in capsys.readouterr().err
+    assert Plan.load(tmp_path / "again.json").to_dict() == Plan.load(best).to_dict()
+
+
+def test_a_damaged_index_or_table_is_not_trusted(answered: tuple[Path, Path], tmp_path: Path) -> None:
+    import shutil
+
+    cache = tmp_path / "copy"
+    shutil.copytree(answered[0], cache)
+    indexes = [p for p in (cache / "profiles").glob("*.json") if not p.name.startswith(".")]
+    tables = list((cache / "tables").glob("*.npz"))
+    assert indexes and tables
+    indexes[0].write_text('["../../../etc/passwd"]')
+    tables[0].write_bytes(b"PK\x03\x04 not a zip")
+    assert main([*_QUESTION, "--cache-dir", str(cache), "--out", str(tmp_path / "again.json")]) == 0
+    assert Plan.load(tmp_path / "again.json").to_dict() == Plan.load(answered[1]).to_dict()
+    assert indexes[0].read_text() != '["../../../etc/passwd"]'  # rewritten
+    import numpy as np
+
+    with np.load(tables[0]) as kept:  # rewritten whole
+        assert len(kept.files) > 0
+
+
 def test_another_cluster_reuses_the_simulated_stages(answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     cache, _ = answered
     stages = set((cache / "stages").glob("*.json"))
@@ -65,7 +102,7 @@ def test_cache_list_and_clear(tmp_path: Path, answered: tuple[Path, Path], capsy
     profiles = len(list((cache / "profiles").glob("*.sqlite")))
     assert profiles >= 2 and str(cache) in out and f" {profiles} simulated profiles" in out
     assert main(["cache", "clear", "--cache-dir", str(cache)]) == 0
-    assert not list(cache.rglob("*.json")) and not list(cache.rglob("*.sqlite"))
+    assert not list(cache.rglob("*.json")) and not list(cache.rglob("*.sqlite")) and not list(cache.rglob("*.npz"))
 
 
 @pytest.mark.parametrize("args, wanted", [

@@ -18,7 +18,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         " answered from it. 'list' says where it is and what it holds; 'clear' removes it (the next question"
         " simulates again).",
         reads="the cache folder (--cache-dir, else $HYBRIDPLAN_CACHE_DIR, else the user's cache folder).",
-        writes="nothing ('list'); 'clear' removes the cached stages and profiles.",
+        writes="nothing ('list'); 'clear' removes the cached stages, profiles and searches' stage matrices.",
         examples=["hybridplan cache list", "hybridplan cache clear"],
     )
     p.add_argument("action", choices=("list", "clear"), help="list: what it holds; clear: remove it")
@@ -37,6 +37,7 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     print(f"cache: {root}")
     for kind, files, size in cache_entries(root):
-        what = "simulated stages and tables" if kind == "stages" else "simulated profiles"
+        what = {"stages": "simulated stages and tables", "profiles": "simulated profiles",
+                "tables": "stage matrices of searches"}[kind]
         print(f"  {kind:<9} {files:>6} {what}, {format_bytes(size)}")
     return 0

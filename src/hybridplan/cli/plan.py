@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, output_plan,
                                    positive_int)
@@ -155,13 +156,13 @@ def _memory(args: argparse.Namespace) -> int:
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     cluster = cluster_from(args)
 
-    def search(db: str, recompute_db: str | None, whole: bool) -> MemoryPlan:
+    def search(db: str, recompute_db: str | None, whole: bool, tables: Path | None = None) -> MemoryPlan:
         return plan_memory(db, cluster, schedule=args.schedule, global_batch_size=args.global_batch_size,
                            num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
                            pipeline_only=args.pipeline_only, composite=whole or args.space == "extended",
                            zero=whole or args.zero, recompute_db=recompute_db,
                            cross_node=whole or args.allow_cross_node, fewest=args.fewest_devices, seed=args.seed,
-                           progress=say, say=say)
+                           progress=say, say=say, table_cache=tables)
 
     if args.db:
         answer = search(args.db, args.recompute_db, False)
@@ -177,7 +178,7 @@ def _memory(args: argparse.Namespace) -> int:
                                 recompute=True, cache_dir=args.cache_dir, progress=say) as profiles:
             say(f"profiles ready in {profiles.seconds:.1f} s: {profiles.simulated} stage(s) and table(s) simulated,"
                 f" {profiles.reused} reused")
-            answer = search(str(profiles.db), str(profiles.recompute_db), not args.pipeline_only)
+            answer = search(str(profiles.db), str(profiles.recompute_db), not args.pipeline_only, profiles.tables)
     for attempt in answer.tried:
         say(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}")
     if args.fewest_devices:

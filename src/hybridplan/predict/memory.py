@@ -118,6 +118,9 @@ class MemoryPredictor:
         self.layer_classes = list(layer_classes) if layer_classes is not None and len(layer_classes) == num_layers else None
         """Where the profile guarantees it (a simulated campaign of one-layer neighbour chains over layers with
         signatures: [Note: identical spans predict alike] in predict/span_tables.py), each layer's signature."""
+        self.matrices: dict[str, np.ndarray] | None = None
+        """Stage matrices already computed, by :meth:`stage_memory_matrix`'s arguments (None: none kept); a
+        search over a profile seen before reads them from disk (workflows/table_cache.py)."""
         self.schedule = schedule
         self.global_batch_size = global_batch_size
         self.num_microbatches = num_microbatches
@@ -417,9 +420,15 @@ class MemoryPredictor:
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
                             tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
         """``[start, stop]`` -> stage_memory for every span at once (``inf`` where not predictable;
-        predict/span_tables.py)."""
-        return stage_memory_matrix(self, kind, degree, stages_after, num_layers, tensor_degree=tensor_degree,
-                                   zero=zero, recompute=recompute)
+        predict/span_tables.py); kept in :attr:`matrices` when that is a dict."""
+        key = f"{kind}|{degree}|{stages_after}|{num_layers}|{tensor_degree}|{zero}|{int(recompute)}"
+        if self.matrices is not None and key in self.matrices:
+            return self.matrices[key].copy()
+        out = stage_memory_matrix(self, kind, degree, stages_after, num_layers, tensor_degree=tensor_degree,
+                                  zero=zero, recompute=recompute)
+        if self.matrices is not None:
+            self.matrices[key] = out.copy()
+        return out
 
     def _scaled_table(self, kind: str, degree: int, *, refined: bool = True) -> np.ndarray | None:
         """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`)."""

@@ -42,23 +42,23 @@ measure alike ([Note: identical spans predict alike] in predict/span_tables.py).
 _CODE_FOLDERS = ("runtime", "models")
 """What simulates a stage: a change there may change what a stage holds, so it changes every key."""
 
-_code_digest: str | None = None
+_code_digests: dict[tuple[str, ...], str] = {}
 
 
-def code_digest() -> str:
-    """SHA-256 over torch's version and the source of hybridplan's runtime and models (computed once a process)."""
-    global _code_digest
-    if _code_digest is None:
+def code_digest(folders: tuple[str, ...] = _CODE_FOLDERS) -> str:
+    """SHA-256 over torch's version and the source of hybridplan's ``folders`` (by default the runtime and the
+    models, which make a simulated stage what it is; computed once a process)."""
+    if folders not in _code_digests:
         import torch
 
         h = hashlib.sha256(torch.__version__.encode())
         root = Path(__file__).resolve().parent.parent
-        for folder in _CODE_FOLDERS:
+        for folder in folders:
             for path in sorted((root / folder).rglob("*.py")):
                 h.update(path.relative_to(root).as_posix().encode())
                 h.update(path.read_bytes())
-        _code_digest = h.hexdigest()
-    return _code_digest
+        _code_digests[folders] = h.hexdigest()
+    return _code_digests[folders]
 
 
 def span_identity(model: Any, start: int, stop: int, specs: list[Any]) -> list[Any] | None:

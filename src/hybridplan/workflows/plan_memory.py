@@ -31,6 +31,7 @@ from hybridplan.search import (
 )
 from hybridplan.search.progress import ProgressCallback
 from hybridplan.units import format_bytes
+from hybridplan.workflows.table_cache import table_memo
 
 __all__ = ["MemoryMode", "MODES", "MemoryPlan", "plan_memory", "held_fixed"]
 
@@ -80,6 +81,7 @@ def plan_memory(
     seed: int = 0,
     progress: ProgressCallback | None = None,
     say: Callable[[str], None] | None = None,
+    table_cache: Path | None = None,
 ) -> MemoryPlan:
     """The plan of the lowest predicted per-device peak memory on ``cluster`` (module docstring).
 
@@ -103,6 +105,7 @@ def plan_memory(
         seed: the Bayesian search's seed.
         progress: long searches report here (rate-limited, search/progress.py).
         say: one-line notes: the targets held fixed, a far extrapolation of the batch, the meshes tried.
+        table_cache: a folder keeping the search's stage matrices for these profiles (workflows/table_cache.py).
 
     Raises:
         ProfileError: for a database that holds no campaign.
@@ -113,6 +116,18 @@ def plan_memory(
     predictor = MemoryPredictor.from_db(db, schedule=schedule, global_batch_size=global_batch_size,
                                         num_microbatches=num_microbatches, degree_fit=degree_fit,
                                         recompute_db=recompute_db)
+    dbs = [Path(db)] + ([Path(recompute_db)] if recompute_db is not None else [])
+    with table_memo(predictor, table_cache, dbs=dbs, options={"degree_fit": degree_fit, "schedule": predictor.schedule,
+                    "batch": predictor.global_batch_size, "microbatches": predictor.num_microbatches}):
+        return _search(predictor, db, cluster, mode=mode, pipeline_only=pipeline_only, composite=composite, zero=zero,
+                       recompute=recompute_db is not None, cross_node=cross_node, fewest=fewest, seed=seed,
+                       progress=progress, note=note)
+
+
+def _search(predictor: MemoryPredictor, db: str | Path, cluster: Cluster, *, mode: MemoryMode, pipeline_only: bool,
+            composite: bool, zero: bool, recompute: bool, cross_node: bool, fewest: bool, seed: int,
+            progress: ProgressCallback | None, note: Callable[[str], None]) -> MemoryPlan:
+    """:func:`plan_memory` once its predictor is made."""
     scaling = predictor.scaling_note()
     if scaling is not None:
         note(scaling)
@@ -145,12 +160,12 @@ def plan_memory(
             return f"device {worst.device} needs {format_bytes(worst.needed_bytes)} with what the allocator and CUDA hold"
 
         found = fewest_devices(model, cluster, L, capacity=capacity - (outside or 0), pipeline_only=pipeline_only,
-                               composite=composite, zero=zero, recompute=recompute_db is not None,
+                               composite=composite, zero=zero, recompute=recompute,
                                cross_node=cross_node, progress=progress, check=whole_plan)
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,
-                                      recompute=recompute_db is not None, cross_node=cross_node)
+                                      recompute=recompute, cross_node=cross_node)
         if mode == "bayesian":
             result = solve_bayesian(model, space, seed=seed, progress=progress)
         elif mode == "exhaustive":

@@ -32,6 +32,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import time
@@ -52,6 +53,10 @@ CACHE_ENV = "HYBRIDPLAN_CACHE_DIR"
 
 _NEIGHBORS = 1
 """Chain length of the simulated profile (module note)."""
+
+
+_PROFILE_NAME = re.compile(r"[0-9a-f]{32}\.sqlite")
+"""A cached profile's file name: the SHA-256 prefix of its campaign."""
 
 
 def default_cache_dir() -> Path:
@@ -75,6 +80,8 @@ class SimulatedProfiles:
     seconds: float
     cached: bool
     """Whether the cache folder was usable (else the databases live until the ``with`` block ends)."""
+    tables: Path | None = None
+    """Where a search over these profiles keeps its stage matrices (workflows/table_cache.py); None: not kept."""
 
 
 @contextmanager
@@ -104,12 +111,21 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
 
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    gpu = cluster.devices[0].gpu  # a named GPU's CUDA terms (plan/gpus.py): the simulated device's cuBLAS workspace
+    question = _question(model, cluster, gpu, global_batch_size, num_microbatches, schedule, precision, device_type,
+                         zero, recompute)
+    answered = _answered(root, question)
+    if answered is not None:  # asked before: the model need not even be built ([Note: the question index])
+        for what, path in zip(("profile", "recomputed profile"), answered):
+            say(f"{what} of {model} on {cluster.shape} read from the cache ({path})")
+        yield SimulatedProfiles(db=answered[0], recompute_db=answered[1] if recompute else None, simulated=0, reused=0,
+                                seconds=time.perf_counter() - started, cached=True, tables=root / "tables")
+        return
     layered = resolve_model(model)
     config = layered.config()
     scenarios = _scenarios(layered, cluster.devices_per_node, global_batch_size, num_microbatches, zero)
-    root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     memo = StageMemo(root / "stages", on_unusable=say)
-    gpu = cluster.devices[0].gpu  # a named GPU's CUDA terms (plan/gpus.py): the simulated device's cuBLAS workspace
     shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None,
                             gpu=gpu)
     options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision}
@@ -121,7 +137,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     with tempfile.TemporaryDirectory(prefix="hybridplan-profile-") as scratch:
         folder = root / "profiles" if memo.directory is not None else Path(scratch)
         folder.mkdir(parents=True, exist_ok=True)
-        paths = []
+        paths, todo = [], []
         for cfg in configs:
             identity = {"code": code_digest(), "model": config, "shape": shape.shape,
                         "device": device_type, "batch": global_batch_size, "microbatches": num_microbatches,
@@ -135,11 +151,67 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
             else:
                 say(f"simulating the {what} of {model} on {shape.shape} {device_type} devices ({precision}): each"
                     " distinct stage once")
-                _build(cfg, path, memo, say)
+                todo.append((what, cfg, path))
             paths.append(path)
+        if len(todo) > 1 and memo.directory is not None and len(os.sched_getaffinity(0)) > 1:
+            counts = _build_in_parallel(todo, memo.directory, say)
+            memo.misses, memo.hits = memo.misses + counts[0], memo.hits + counts[1]
+        for what, cfg, path in todo:
+            if not path.exists():  # built here: alone, or after a worker that failed (its stages are in the memo)
+                _build(cfg, path, memo, say)
+        if memo.directory is not None and question is not None:
+            _remember(root, question, paths)
         yield SimulatedProfiles(db=paths[0], recompute_db=paths[1] if recompute else None, simulated=memo.misses,
                                 reused=memo.hits, seconds=time.perf_counter() - started,
-                                cached=memo.directory is not None)
+                                cached=memo.directory is not None,
+                                tables=root / "tables" if memo.directory is not None else None)
+
+
+def _question(model: str, cluster: Cluster, gpu: str | None, batch: int, microbatches: int, schedule: str,
+              precision: str, device_type: str, zero: bool, recompute: bool) -> str | None:
+    """The SHA-256 of what a question's profiles depend on, computed without building the model: for a
+    HuggingFace configuration, its checked ``config.json`` (models/hf_config.py, no torch); None for other
+    models, whose code the name alone does not pin ([Note: the question index])."""
+    from hybridplan.models.hf_config import is_hf_name, load_hf_config
+    from hybridplan.profiling.stage_memo import code_digest
+
+    if not is_hf_name(model):
+        return None
+    identity = {"code": code_digest(), "config": load_hf_config(model), "shape": cluster.shape, "gpu": gpu,
+                "batch": batch, "microbatches": microbatches, "schedule": schedule, "precision": precision,
+                "device": device_type, "zero": zero, "recompute": recompute, "neighbors": _NEIGHBORS}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
+
+
+def _answered(root: Path, question: str | None) -> list[Path] | None:
+    """The profiles a question was answered with before, if the index names them and they are all there.
+
+    [Note: the question index] A profile's own name is the SHA-256 of its campaign (model configuration, mesh,
+    scenarios, options, code), which takes the built model to compute (its scenarios depend on which layers
+    split): 4-5 s for a 7B HuggingFace model, most of a warm ``plan``. ``profiles/<question>.json`` maps the
+    question, as the command line states it, to the profiles' files; a missing or damaged index entry, or one
+    naming a file no longer there, only means the long way round."""
+    if question is None:
+        return None
+    try:
+        names = json.loads((root / "profiles" / f"{question}.json").read_text())
+        if not isinstance(names, list) or not all(isinstance(n, str) and _PROFILE_NAME.fullmatch(n) for n in names):
+            return None  # only a profile's own name: an index never points outside the cache
+        paths = [root / "profiles" / name for name in names]
+    except (OSError, ValueError):
+        return None
+    return paths if paths and all(p.is_file() for p in paths) else None
+
+
+def _remember(root: Path, question: str, paths: list[Path]) -> None:
+    """Write the question index entry for ``paths`` (atomically; an unwritable folder costs only time)."""
+    index = root / "profiles" / f"{question}.json"
+    tmp = index.with_name(f".{question}.{os.getpid()}.{uuid.uuid4().hex}.json")
+    try:
+        tmp.write_text(json.dumps([p.name for p in paths]))
+        os.replace(tmp, index)
+    except OSError:
+        tmp.unlink(missing_ok=True)
 
 
 def _scenarios(model: Any, per_node: int, batch: int, microbatches: int, zero: bool) -> tuple[Any, ...]:
@@ -177,6 +249,67 @@ def _build(cfg: Any, path: Path, memo: Any, say: Callable[[str], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _build_in_parallel(todo: list[tuple[str, Any, Path]], memo_dir: Path, say: Callable[[str], None]) -> tuple[int, int]:
+    """Build each profile of ``todo`` in a process of its own (the plain and the recomputed profile share no
+    stage, so two cores build both in the time of one); returns the stages simulated and read from the memo.
+
+    The workers are the forkserver's (runtime/processes.py), tied to this process as ranks are
+    (runtime/lifeline.py): whatever ends this command ends them. They share the memo on disk, whose writes are
+    atomic (profiling/stage_memo.py). A worker that fails leaves its profile to be built here."""
+    import multiprocessing as mp
+    import queue
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "hybridplan.workflows.simulated_profile"])
+    messages = ctx.Queue()
+    me = os.getpid()
+    procs = [ctx.Process(target=_build_worker, args=(what, cfg, path, memo_dir, me, messages), daemon=True)
+             for what, cfg, path in todo]
+    counts = [0, 0]
+
+    def take(timeout: float) -> bool:
+        try:
+            message = messages.get(timeout=timeout)
+        except queue.Empty:
+            return False
+        if message[0] == "line":
+            say(message[1])
+        else:
+            counts[0], counts[1] = counts[0] + message[1], counts[1] + message[2]
+        return True
+
+    try:
+        for p in procs:
+            p.start()
+        say(f"  {len(procs)} profiles built side by side, in processes {[p.pid for p in procs]}")
+        while any(p.is_alive() for p in procs):
+            take(0.2)
+        while take(0.1):
+            pass
+        for (what, _, _), p in zip(todo, procs):
+            if p.exitcode != 0:
+                say(f"  the worker building the {what} ended with code {p.exitcode}: building it here")
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(2.0)
+            if p.is_alive():
+                p.kill()
+    return counts[0], counts[1]
+
+
+def _build_worker(what: str, cfg: Any, path: Path, memo_dir: Path, launcher: int, messages: Any) -> None:
+    """One profile of :func:`_build_in_parallel`, in a worker process."""
+    from hybridplan.profiling.stage_memo import StageMemo
+    from hybridplan.runtime.lifeline import tie_to_launcher
+
+    tie_to_launcher(launcher)
+    memo = StageMemo(memo_dir)
+    _build(cfg, path, memo, lambda msg: messages.put(("line", f"  [{what}] {msg.strip()}")))
+    messages.put(("counts", memo.misses, memo.hits))
+
+
 def _quiet(say: Callable[[str], None]) -> Callable[[str], None]:
     """The campaign's lines, one in ten of its per-run lines (a simulated campaign runs a hundred in a minute)."""
     count = [0]
@@ -195,17 +328,17 @@ def cache_entries(cache_dir: str | Path | None = None) -> list[tuple[str, int, i
     """What the cache holds: ``(kind, files, bytes)`` for the stage memo and the profiles."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     out = []
-    for kind, pattern in (("stages", "*.json"), ("profiles", "*.sqlite")):
+    for kind, pattern in (("stages", "*.json"), ("profiles", "*.sqlite"), ("tables", "*.npz")):
         files = [p for p in (root / kind).glob(pattern) if not p.name.startswith(".")] if (root / kind).is_dir() else []
         out.append((kind, len(files), sum(p.stat().st_size for p in files)))
     return out
 
 
 def clear_cache(cache_dir: str | Path | None = None) -> int:
-    """Remove the cache's stage memo and profiles; returns the files removed."""
+    """Remove the cache's stage memo, profiles and stage matrices; returns the files removed."""
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     removed = 0
-    for kind in ("stages", "profiles"):
+    for kind in ("stages", "profiles", "tables"):
         folder = root / kind
         if folder.is_dir():
             removed += sum(1 for p in folder.iterdir() if p.is_file())
