@@ -79,6 +79,28 @@ def test_a_damaged_index_or_table_is_not_trusted(answered: tuple[Path, Path], tm
         assert len(kept.files) > 0
 
 
+def test_verify_simulates_the_chosen_plan_beside_its_prediction(answered: tuple[Path, Path], tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    cache, best = answered
+    capsys.readouterr()
+    assert main([*_QUESTION, "--cache-dir", str(cache), "--verify"]) == 0
+    out, err = capsys.readouterr()
+    assert "verifying" in err and "predicted" in out and "simulated" in out
+    rows = [line.split() for line in out.splitlines() if line.split()[:1] and line.split()[0].isdigit()
+            and "%" in line]
+    plan = Plan.load(best)
+    assert sorted(int(r[0]) for r in rows) == list(range(plan.num_devices))  # one row per device
+    errors = [float(next(t for t in r if t.endswith("%")).rstrip("%")) for r in rows]
+    assert all(abs(e) < 5 for e in errors)  # the composed prediction near the simulation
+
+
+@pytest.mark.parametrize("extra", [["--json"], ["--objective", "throughput", "--time-profile", "x.json"]])
+def test_verify_is_refused_where_it_has_nothing_to_verify(extra: list[str], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*_QUESTION, "--cache-dir", str(tmp_path), "--verify", *extra]) == 2
+    assert "--verify" in capsys.readouterr().err
+
+
 def test_another_cluster_reuses_the_simulated_stages(answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     cache, _ = answered
     stages = set((cache / "stages").glob("*.json"))

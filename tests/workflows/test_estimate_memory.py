@@ -77,3 +77,36 @@ def test_no_candidate_names_why():
     # do not split 7 ways); 7 stages exceed the 5 layers
     with pytest.raises(PlanError, match="no uniform plan of .* runs on 1x7"):
         candidate_plans(MLP, Cluster.parse("1x7"), global_batch_size=2, num_microbatches=2)
+
+
+def _zero_plan(zero: int, kind: str, degree: int, **extra) -> Plan:
+    return Plan.from_dict({"schedule": "1f1b", "global_batch_size": 12 * degree, "num_microbatches": 2, "stages": [
+        {"layers": [0, 5], "parallelism": kind, "degree": degree, "devices": list(range(degree)), "zero": zero, **extra},
+        {"layers": [5, 10], "parallelism": "none", "degree": 1, "devices": [degree]}]})
+
+
+@pytest.mark.parametrize("plan", [
+    pytest.param(_zero_plan(3, "data", 3), id="zero3-d3-uneven-rows"),
+    pytest.param(_zero_plan(1, "data+tensor", 4, tensor_degree=2), id="zero1-d2-t2"),
+    pytest.param(_zero_plan(3, "data+tensor", 4, tensor_degree=2), id="zero3-d2-t2"),
+])
+def test_zero_devices_with_equal_shares_are_simulated_once(plan: Plan) -> None:
+    """[Note: equal ZeRO shares]: every device of the plan, simulated, equals its representative's report."""
+    from dataclasses import replace
+
+    from hybridplan.workflows.estimate_memory import zero_representatives
+
+    cluster = Cluster.uniform(1, plan.num_devices, device_type="cuda")
+    cfg = RunConfig(model="gpt-tiny", plan=plan, cluster=cluster, iterations=2, backend="sim", device_type="cuda")
+    same = zero_representatives("gpt-tiny", plan)
+    every = {d.device: replace(d, iteration_seconds=[]) for d in simulate(cfg, distinct_only=False).devices}
+    fewer = {d.device: replace(d, iteration_seconds=[]) for d in simulate(cfg, same_as=same).devices}
+    assert fewer == every
+    stage = plan.stages[0]
+    representatives = {same[r] for r in stage.devices}
+    if stage.zero == 1:
+        assert len(representatives) == stage.data_degree
+    elif stage.data_degree == 2:  # gpt-tiny's dimensions are even: every rank's rows are equal
+        assert len(representatives) == 1
+    else:  # 3 does not divide them: the last rank's rows differ
+        assert 1 < len(representatives) <= 3

@@ -6,17 +6,22 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, output_plan,
                                    positive_int)
-from hybridplan.errors import UsageError
+from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan import SCHEDULES
 from hybridplan.predict.memory import DEGREE_FITS
 from hybridplan.search import MeshAttempt
 from hybridplan.search.baselines import BASELINES
 from hybridplan.units import format_bytes
 from hybridplan.workflows.plan_memory import MODES
+
+if TYPE_CHECKING:
+    from hybridplan.workflows.plan_memory import MemoryPlan
 
 
 THROUGHPUT_MODES = ("amp", "2bw")
@@ -56,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                " outside the allocator")
     w.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32",
                    help="training precision (mixed precision keeps fp32 master weights; default fp32)")
+    p.add_argument("--verify", action="store_true",
+                   help="memory objective: simulate the chosen plan's distinct devices on fake tensors (the runtime's"
+                   " own work, each distinct stage once) and print their peaks beside the predicted ones; exit 2 if the"
+                   " simulation does not fit (a 7B plan: about a minute)")
     w.add_argument("--cache-dir", metavar="DIR", help="where simulated stages and profiles are kept (default: $"
                    "HYBRIDPLAN_CACHE_DIR, else the user's cache folder; 'hybridplan cache list')")
     p.add_argument("--objective", choices=("memory", "throughput", "pareto"), default="memory",
@@ -120,6 +129,9 @@ def handle(args: argparse.Namespace) -> int:
                          fix="give --db FILE from 'hybridplan profile --time', or --time-profile FILE")
     if args.baseline:
         return plan_throughput.baseline(args)
+    if args.verify and (args.objective != "memory" or args.json):
+        raise UsageError("--verify simulates the plan of the memory objective and prints a table",
+                         fix="drop --verify, or use --objective memory without --json (--out still writes the plan)")
     if args.objective != "memory":
         if args.mode is not None and args.mode not in THROUGHPUT_MODES:
             raise UsageError(f"--mode {args.mode} solves the memory objective, not {args.objective!r}",
@@ -192,7 +204,49 @@ def _memory(args: argparse.Namespace) -> int:
     for d in answer.prediction.devices:
         print(f"{d.device:>6} {d.stage:>5} {format_bytes(d.peak_memory_bytes):>15} {format_bytes(cluster.memory_of(d.device)):>12}")
     print(f"predicted plan peak: {format_bytes(answer.prediction.peak_memory_bytes)}" + (f"; written to {args.out}" if args.out else ""))
+    if args.verify:
+        _verify(args, answer, say)
     return 0
+
+
+def _verify(args: argparse.Namespace, answer: MemoryPlan, say: Callable[[str], None]) -> None:
+    """``--verify``: the chosen plan simulated (workflows/estimate_memory.py), beside its prediction.
+
+    Raises:
+        PlanError: if a simulated device does not fit its capacity (the prediction said it would).
+    """
+    from hybridplan.workflows.estimate_memory import estimate_plans
+
+    model = args.model or answer.model
+    if model is None:
+        raise UsageError("--verify simulates the plan's model, which the profile does not name", fix="give --model")
+    if args.db:  # the profile's training options: the plan is verified as it was predicted
+        from hybridplan.profiling.database import ProfileDB
+
+        with ProfileDB(args.db) as db:
+            taken = db.run_options
+        device, precision = taken.get("device_type", "cpu"), taken.get("precision", "fp32")
+    else:
+        device, precision = args.device or "cpu", args.precision
+    say(f"verifying: simulating the chosen plan's distinct devices ({device}, {precision})")
+    [estimate] = estimate_plans(model, answer.cluster, [answer.plan], progress=say,
+                                run_options={"device_type": device, "precision": precision})
+    predicted = {d.device: d for d in answer.prediction.devices}
+    print(f"{'device':>6} {'predicted':>12} {'simulated':>12} {'error':>8} {'+reserved, outside':>19} {'capacity':>12}")
+    over = []
+    for d in estimate.devices:
+        p = predicted[d.device].peak_memory_bytes
+        cap = answer.cluster.memory_of(d.device)
+        total = "-" if d.overhead_bytes is None else format_bytes(d.total_bytes)
+        print(f"{d.device:>6} {format_bytes(p):>12} {format_bytes(d.peak_memory_bytes):>12}"
+              f" {100 * (p - d.peak_memory_bytes) / d.peak_memory_bytes:>+7.2f}% {total:>19} {format_bytes(cap):>12}")
+        if cap is not None and d.total_bytes > cap:
+            over.append((d, cap))
+    if over:
+        d, cap = max(over, key=lambda dc: dc[0].total_bytes - dc[1])
+        raise PlanError(f"the simulated run refutes the prediction: device {d.device} (stage {d.stage}) needs"
+                        f" {format_bytes(d.total_bytes)}, more than its {format_bytes(cap)}",
+                        fix="plan with less memory per device (a smaller micro-batch, --num-microbatches), or more devices")
 
 
 def _attempt_text(attempt: MeshAttempt) -> str:

@@ -40,7 +40,8 @@ Example::
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+import warnings
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
@@ -153,7 +154,9 @@ def simulate_stage(
     elif rank not in devices:
         raise UsageError(f"device {rank} is not in stage {stage_index} (devices {list(devices)})")
     run_cfg = replace(cfg, iterations=iterations, save_weights_dir=None)
-    with frozen_heap(), fake_process_group(rank, plan.num_devices), _simulated_tensor_mode():
+    with frozen_heap(), fake_process_group(rank, plan.num_devices), _simulated_tensor_mode(), warnings.catch_warnings():
+        # FSDP2 warns that a wrapped embedding returns a view, in case the caller edits it in place; no layer does
+        warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
         return run_rank(rank, run_cfg, device=torch.device("cpu"), specs=specs, simulated=True,
                         skip_repeats=skip_repeats)
 
@@ -163,11 +166,15 @@ def simulate(
     *,
     on_event: Callable[[str], None] | None = None,
     distinct_only: bool = True,
+    same_as: Mapping[int, int] | None = None,
 ) -> RunResult:
     """Simulate every device of ``cfg.plan`` (``launch`` calls this for ``backend="sim"``).
 
     Devices are simulated one after the other in this process; with ``distinct_only`` one device per
-    stage (see [Note: simulating one device per stage]). A device whose tensors exceed its capacity
+    stage (see [Note: simulating one device per stage]) and, in a ZeRO stage, one per device of ``same_as``'s
+    values: ``same_as[r]`` names a device of r's stage that holds r's shares to the byte (the caller knows the
+    parameters' shapes: workflows/estimate_memory.py ``zero_representatives``); a ZeRO device it does not name is
+    simulated. A device whose tensors exceed its capacity
     ends the simulation with status "oom", as it ends a real run; any other exception gives "failed".
 
     Returns:
@@ -180,7 +187,12 @@ def simulate(
     started = time.perf_counter()
     reports: dict[int, RankReport] = {}
     for index, stage in enumerate(plan.stages):
-        ranks = stage.devices[:1] if distinct_only and not stage.zero else stage.devices
+        if not distinct_only:
+            ranks = list(stage.devices)
+        elif not stage.zero:
+            ranks = list(stage.devices[:1])
+        else:
+            ranks = sorted({(same_as or {}).get(r, r) for r in stage.devices})
         for rank in ranks:
             t0 = time.perf_counter()
             try:
@@ -197,7 +209,8 @@ def simulate(
             reports[rank] = _as_rank(cfg, report, rank)
         for rank in stage.devices:
             if rank not in reports:
-                reports[rank] = _as_rank(cfg, reports[stage.devices[0]], rank)
+                source = (same_as or {}).get(rank, rank) if stage.zero else stage.devices[0]
+                reports[rank] = _as_rank(cfg, reports[source], rank)
     ordered = [reports[rank] for rank in range(plan.num_devices)]
     for rep in ordered:  # a copied CUDA device may join more communicators than the one simulated
         capacity = cfg.cluster.memory_of(rep.rank)
