@@ -1,11 +1,18 @@
-"""Instant planning: ``hybridplan plan`` without ``--db``, cold (empty cache) and warm, and the chosen plan's
-composed per-device peaks against simulated devices of the same plan (benchmarks/instant_planning/README.md).
+"""Instant planning: ``hybridplan plan`` without ``--db``, cold (empty cache) and warm, and the composed per-device
+peaks of the chosen plan and of random plans against simulated devices of the same plans
+(benchmarks/instant_planning/README.md).
 
-    .venv/bin/python -m benchmarks.instant_planning.run --case llama2-7b-2x8 [--devices 0,15] [--out FILE]
+    .venv/bin/python -m benchmarks.instant_planning.run --case llama2-7b-2x8 [--random 20] [--out FILE]
+    .venv/bin/python -m benchmarks.instant_planning.run --microbatches llama2-7b-2x8 [--out FILE]
 
 Each timing runs the command line in a fresh process (``python -m hybridplan plan ...``), so imports count. The
-check simulates the chosen devices of the written plan (runtime/sim.py ``simulate_stage``: the runtime's own work on
-fake tensors) and compares the tensor peak with the predicted one.
+accuracy check simulates every device of the written plan (workflows/estimate_memory.py ``estimate_plans``: each
+distinct stage once, a ZeRO stage's distinct shares once) and compares the tensor peak with the composed one; then
+``--random N`` plans drawn uniformly from the same extended space (workflows/sampling.py). Every finished row is
+written to ``--out`` at once, and a rerun with the same ``--out`` skips the rows it holds.
+
+``--microbatches`` times the simulation of one pipeline plan with 8 micro-batches of one sample and with 512
+(runtime/repeats.py [Note: skipping repeated blocks]), and the composed prediction of both.
 """
 
 from __future__ import annotations
@@ -17,65 +24,154 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
-CASES = {
+CASES = {  # model, cluster, global batch, micro-batches
     "llama2-7b-2x8": ("hf:llama2-7b", "2x8", 64, 8),
+    "llama3-8b-4x8": ("hf:llama3-8b", "4x8", 128, 16),
+    "mixtral-8x7b-8x8": ("hf:mixtral-8x7b", "8x8", 256, 32),
+    "llama3-70b-32x8": ("hf:llama3-70b", "32x8", 1024, 64),
     "llama-tiny-1x4": ("hf:llama-tiny", "1x4", 8, 2),
 }
+GPU = "h100-sxm"
 
 
-def _plan(model: str, cluster: str, batch: int, micro: int, cache: Path, out: Path) -> float:
-    cmd = [sys.executable, "-m", "hybridplan", "plan", "--model", model, "--cluster", cluster, "--device", "cuda",
-           "--device-memory", "80GiB", "--precision", "bf16", "--global-batch-size", str(batch),
-           "--num-microbatches", str(micro), "--cache-dir", str(cache), "--out", str(out)]
+def _plan_command(model: str, cluster: str, batch: int, micro: int, cache: Path, out: Path) -> float:
+    cmd = [sys.executable, "-m", "hybridplan", "plan", "--model", model, "--cluster", cluster, "--gpu", GPU,
+           "--precision", "bf16", "--global-batch-size", str(batch), "--num-microbatches", str(micro),
+           "--cache-dir", str(cache), "--out", str(out)]
     started = time.perf_counter()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return time.perf_counter() - started
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--case", choices=tuple(CASES), default="llama2-7b-2x8")
-    parser.add_argument("--devices", default="0", help="devices of the chosen plan to simulate and compare")
-    parser.add_argument("--out", help="write the rows as JSON here")
-    args = parser.parse_args()
-    model, cluster, batch, micro = CASES[args.case]
+def _profiles(cache: Path) -> tuple[Path, Path]:
+    import sqlite3
+
+    def recomputed(p: Path) -> bool:
+        row = sqlite3.connect(p).execute("SELECT value FROM meta WHERE key='identity'").fetchone()
+        return bool(json.loads(row[0])["run_options"].get("activation_checkpointing"))
+
+    found = sorted(p for p in (cache / "profiles").glob("*.sqlite") if not p.name.startswith("."))
+    return next(p for p in found if not recomputed(p)), next(p for p in found if recomputed(p))
+
+
+def _compare(model: str, cluster: Any, plan: Any, predictor: Any) -> dict[str, Any]:
+    """Every device of ``plan``: composed peak against the simulated one."""
+    from hybridplan.workflows.estimate_memory import estimate_plans
+
+    t0 = time.perf_counter()
+    [estimate] = estimate_plans(model, cluster, [plan], run_options={"device_type": "cuda", "precision": "bf16"})
+    predicted = {d.device: d.peak_memory_bytes for d in predictor.predict(plan).devices}
+    devices = [{"device": d.device, "predicted": predicted[d.device], "simulated": d.peak_memory_bytes,
+                "error_pct": round(100 * (predicted[d.device] - d.peak_memory_bytes) / d.peak_memory_bytes, 3)}
+               for d in estimate.devices]
+    return {"plan": plan.to_dict(), "describe": plan.describe(), "devices": devices,
+            "worst_error_pct": max((abs(d["error_pct"]) for d in devices), default=0.0),
+            "sim_seconds": round(time.perf_counter() - t0, 1)}
+
+
+def _save(out: Path | None, result: dict[str, Any]) -> None:
+    if out is not None:
+        tmp = out.with_name(out.name + ".tmp")
+        tmp.write_text(json.dumps(result, indent=1) + "\n")
+        tmp.replace(out)
+
+
+def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | None) -> dict[str, Any]:
     from hybridplan.plan import Cluster, Plan
     from hybridplan.predict.memory import MemoryPredictor
-    from hybridplan.runtime.config import RunConfig
-    from hybridplan.runtime.sim import simulate_stage
+    from hybridplan.search.memory.space import PlanSpace
+    from hybridplan.workflows.runs import plan_from_choices
+    from hybridplan.workflows.sampling import sample_plans
 
+    model, shape, batch, micro = CASES[name]
+    result: dict[str, Any] = json.loads(out.read_text()) if out is not None and out.exists() else {}
+    result.update(case=name, model=model, cluster=shape, gpu=GPU, global_batch_size=batch, num_microbatches=micro)
     with tempfile.TemporaryDirectory() as tmp:
-        cache, best = Path(tmp) / "cache", Path(tmp) / "best.json"
-        cold = _plan(model, cluster, batch, micro, cache, best)
-        warm = _plan(model, cluster, batch, micro, cache, best)
+        cache = cache_root or Path(tmp) / "cache"
+        best = Path(tmp) / "best.json"
+        if "cold_s" not in result or cache_root is None:
+            result["cold_s"] = round(_plan_command(model, shape, batch, micro, cache, best), 1)
+            print(f"{name}: cold {result['cold_s']} s", flush=True)
+        result["warm_s"] = round(_plan_command(model, shape, batch, micro, cache, best), 1)
+        print(f"{name}: warm {result['warm_s']} s", flush=True)
+        _save(out, result)
+        db, rdb = _profiles(cache)
+        predictor = MemoryPredictor.from_db(db, recompute_db=rdb)
+        cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
         plan = Plan.load(best)
-        profiles = sorted((cache / "profiles").glob("*.sqlite"))
-        import sqlite3
+        if result.get("chosen", {}).get("plan") != plan.to_dict():
+            result["chosen"] = _compare(model, cluster, plan, predictor)
+            print(f"{name}: chosen {plan.describe()}: worst {result['chosen']['worst_error_pct']}%", flush=True)
+            _save(out, result)
+        space = PlanSpace.for_cluster(cluster, predictor.num_layers, composite=True, zero=True, recompute=True,
+                                      cross_node=True)
 
-        def recomputed(p: Path) -> bool:
-            identity = json.loads(sqlite3.connect(p).execute("SELECT value FROM meta WHERE key='identity'").fetchone()[0])
-            return bool(identity["run_options"].get("activation_checkpointing"))
+        def keep(choice: Any, after: int) -> bool:
+            cfg = space.configs[choice.config]
+            return bool(predictor.allowed(choice.start, choice.stop, cfg.kind, cfg.degree, **cfg.model_kwargs))
 
-        db = next(p for p in profiles if not recomputed(p))
-        rdb = next(p for p in profiles if recomputed(p))
-        predicted = {d.device: d for d in MemoryPredictor.from_db(db, recompute_db=rdb).predict(plan).devices}
-        n, k = map(int, cluster.split("x"))
-        cfg = RunConfig(model=model, plan=plan, cluster=Cluster.uniform(n, k, device_type="cuda"), backend="sim",
-                        device_type="cuda", precision="bf16", iterations=2)
-        rows = []
-        for device in (int(d) for d in args.devices.split(",")):
-            t0 = time.perf_counter()
-            report = simulate_stage(cfg, plan.stage_of_device(device), iterations=2, rank=device)
-            simulated = max(report.iteration_peaks[1:])
-            p = predicted[device].peak_memory_bytes
-            rows.append({"device": device, "predicted": p, "simulated": simulated,
-                         "error_pct": round(100 * (p - simulated) / simulated, 3),
-                         "sim_seconds": round(time.perf_counter() - t0, 1)})
-    result = {"case": args.case, "cold_s": round(cold, 1), "warm_s": round(warm, 1), "plan": plan.describe(), "devices": rows}
-    print(json.dumps(result, indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+        rows = result.setdefault("random", {})
+        for i, choices in enumerate(sample_plans(space, random_plans, seed=0, keep=keep)):
+            if str(i) in rows:
+                continue
+            drawn = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=batch, num_microbatches=micro)
+            rows[str(i)] = _compare(model, cluster, drawn, predictor)
+            print(f"{name}: random {i}: {drawn.describe().splitlines()[1:]} worst {rows[str(i)]['worst_error_pct']}%"
+                  f" ({rows[str(i)]['sim_seconds']} s)", flush=True)
+            _save(out, result)
+    errors = [abs(d["error_pct"]) for r in [result["chosen"], *rows.values()] for d in r["devices"]]
+    result["summary"] = {"plans": 1 + len(rows), "devices": len(errors), "worst_pct": max(errors),
+                         "within_0.5_pct": sum(e <= 0.5 for e in errors)}
+    _save(out, result)
+    return result
+
+
+def run_microbatches(name: str, out: Path | None) -> dict[str, Any]:
+    """One 4-stage pipeline plan (tensor x4 stages) with 8 and with 512 micro-batches of one sample: simulated and
+    composed times."""
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.sim import simulate
+
+    model, shape, _, _ = CASES[name]
+    cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
+    from hybridplan.models.zoo import resolve_model
+
+    L = resolve_model(model).num_layers
+    cuts = [0, *(round(L * i / 4) for i in range(1, 4)), L]
+    rows = []
+    for m in (8, 512):
+        plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": m, "num_microbatches": m, "stages": [
+            {"layers": [cuts[s], cuts[s + 1]], "parallelism": "tensor", "degree": 4,
+             "devices": list(range(4 * s, 4 * s + 4))} for s in range(4)]})
+        t0 = time.perf_counter()
+        result = simulate(RunConfig(model=model, plan=plan, cluster=cluster, backend="sim", device_type="cuda",
+                                    precision="bf16", iterations=2))
+        rows.append({"microbatches": m, "sim_seconds": round(time.perf_counter() - t0, 1), "status": result.status,
+                     "peaks": [d.peak_memory_bytes for d in result.devices[::4]]})
+        print(rows[-1], flush=True)
+    outcome = {"case": name, "plan": "4 stages of tensor x4, micro-batches of one sample", "rows": rows,
+               "ratio": round(rows[1]["sim_seconds"] / rows[0]["sim_seconds"], 2)}
+    _save(out, outcome)
+    return outcome
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--case", choices=tuple(CASES))
+    parser.add_argument("--microbatches", choices=tuple(CASES), help="the 8 vs 512 micro-batch check instead")
+    parser.add_argument("--random", type=int, default=0, help="random plans to compare as well")
+    parser.add_argument("--cache", type=Path, help="a cache folder to keep (a rerun then times warm only)")
+    parser.add_argument("--out", type=Path, help="the results JSON (written as rows finish; a rerun resumes)")
+    args = parser.parse_args()
+    if args.microbatches:
+        print(json.dumps(run_microbatches(args.microbatches, args.out), indent=1))
+    elif args.case:
+        print(json.dumps(run_case(args.case, args.random, args.out, args.cache)["summary"], indent=1))
+    else:
+        parser.error("give --case or --microbatches")
 
 
 if __name__ == "__main__":
