@@ -101,6 +101,27 @@ def test_verify_is_refused_where_it_has_nothing_to_verify(extra: list[str], tmp_
     assert "--verify" in capsys.readouterr().err
 
 
+def test_a_mesh_too_small_names_the_smallest_that_fits(answered: tuple[Path, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    cache, best = answered
+    peaks = {}
+    for shape in ("1x4", "2x4"):
+        out = tmp_path / f"{shape}.json"
+        assert main(["plan", "--model", "hf:llama-tiny", "--cluster", shape, "--global-batch-size", "8",
+                     "--num-microbatches", "2", "--cache-dir", str(cache), "--out", str(out)]) == 0
+        peaks[shape] = Plan.load(out).extra["predicted_peak_bytes"]
+    assert peaks["2x4"] < peaks["1x4"]
+    between = (peaks["1x4"] + peaks["2x4"]) // 2
+    capsys.readouterr()
+    question = [*_QUESTION, "--cache-dir", str(cache), "--device", "cpu"]
+    assert main([*question, "--device-memory", str(between), "--out", str(tmp_path / "no.json")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "does not fit" in err[-2] and "the smallest mesh that fits is 2x4" in err[-2] and err[-1].startswith("  fix:")
+    assert not (tmp_path / "no.json").exists()
+    assert main([*question, "--device-memory", "1KiB"]) == 2
+    assert "nor does a mesh of more such nodes (2x4, 4x4, 8x4 tried)" in capsys.readouterr().err
+
+
 def test_another_cluster_reuses_the_simulated_stages(answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     cache, _ = answered
     stages = set((cache / "stages").glob("*.json"))

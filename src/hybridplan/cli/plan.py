@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, output_plan,
                                    positive_int)
 from hybridplan.errors import PlanError, UsageError
-from hybridplan.plan import SCHEDULES
+from hybridplan.plan import SCHEDULES, Cluster
 from hybridplan.predict.memory import DEGREE_FITS
 from hybridplan.search import MeshAttempt
 from hybridplan.search.baselines import BASELINES
@@ -163,13 +163,14 @@ def handle(args: argparse.Namespace) -> int:
 
 
 def _memory(args: argparse.Namespace) -> int:
-    from hybridplan.workflows.plan_memory import MemoryPlan, plan_memory
+    from hybridplan.workflows.plan_memory import MemoryPlan, NoPlanFits, plan_memory
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     cluster = cluster_from(args)
 
-    def search(db: str, recompute_db: str | None, whole: bool, tables: Path | None = None) -> MemoryPlan:
-        return plan_memory(db, cluster, schedule=args.schedule, global_batch_size=args.global_batch_size,
+    def search(db: str, recompute_db: str | None, whole: bool, tables: Path | None = None,
+               mesh: Cluster | None = None) -> MemoryPlan:
+        return plan_memory(db, mesh or cluster, schedule=args.schedule, global_batch_size=args.global_batch_size,
                            num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
                            pipeline_only=args.pipeline_only, composite=whole or args.space == "extended",
                            zero=whole or args.zero, recompute_db=recompute_db,
@@ -190,7 +191,14 @@ def _memory(args: argparse.Namespace) -> int:
                                 recompute=True, cache_dir=args.cache_dir, progress=say) as profiles:
             say(f"profiles ready in {profiles.seconds:.1f} s: {profiles.simulated} stage(s) and table(s) simulated,"
                 f" {profiles.reused} reused")
-            answer = search(str(profiles.db), str(profiles.recompute_db), not args.pipeline_only, profiles.tables)
+            try:
+                answer = search(str(profiles.db), str(profiles.recompute_db), not args.pipeline_only, profiles.tables)
+            except NoPlanFits as e:
+                if args.fewest_devices or args.pipeline_only:
+                    raise
+                larger = _larger_mesh(cluster, lambda mesh: search(str(profiles.db), str(profiles.recompute_db), True,
+                                                                   profiles.tables, mesh), say)
+                raise NoPlanFits(f"{e.message}; {larger}", fix=e.fix) from None
     for attempt in answer.tried:
         say(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}")
     if args.fewest_devices:
@@ -247,6 +255,28 @@ def _verify(args: argparse.Namespace, answer: MemoryPlan, say: Callable[[str], N
         raise PlanError(f"the simulated run refutes the prediction: device {d.device} (stage {d.stage}) needs"
                         f" {format_bytes(d.total_bytes)}, more than its {format_bytes(cap)}",
                         fix="plan with less memory per device (a smaller micro-batch, --num-microbatches), or more devices")
+
+
+_LARGER = (2, 4, 8)
+"""How many times the nodes a mesh too small is tried with, for the error's "the smallest that fits"."""
+
+
+def _larger_mesh(cluster: Cluster, search: Callable[[Cluster], MemoryPlan], say: Callable[[str], None]) -> str:
+    """What the error of a mesh too small says: the smallest of 2, 4 and 8 times its nodes on which the model fits
+    (the same profiles, searched again: a profile's statistics hold for any number of nodes), or that none does."""
+    from hybridplan.workflows.plan_memory import NoPlanFits
+
+    for factor in _LARGER:
+        mesh = cluster.with_shape(cluster.num_nodes * factor, cluster.devices_per_node)
+        say(f"the model does not fit {cluster.shape}: trying {mesh.shape}")
+        try:
+            answer = search(mesh)
+        except NoPlanFits:
+            continue
+        return (f"the smallest mesh that fits is {mesh.shape} (predicted peak"
+                f" {format_bytes(answer.prediction.peak_memory_bytes)}: hybridplan plan ... --cluster {mesh.shape})")
+    tried = ", ".join(f"{cluster.num_nodes * f}x{cluster.devices_per_node}" for f in _LARGER)
+    return f"nor does a mesh of more such nodes ({tried} tried)"
 
 
 def _attempt_text(attempt: MeshAttempt) -> str:

@@ -33,7 +33,7 @@ from hybridplan.search.progress import ProgressCallback
 from hybridplan.units import format_bytes
 from hybridplan.workflows.table_cache import table_memo
 
-__all__ = ["MemoryMode", "MODES", "MemoryPlan", "plan_memory", "held_fixed"]
+__all__ = ["MemoryMode", "MODES", "MemoryPlan", "NoPlanFits", "plan_memory", "held_fixed"]
 
 MemoryMode = Literal["exact", "exhaustive", "bayesian"]
 MODES: tuple[MemoryMode, ...] = ("exact", "exhaustive", "bayesian")
@@ -182,6 +182,10 @@ def _search(predictor: MemoryPredictor, db: str | Path, cluster: Cluster, *, mod
     return MemoryPlan(plan, prediction, result, cluster, model_name, tried)
 
 
+class NoPlanFits(PlanError):
+    """The lowest-memory plan of the search does not fit a device (a larger mesh may: the caller may try one)."""
+
+
 def _check_fits(prediction: PlanPrediction, cluster: Cluster, predictor: MemoryPredictor, *, optimal: bool) -> None:
     """Refuse to present a plan as the answer if a device's predicted peak exceeds its capacity.
 
@@ -197,7 +201,7 @@ def _check_fits(prediction: PlanPrediction, cluster: Cluster, predictor: MemoryP
     claim = ("so no plan of this search fits" if optimal and uniform else
              "(this search does not weigh per-device capacities: --objective throughput keeps only plans that fit)"
              if not uniform else "(the bayesian search may miss lower plans: try --mode exact)")
-    raise PlanError(
+    raise NoPlanFits(
         f"the lowest-memory plan does not fit: device {worst.device} (stage {worst.stage}) needs"
         f" {format_bytes(worst.needed_bytes)}" + ("" if worst.total_bytes is None else " (CUDA: tensors and what the"
         " allocator leaves out)") + f", {format_bytes(worst.needed_bytes - capacity)} more than its"
