@@ -122,6 +122,14 @@ def test_a_mesh_too_small_names_the_smallest_that_fits(answered: tuple[Path, Pat
     assert "nor does a mesh of more such nodes (2x4, 4x4, 8x4 tried)" in capsys.readouterr().err
 
 
+def test_a_model_without_layer_names_says_nothing_is_shared(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tests.cli.conftest import MLP
+
+    assert main(["plan", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "16", "--num-microbatches", "2",
+                 "--cache-dir", str(tmp_path)]) == 0
+    assert "does not name what its layers are" in capsys.readouterr().err
+
+
 def test_another_cluster_reuses_the_simulated_stages(answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
     cache, _ = answered
     stages = set((cache / "stages").glob("*.json"))

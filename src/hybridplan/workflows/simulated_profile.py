@@ -124,6 +124,11 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
         return
     layered = resolve_model(model)
     config = layered.config()
+    signatures = [layered.layer_signature(i) for i in range(layered.num_layers)]
+    if None in signatures or len(set(signatures)) == len(signatures):
+        why = (f"{model} does not name what its layers are (LayeredModel.layer_signature)" if None in signatures
+               else f"no two layers of {model} are alike")
+        say(f"note: {why}: every stage is simulated, none shared")
     scenarios = _scenarios(layered, cluster.devices_per_node, global_batch_size, num_microbatches, zero)
     memo = StageMemo(root / "stages", on_unusable=say)
     shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None,
