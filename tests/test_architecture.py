@@ -190,8 +190,8 @@ def test_torch_free_modules(module):
 
 
 def test_layers_are_what_the_readme_tour_says():
-    """The README's tour lists the folders in data-flow order, as LAYERS does."""
-    readme = (PACKAGE.parents[1] / "README.md").read_text()
+    """The tour of the code (docs/architecture.md) lists the folders in data-flow order, as LAYERS does."""
+    readme = (PACKAGE.parents[1] / "docs" / "architecture.md").read_text()
     order = [p for layer in LAYERS for p in sorted(layer) if (PACKAGE / p).is_dir()]
     positions = [readme.find(f"`{p}/`") for p in order]
     assert all(pos >= 0 for pos in positions), dict(zip(order, positions))

@@ -205,7 +205,7 @@ def cluster_from(args: argparse.Namespace) -> Cluster:
                   f" {stated.memory_stated} ({format_bytes(stated.memory_bytes)}); planning with --device-memory",
                   file=sys.stderr)
     elif (not named and args.device_memory is not None and hasattr(args, "device") and not args.device_given
-          and device == "cpu"):
+          and device == "cpu" and not getattr(args, "db", None)):  # with --db the profile says what the devices are
         print(f"note: --device-memory {args.device_memory} without --device or --gpu: planning for CPU devices (no CUDA"
               " context, caching allocator or cuBLAS workspaces); for GPUs name them, e.g. --gpu h100-sxm"
               " ('hybridplan gpus' lists them), or add --device cuda", file=sys.stderr)

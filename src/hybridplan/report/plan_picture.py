@@ -91,7 +91,7 @@ def _mesh(ax: Axes, plan: Plan, cluster: Cluster) -> None:
     ax.set_title(f"{plan.num_stages} stage(s) on {cluster.num_nodes}x{cluster.devices_per_node}: {plan.schedule}, "
                  f"{plan.num_microbatches} micro-batches of {plan.microbatch_size}", fontsize=9)
     handles = [Patch(facecolor=_colour(i), edgecolor="black", label=stage_label(i, plan)) for i in range(plan.num_stages)]
-    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.12), fontsize=7, frameon=False)
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.22), fontsize=7, frameon=False)
 
 
 def _unit(largest: float) -> tuple[int, str]:
@@ -134,7 +134,7 @@ def _memory(ax: Axes, memory: PlanMemory, cluster: Cluster) -> None:
         segments = [(x, c) for x, c in zip(xs, capacities) if c is not None]
         ax.hlines([c / size for _, c in segments], [x - 0.45 for x, _ in segments], [x + 0.45 for x, _ in segments],
                   color="black", linestyle="--", linewidth=1, label="capacity", gid="capacity")
-    if len(bars) <= 16:
+    if len(bars) <= 8:  # more labels than that overlap: the axis says the level
         for x, b, c in zip(xs, bars, capacities):
             share = "" if c is None else f"\n{100 * b.total / c:.0f}%"
             ax.text(x, b.total / size, format_bytes(b.total) + share, ha="center", va="bottom", fontsize=6, gid="total")
