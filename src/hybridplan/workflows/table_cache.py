@@ -64,7 +64,7 @@ def table_memo(predictor: Any, folder: Path | None, *, dbs: list[Path], options:
             try:
                 folder.mkdir(parents=True, exist_ok=True)
                 with open(tmp, "wb") as f:
-                    np.savez(f, **predictor.matrices)
+                    np.savez_compressed(f, **predictor.matrices)  # mostly inf and repeats: a tenth of the bytes
                 os.replace(tmp, path)
             except OSError:
                 pass  # an unwritable cache: the next search computes them again
