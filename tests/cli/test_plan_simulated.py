@@ -40,6 +40,8 @@ def test_the_same_question_is_read_from_the_cache(answered: tuple[Path, Path], t
     err = capsys.readouterr().err
     assert err.count("read from the cache") == 2 and "simulating" not in err
     assert Plan.load(tmp_path / "again.json").to_dict() == Plan.load(best).to_dict()
+    sharded = any(stage.zero >= 2 for stage in Plan.load(best).stages)
+    assert ("--verify simulates them" in err) == sharded  # composed ZeRO-2/3 stages are said to be composed
 
 
 def test_the_same_question_again_builds_no_model(answered: tuple[Path, Path], tmp_path: Path,
