@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hybridplan.errors import UsageError
-from hybridplan.runtime.hosts import LAUNCHERS, check_launcher, expand_nodelist, launcher_argv, parse_hosts, slurm_hosts
+from hybridplan.runtime.hosts import LAUNCHERS, check_address, check_launcher, expand_nodelist, launcher_argv, parse_hosts, slurm_hosts
 
 
 @pytest.mark.parametrize(
@@ -40,6 +40,13 @@ def test_node_lists_expand_as_slurm_lists_them(text, hosts):
         ("gpu[]", "is not a number or a rising range"),
         ("gpu[[1]]", "unbalanced brackets"),
         ("node 1", "is not a host name"),
+        ("-oProxyCommand,localhost", "host '-oProxyCommand' starts with '-'"),
+        ("node1,-p", "host '-p' starts with '-'"),
+        ("-n[1-2]", "host '-n[1-2]' starts with '-'"),
+        ("a, -b", "host '-b' starts with '-'"),
+        ("gpu[1-99999999999]", "names more than 1,048,576 hosts"),
+        ("r[1-2000]n[1-2000]", "names more than 1,048,576 hosts"),
+        ("gpu[1-" + "9" * 5000 + "]", "is not a number or a rising range"),
     ],
 )
 def test_malformed_node_lists_are_refused_by_name(text, message):
@@ -60,7 +67,7 @@ def test_slurm_allocation_is_read_from_the_environment():
 
 def test_launcher_templates_place_the_host_and_the_command_line():
     cmd = "cd /w && exec python -m hybridplan.runtime.node"
-    assert launcher_argv(check_launcher("ssh"), "gpu01", cmd) == ["ssh", "-o", "BatchMode=yes", "gpu01", cmd]
+    assert launcher_argv(check_launcher("ssh"), "gpu01", cmd) == ["ssh", "-o", "BatchMode=yes", "--", "gpu01", cmd]
     assert launcher_argv(check_launcher("srun"), "gpu01", cmd) == [
         "srun", "--nodes=1", "--ntasks=1", "--nodelist=gpu01", "--kill-on-bad-exit=1", "sh", "-c", cmd]
     assert launcher_argv(check_launcher("local"), "127.0.0.1", cmd) == ["sh", "-c", cmd]
@@ -71,7 +78,13 @@ def test_launcher_templates_place_the_host_and_the_command_line():
 
 @pytest.mark.parametrize(
     "template, message",
-    [("", "--launcher is empty"), ("ssh", None), ("ssh node1", "has no {host}"), ("ssh '{host}", "does not split into words")],
+    [("", "--launcher '' is empty"), ("  ", "is empty"), ("ssh", None), ("ssh node1", "has no {host}"),
+     ("ssh '{host}", "does not split into words"),
+     ("sh -c 'cd /x && {command}'", "has {command} inside the word 'cd /x && {command}'"),
+     ("ssh {host} --cmd={command}", "inside the word '--cmd={command}'"),
+     ("ssh {host} {command} {command}", "has {command} more than once"),
+     ("ssh {hostname} {command}", "has {hostname}, which is not a placeholder"),
+     ("ssh -p {port} {host}", "has {port}, which is not a placeholder")],
 )
 def test_bad_launchers_are_refused(template, message):
     if message is None:
@@ -79,3 +92,15 @@ def test_bad_launchers_are_refused(template, message):
         return
     with pytest.raises(UsageError, match=message.replace("{", r"\{").replace("}", r"\}")):
         check_launcher(template)
+
+
+def test_a_host_inside_a_word_is_substituted():
+    assert launcher_argv(check_launcher("mpirun --host={host}:1 {command}"), "n1", "c") == ["mpirun", "--host=n1:1", "c"]
+
+
+def test_the_master_address_is_a_name_that_is_no_option():
+    assert check_address("10.0.0.1") == "10.0.0.1" and check_address("fe80::1") == "fe80::1"
+    with pytest.raises(UsageError, match="--master-addr '-oProxyCommand' starts with '-'"):
+        check_address("-oProxyCommand")
+    with pytest.raises(UsageError, match="is not a host name or address"):
+        check_address("node1; rm -rf /")

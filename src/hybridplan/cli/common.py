@@ -305,7 +305,7 @@ def check_host_options(args: argparse.Namespace) -> None:
 
 def hosts_from(args: argparse.Namespace, cluster: Cluster) -> Hosts | None:
     """The machines of ``--hosts`` and its companions, checked against the cluster (None: this machine)."""
-    from hybridplan.runtime.hosts import Hosts, check_launcher, parse_hosts
+    from hybridplan.runtime.hosts import Hosts, check_address, check_launcher, parse_hosts
 
     check_host_options(args)
     if args.hosts is None:
@@ -318,6 +318,7 @@ def hosts_from(args: argparse.Namespace, cluster: Cluster) -> Hosts | None:
         raise UsageError(f"--hosts names {len(hosts)} host(s) ({','.join(hosts[:8])}{',...' if len(hosts) > 8 else ''}) but"
                          f" cluster {cluster.shape} has {cluster.num_nodes} node(s)",
                          fix="give one host per node of --cluster")
-    launcher = args.launcher or ("srun" if args.hosts.strip() == "slurm" else "ssh")
-    return Hosts(hosts=tuple(hosts), launcher=check_launcher(launcher), master_addr=args.master_addr or hosts[0],
+    launcher = args.launcher if args.launcher is not None else ("srun" if args.hosts.strip() == "slurm" else "ssh")
+    master_addr = check_address(args.master_addr) if args.master_addr is not None else hosts[0]
+    return Hosts(hosts=tuple(hosts), launcher=check_launcher(launcher), master_addr=master_addr,
                  master_port=args.master_port or _DEFAULT_PORT)

@@ -15,6 +15,15 @@ the host's name and ``{command}`` (one argument) by the command line, appended w
 not place it. The presets are ``ssh`` (the head node reaches every host by key, without a password),
 ``srun`` (inside a SLURM allocation: one job step of one task per node) and ``local`` (every "host" is
 this machine: for trying a multi-node set-up, and for the tests).
+
+[Note: nothing from a host list is an option] A launcher reads a word that starts with ``-`` as an option
+of its own (``ssh -oProxyCommand=...`` runs a command on this machine), so no host name, and no
+``--master-addr``, may start with ``-``: refused when the list is read, before anything starts. The ssh
+preset also puts ``--`` before the host, so that ssh stops reading options there whatever the name.
+``{host}`` may stand inside a word (``--nodelist={host}``): a host name holds only letters, digits and
+``._:-``, nothing a shell or a launcher would read otherwise. ``{command}`` is one whole word, at most
+once: inside a word (``sh -c 'cd /x && {command}'``) it would need quoting rules of the launcher's own,
+so such a template is refused when checked, as is any other ``{...}`` and an empty template.
 """
 
 from __future__ import annotations
@@ -25,20 +34,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from hybridplan.errors import UsageError
+from hybridplan.plan.cluster import MAX_DEVICES
 
-__all__ = ["Hosts", "LAUNCHERS", "expand_nodelist", "parse_hosts", "slurm_hosts", "launcher_argv", "check_launcher"]
+__all__ = ["Hosts", "LAUNCHERS", "expand_nodelist", "parse_hosts", "slurm_hosts", "launcher_argv", "check_launcher",
+           "check_address", "MAX_HOSTS"]
 
 LAUNCHERS = {
-    "ssh": "ssh -o BatchMode=yes {host} {command}",
+    "ssh": "ssh -o BatchMode=yes -- {host} {command}",
     "srun": "srun --nodes=1 --ntasks=1 --nodelist={host} --kill-on-bad-exit=1 sh -c {command}",
     "local": "sh -c {command}",
 }
 """The launcher presets by name. ssh's BatchMode makes a host that would ask for a password fail at once
-instead of waiting for an answer nobody gives."""
+instead of waiting for an answer nobody gives; its ``--`` ends ssh's options before the host name."""
 
 _NAME = re.compile(r"^[A-Za-z0-9._:-]+$")
 """A host name or address: letters, digits, dots, dashes, underscores, colons (IPv6)."""
-_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+_RANGE = re.compile(r"^(\d{1,18})(?:-(\d{1,18}))?$")
+"""A number or a range of a node list; 18 digits at most (a longer number names no host, and Python refuses to read
+one of more than 4,300)."""
+MAX_HOSTS = MAX_DEVICES
+"""The most hosts a list may name: as many as a cluster's devices may be (plan/cluster.py), a node having at
+least one. A range such as ``gpu[1-99999999999]`` is refused before its names are made."""
+_PLACEHOLDER = re.compile(r"\{[^{}\s]*\}")
+"""A ``{...}`` in a launcher template."""
+_NAME_FIX = "host names are letters, digits, '.', '-', '_' and ranges in brackets, e.g. gpu[01-03,07]"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,12 +79,15 @@ def expand_nodelist(text: str) -> list[str]:
 
     Raises:
         UsageError: for an empty list, an empty item, unbalanced brackets, a range that is not
-            ``a-b`` of digits with a <= b, or a character no host name has.
+            ``a-b`` of digits with a <= b, a character no host name has, a host that starts with ``-``
+            ([Note: nothing from a host list is an option]), or more than :data:`MAX_HOSTS` hosts.
     """
     items = _split_top(text)
     if not text.strip() or any(not item.strip() for item in items):
         raise UsageError(f"host list {text!r} has an empty item",
                          fix="give comma-separated host names, e.g. node1,node2 or gpu[01-04]")
+    for item in items:  # a host starts as its item does (a bracket starts with a digit)
+        _no_option(item.strip(), f"host list {text!r}: host {item.strip()!r}")
     return [host for item in items for host in _expand(item.strip(), text)]
 
 
@@ -85,8 +107,7 @@ def _expand(item: str, whole: str) -> list[str]:
     open_at = item.find("[")
     if open_at < 0:
         if "]" in item or not _NAME.match(item):
-            raise UsageError(f"host list {whole!r}: {item!r} is not a host name",
-                             fix="host names are letters, digits, '.', '-', '_' and ranges in brackets, e.g. gpu[01-03,07]")
+            raise UsageError(f"host list {whole!r}: {item!r} is not a host name", fix=_NAME_FIX)
         return [item]
     close_at = item.find("]", open_at)
     if close_at < 0 or "[" in item[open_at + 1 : close_at]:
@@ -99,16 +120,44 @@ def _expand(item: str, whole: str) -> list[str]:
             raise UsageError(f"host list {whole!r}: {part!r} in [{body}] is not a number or a rising range a-b",
                              fix="write ranges as name[01-03,07]")
         lo, hi = match.group(1), match.group(2) or match.group(1)
+        _check_count(len(numbers) + int(hi) - int(lo) + 1, whole)
         numbers += [str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1)]
     tails = _expand(rest, whole) if rest else [""]
+    _check_count(len(numbers) * len(tails), whole)
     return [h for n in numbers for h in _expand_name(prefix + n, whole, tails)]
 
 
 def _expand_name(head: str, whole: str, tails: list[str]) -> list[str]:
     if head and not _NAME.match(head):
-        raise UsageError(f"host list {whole!r}: {head!r} is not a host name",
-                         fix="host names are letters, digits, '.', '-', '_' and ranges in brackets, e.g. gpu[01-03,07]")
+        raise UsageError(f"host list {whole!r}: {head!r} is not a host name", fix=_NAME_FIX)
     return [head + tail for tail in tails]
+
+
+def _check_count(count: int, whole: str) -> None:
+    """Refuse a list of more hosts than :data:`MAX_HOSTS` before it is built."""
+    if count > MAX_HOSTS:
+        raise UsageError(f"host list {whole!r} names more than {MAX_HOSTS:,} hosts",
+                         fix="give one host per node of --cluster")
+
+
+def _no_option(name: str, what: str) -> None:
+    """Refuse a name a launcher would read as an option ([Note: nothing from a host list is an option])."""
+    if name.startswith("-"):
+        raise UsageError(f"{what} starts with '-', which the launcher would read as an option",
+                         fix="give host names and addresses that start with a letter or a digit")
+
+
+def check_address(address: str) -> str:
+    """``--master-addr``: a host name or address, as a host list's items (no brackets), not starting with ``-``.
+
+    Raises:
+        UsageError: naming the address.
+    """
+    if not _NAME.match(address):
+        raise UsageError(f"--master-addr {address!r} is not a host name or address", 
+                         fix="give an address of the first host: letters, digits, '.', '-', '_', ':'")
+    _no_option(address, f"--master-addr {address!r}")
+    return address
 
 
 def slurm_hosts(environ: Mapping[str, str]) -> list[str]:
@@ -138,7 +187,9 @@ def check_launcher(template: str) -> str:
     """The template of ``--launcher`` (a preset's name or a template), checked.
 
     Raises:
-        UsageError: if it does not split into words, or a template other than ``local``'s has no ``{host}``.
+        UsageError: if it is empty or does not split into words, if a template other than ``local``'s has no
+            ``{host}``, or if ``{command}`` is not one whole word at most once, or it has any other ``{...}``
+            ([Note: nothing from a host list is an option]).
     """
     resolved = LAUNCHERS.get(template, template)
     try:
@@ -146,7 +197,18 @@ def check_launcher(template: str) -> str:
     except ValueError as e:
         raise UsageError(f"--launcher {template!r} does not split into words: {e}") from None
     if not words:
-        raise UsageError("--launcher is empty", fix=f"name a preset ({', '.join(LAUNCHERS)}) or give a template with {{host}}")
+        raise UsageError(f"--launcher {template!r} is empty",
+                         fix=f"name a preset ({', '.join(LAUNCHERS)}) or give a template with {{host}}")
+    unknown = sorted({p for w in words for p in _PLACEHOLDER.findall(w)} - {"{host}", "{command}"})
+    if unknown:
+        raise UsageError(f"--launcher {template!r} has {', '.join(unknown)}, which is not a placeholder",
+                         fix="use {host} (the host's name) and {command} (the command line, one whole word)")
+    inside = [w for w in words if "{command}" in w and w != "{command}"]
+    if inside or words.count("{command}") > 1:
+        what = f"{{command}} inside the word {inside[0]!r}" if inside else "{command} more than once"
+        raise UsageError(f"--launcher {template!r} has {what}: the command line is substituted as one whole word, once",
+                         fix="make {command} a word of its own (e.g. 'ssh {host} {command}'), or leave it out: it is"
+                         " appended")
     if template != "local" and not any("{host}" in w for w in words):
         raise UsageError(f"--launcher {template!r} has no {{host}}: every host's agent would start on the same machine",
                          fix=f"put {{host}} where the host goes, e.g. 'ssh {{host}}', or use --launcher local on purpose")
