@@ -10,11 +10,9 @@ import argparse
 import math
 import os
 import sys
-import tempfile
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hybridplan.cli.outputs import check_output, write_output  # the commands take them from here
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import UsageError
 
@@ -70,59 +68,6 @@ def model_name(text: str) -> str:
     except ModelError as e:
         raise argparse.ArgumentTypeError(str(e).replace("\n  fix:", ";")) from None
     return text
-
-
-# ---------------------------------------------------------------------- outputs
-def check_output(path: str | Path | None, option: str) -> None:
-    """Fail now, before any work, if ``path`` cannot be written.
-
-    The check writes: it opens an existing file for appending (changing nothing), or creates the file
-    and removes it again. Permission bits alone would not do (root may write anywhere, yet not into a
-    missing folder, a read-only file system or a path that is a folder).
-
-    Raises:
-        UsageError: naming the option, the path and why.
-    """
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise UsageError(f"{option} {str(p)!r} is a directory", fix=f"give a file name, e.g. {option} {p / 'out.json'}")
-    existed = p.exists()
-    try:
-        with open(p, "a" if existed else "x"):
-            pass
-    except OSError as e:
-        raise UsageError(f"{option} {str(p)!r} cannot be written: {e.strerror or e}",
-                         fix="choose a path in an existing folder you can write to") from None
-    if not existed:
-        p.unlink()
-
-
-def write_output(path: str | Path, text: str, option: str) -> None:
-    """Write a finished result to ``path``; if that fails now (the folder went away, the disk filled),
-    write it to a file in the temporary folder instead, so the result is never lost, and say where.
-
-    Raises:
-        UsageError: after the fallback was written, naming both paths (exit code 2).
-    """
-    p = Path(path)
-    try:
-        tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(text)
-        tmp.replace(p)
-        return
-    except OSError as e:
-        reason = e.strerror or str(e)
-    fallback = Path(tempfile.gettempdir()) / f"hybridplan-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}-{p.name or 'output'}"
-    try:
-        fallback.write_text(text)
-    except OSError as e:  # nowhere to write: the text goes to the terminal rather than nowhere
-        print(text, file=sys.stderr)
-        raise UsageError(f"could not write {option} {str(p)!r} ({reason}) nor {str(fallback)!r} ({e.strerror or e});"
-                         " the result was printed above") from None
-    raise UsageError(f"could not write {option} {str(p)!r} ({reason}); the result was written to {str(fallback)!r}",
-                     fix="move it where you want it, and check the output path next time")
 
 
 def add_model(p: argparse.ArgumentParser | argparse._ArgumentGroup, *, required: bool = True, help: str | None = None) -> None:
