@@ -19,6 +19,7 @@ from hybridplan.models.zoo import resolve_model
 from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.gpu_memory import check_cuda_capacity
+from hybridplan.runtime.grad_buffers import GRAD_ACCUMULATIONS, GradAccumulation
 from hybridplan.runtime.precision import Precision, check_precision
 
 __all__ = [
@@ -101,6 +102,12 @@ class RunConfig:
     statistics, and iteration times are marked not representative. Real backend only. On CPU it stages the
     transfers all the same (which tests the staging); on a CUDA run with more ranks than visible GPUs the
     launcher turns it on by itself, and says so."""
+    grad_accumulation: GradAccumulation = "autograd"
+    """"autograd": each micro-batch's gradient accumulates in ``param.grad``, in the parameter's dtype, freed
+    between iterations (this runtime's own way); "fp32-buffer": in a persistent fp32 buffer per parameter, which
+    the data-parallel all-reduce sums and the optimizer steps from, as Megatron-LM's ``main_grad`` and DeepSpeed's
+    BF16_Optimizer hold them (runtime/grad_buffers.py). Not on ZeRO-2/3 stages (FSDP2 already accumulates its
+    gradient shards in the fp32 of its sharded parameters) nor under PipeDream-2BW."""
 
     def __post_init__(self) -> None:
         # The closed sets are checked here, not only by mypy: configurations also come from JSON files
@@ -108,6 +115,9 @@ class RunConfig:
         _check_choice("backend", self.backend, BACKENDS)
         _check_choice("device type", self.device_type, DEVICE_TYPES)
         check_precision(self.precision, self.loss_scale)
+        _check_choice("gradient accumulation", self.grad_accumulation, GRAD_ACCUMULATIONS)
+        if self.grad_accumulation != "autograd":
+            _check_grad_buffers(self.plan)
         if self.iterations < 1:
             raise UsageError(f"--iterations must be at least 1, got {self.iterations}")
         if self.device_type == "cuda":
@@ -141,7 +151,22 @@ class RunConfig:
             "activation_checkpointing": self.activation_checkpointing,
             "backend": self.backend,
             "share_gpu": self.share_gpu,
+            # only when set: the settings of every run made before the option stay as they were written
+            **({"grad_accumulation": self.grad_accumulation} if self.grad_accumulation != "autograd" else {}),
         }
+
+
+def _check_grad_buffers(plan: Plan) -> None:
+    """Refuse fp32 gradient buffers where this runtime does not hold them (RunConfig.grad_accumulation)."""
+    if plan.schedule == "2bw":
+        raise UsageError("fp32 gradient buffers (grad_accumulation 'fp32-buffer') are not run under PipeDream-2BW",
+                         fix="use the gpipe or 1f1b schedule, or grad_accumulation 'autograd'")
+    for i, s in enumerate(plan.stages):
+        if s.zero >= 2:
+            raise UsageError(
+                f"stage {i} ({s.describe()}) is ZeRO-{s.zero}, whose FSDP2 units already accumulate their gradient"
+                " shards in fp32: fp32 gradient buffers (grad_accumulation 'fp32-buffer') are for unsharded and"
+                " ZeRO-1 stages", fix="use grad_accumulation 'autograd', or ZeRO-1 or no ZeRO on that stage")
 
 
 def _check_choice(what: str, value: object, choices: tuple[str, ...]) -> None:
@@ -193,6 +218,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "backend": cfg.backend,
         "layer_timing": cfg.layer_timing,
         "share_gpu": cfg.share_gpu,
+        "grad_accumulation": cfg.grad_accumulation,
     }
     return json.dumps(data, indent=1)
 

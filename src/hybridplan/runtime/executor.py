@@ -46,6 +46,7 @@ from hybridplan import collectives
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.boundaries import BoundarySpec
 from hybridplan.plan import Plan
+from hybridplan.runtime.grad_buffers import reduced_gradient
 from hybridplan.runtime.memory import StorageTracker
 from hybridplan.runtime.release import is_fake, release_output
 from hybridplan.runtime.repeats import run_actions
@@ -305,11 +306,10 @@ class StageExecutor:
                     self.meter.retag(p.grad, "gradients")
             return
         for p in self._params:
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
+            grad = reduced_gradient(p)  # .grad, or the fp32 buffer it accumulates in (runtime/grad_buffers.py)
             # A tensor-parallel parameter's gradient is a DTensor: its replicas sum their local shards (the
             # data group holds the same tensor rank of every replica, so the shards match).
-            grad = p.grad.to_local() if hasattr(p.grad, "to_local") else p.grad
+            grad = grad.to_local() if hasattr(grad, "to_local") else grad
             collectives.all_reduce(grad, group=self.dp_group)
 
     # ------------------------------------------------------------------ iteration

@@ -20,6 +20,8 @@ with ``mixed_precision=True``; Micikevicius et al., 2018, "Mixed Precision Train
 
 The gradient is converted to fp32 one parameter at a time inside the step, so the step's transient
 memory is one parameter's fp32 gradient plus AdamW's own temporaries, not a full fp32 gradient copy.
+A gradient accumulated in a persistent fp32 buffer (runtime/grad_buffers.py, Megatron's ``main_grad``) is
+stepped from that buffer, without a copy.
 
 A tensor-parallel parameter is an ``nn.Parameter(DTensor)``; its master copy and moments are DTensors
 with the same placements (the step runs DTensor's pointwise rules, on the local shard).
@@ -160,7 +162,8 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             for p in group["params"]:
-                if p.grad is None:
+                buffer = getattr(p, "main_grad", None)  # an fp32 gradient buffer (runtime/grad_buffers.py)
+                if p.grad is None and buffer is None:
                     continue
                 state = self.state[p]
                 master = state["master"]
@@ -168,7 +171,8 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
                     state["step"] = torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(master)
                     state["exp_avg_sq"] = torch.zeros_like(master)
-                grad = p.grad.float()
+                # The buffer is already fp32 and is unscaled in place, as Megatron unscales its main grads.
+                grad = buffer if buffer is not None else p.grad.float()
                 if self.loss_scale != 1.0:
                     grad.mul_(1.0 / self.loss_scale)
                 adamw(

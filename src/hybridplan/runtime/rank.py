@@ -30,7 +30,8 @@ from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, CudaDeviceModel, commun
 from hybridplan.runtime.heap import heap_frozen
 from hybridplan.runtime.layer_timer import LayerTimer
 from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
-from hybridplan.runtime.precision import build_optimizer, compute_dtype, loss_scale_of
+from hybridplan.runtime.grad_buffers import Fp32GradBuffers
+from hybridplan.runtime.precision import NoParameters, build_optimizer, compute_dtype, loss_scale_of
 from hybridplan.runtime.sharding import shard_layer, shard_stage, zero1_optimizer
 from hybridplan.runtime.result import RankFailure, RankReport
 from hybridplan.runtime.stage import build_stage_module, unsplit_state
@@ -137,6 +138,8 @@ def run_rank(
                     loss_scale=cfg.loss_scale,
                     device_type=cfg.device_type,
                 )
+            if cfg.grad_accumulation == "fp32-buffer" and not isinstance(optimizer, NoParameters):
+                optimizer = Fp32GradBuffers(optimizer, [p for p in module.parameters() if p.requires_grad], meter)
         executor = StageExecutor(
             model=model,
             plan=plan,

@@ -225,6 +225,9 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     def step(self, closure: Any = None) -> None:  # type: ignore[override]
         for p, v in zip(self._params, self._views, strict=True):
             v.grad = None if p.grad is None else _local(p.grad)
+            buffer = getattr(p, "main_grad", None)  # an fp32 gradient buffer (runtime/grad_buffers.py)
+            if buffer is not None:
+                v.main_grad = _local(buffer)  # type: ignore[attr-defined]  # what MixedPrecisionAdamW reads
         self.optim.step()
         for v in self._views:
             v.grad = None

@@ -101,6 +101,7 @@ def unsplit_state(module: nn.Sequential, first_layer: int) -> tuple[dict[str, to
         for name, p in layer.named_parameters():
             key = f"{first_layer + offset}.{_unsplit_name(name)}"
             weights[key] = full_parameter(p).cpu().clone()
-            if p.grad is not None:
-                grads[key] = full_parameter(p.grad).cpu().clone()
+            grad = p.grad if p.grad is not None else getattr(p, "main_grad", None)  # runtime/grad_buffers.py
+            if grad is not None:
+                grads[key] = full_parameter(grad).cpu().clone()
     return weights, grads
