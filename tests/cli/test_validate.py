@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from hybridplan.cli import main
 from tests.cli.conftest import MLP
 
@@ -26,17 +24,6 @@ def test_the_table_names_the_run_and_every_device(files, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "run: ok" in lines and lines[-1].startswith("largest per-device error")
     assert [line.split()[0] for line in lines if line.split() and line.split()[0].isdigit()] == ["0", "1", "2", "3"]
-
-
-@pytest.mark.distributed
-def test_share_gpu_runs_real_processes_and_says_so(files, tmp_path, capsys):
-    out = tmp_path / "v.json"
-    assert main(["validate", "--db", str(files / "p.sqlite"), "--plan", str(files / "plan.json"), "--model", MLP,
-                 "--backend", "real", "--share-gpu", "--out", str(out)]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert "run: ok" in lines and any(line.startswith("MODE: several ranks share one GPU") for line in lines)
-    report = json.loads(out.read_text())
-    assert report["share_gpu"] is True and all(d["measured"] > 0 for d in report["devices"])
 
 
 def test_a_capacity_needs_the_cluster_it_applies_to(files, capsys):

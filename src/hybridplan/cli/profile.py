@@ -114,6 +114,11 @@ def handle(args: argparse.Namespace) -> int:
         check_output(args.db, "--db")
     cluster = cluster_from(args)
     hosts = hosts_from(args, cluster)
+    if not args.dry_run:
+        from hybridplan.runtime.gpu_check import check_devices
+
+        check_devices("hybridplan profile", backend=args.backend, device_type=args.device, share_gpu=args.share_gpu,
+                      here=hosts is None)
     batch_sizes = _ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None
     scenarios = tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None
 
@@ -201,6 +206,9 @@ def _time(args: argparse.Namespace) -> int:
         sizes = (target, target // 2) if target % 2 == 0 else (target,)
     degrees = _ints(args.time_degrees, "--time-degrees") if args.time_degrees else None
     cluster = cluster_from(args)
+    from hybridplan.runtime.gpu_check import check_devices
+
+    check_devices("hybridplan profile --time", backend="real", device_type=args.device, share_gpu=False)
 
     from hybridplan.profiling.stored_time_profile import time_profile_from_store
     from hybridplan.profiling.timing import LayerTiming, TimingConfig

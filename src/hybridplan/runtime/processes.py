@@ -37,6 +37,7 @@ import torch.distributed as dist
 from hybridplan.models.boundaries import boundary_specs
 from hybridplan.models.zoo import resolve_model
 from hybridplan.runtime.config import RunConfig, validate_config
+from hybridplan.runtime.gpu_check import require_gpu
 from hybridplan.runtime.result import (
     RankFailure,
     RankReport,
@@ -74,9 +75,12 @@ def run_processes(
         The aggregated result; ``status`` is "ok", "oom" or "failed" (never raises for a failed run).
 
     Raises:
-        HybridPlanError: if the configuration itself is invalid (nothing is started then).
+        HybridPlanError: if the configuration itself is invalid, or it is a CUDA run and PyTorch sees no GPU here
+            (nothing is started then).
     """
     validate_config(cfg)
+    if cfg.device_type == "cuda":  # before any rank starts, each to fail at its first CUDA call
+        require_gpu("a CUDA run")
     # More ranks than GPUs: share them (runtime/shared_gpu.py), said even to a caller that asked for no events.
     cfg = with_shared_gpu_if_needed(cfg, say=on_event or (lambda msg: print(msg, file=sys.stderr, flush=True)))
     specs = boundary_specs(resolve_model(cfg.model))

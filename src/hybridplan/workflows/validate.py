@@ -122,6 +122,8 @@ def validate_plan(
 
     Raises:
         ProfileError: if the database names user code and ``model`` is not given, or names another model.
+        UsageError: for a real CUDA run where PyTorch sees no GPU, or ``share_gpu`` on CPU devices
+            (runtime/gpu_check.py), before the run starts.
     """
     predictor = MemoryPredictor.from_db(
         db, schedule=plan.schedule, global_batch_size=plan.global_batch_size,
@@ -144,6 +146,10 @@ def validate_plan(
     from hybridplan.runtime.launch import launch
 
     options = {**identity.get("run_options", {}), **(run_options or {})}
+    from hybridplan.runtime.gpu_check import check_devices
+
+    check_devices("hybridplan validate", backend=options.get("backend", "real"),
+                  device_type=options.get("device_type", "cpu"), share_gpu=bool(options.get("share_gpu")))
     cfg = RunConfig(model=name, plan=plan, cluster=cluster, iterations=iterations, seed=identity["seed"], **options)
     if progress is not None:
         progress(f"running {name} with the plan on {cluster.describe()}")
