@@ -1,0 +1,90 @@
+"""Engine profiles: the runtime options that make hybridplan's runtime hold memory as a training engine does.
+
+A plan exported to Megatron-LM, DeepSpeed or torchtitan (workflows/export) is trained by that engine, which holds
+some things differently from this runtime (docs/engines.md lists each difference with its source). An engine
+profile is the set of :class:`~hybridplan.runtime.config.RunConfig` fields that run the engine's way where the
+runtime can, so the simulator measures it rather than a formula guessing it. Where the engine's way is not run
+yet AND it changes the memory of the plan asked about, :func:`engine_run_options` refuses with the reason
+instead of predicting this runtime's memory under the engine's name. "hybridplan" is the runtime's own way: no
+option set, every prediction as it was.
+
+Today the profiles set one option, ``grad_accumulation``: Megatron-LM keeps fp32 gradient buffers
+(``main_grad``) by default with bf16, and in fp32 training (docs/engines.md, section 1).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, get_args
+
+from hybridplan.errors import UsageError
+from hybridplan.plan import Plan
+
+__all__ = ["Engine", "ENGINES", "engine_run_options", "not_modelled"]
+
+Engine = Literal["hybridplan", "megatron", "deepspeed", "torchtitan"]
+"""Who trains the plan: hybridplan's runtime, or an engine a plan is exported to."""
+
+ENGINES: tuple[Engine, ...] = get_args(Engine)
+"""The engine profiles."""
+
+_NOT_MODELLED: dict[Engine, tuple[str, ...]] = {
+    "hybridplan": (),
+    "megatron": ("fused AdamW's step (section 3)", "attention backend and dropout 0.1 (section 5)",
+                 "tied embeddings' copy on the last stage (section 6)"),
+    "deepspeed": ("ZeRO's flat, evenly split partition (section 2)",
+                  "BF16_Optimizer's gradient buffer in the model dtype without ZeRO (section 1)",
+                  "fused Adam's step (section 3)"),
+    "torchtitan": ("FSDP2 with fp32 gradient reduce-scatter (section 8)", "fused AdamW's step (section 3)",
+                   "loss parallel (section 4)"),
+}
+"""Per engine, the behaviours of docs/engines.md (its sections) that change memory and the runtime does not run."""
+
+
+def not_modelled(engine: str) -> tuple[str, ...]:
+    """What ``engine`` does that changes memory and the runtime does not run yet (docs/engines.md sections)."""
+    _check_engine(engine)
+    return _NOT_MODELLED[engine]  # type: ignore[index]  # checked: one of ENGINES
+
+
+def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, Any]:
+    """The RunConfig fields under which the runtime holds ``plan``'s memory as ``engine`` does.
+
+    Raises:
+        UsageError: for an unknown engine, or where the engine's way of holding this plan (in ``precision``)
+            is not run yet: the message names the behaviour and its section in docs/engines.md.
+
+    Example:
+        >>> from hybridplan.plan import Plan
+        >>> plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2, "stages": [
+        ...     {"layers": [0, 10], "parallelism": "none", "degree": 1, "devices": [0]}]})
+        >>> engine_run_options("megatron", plan=plan, precision="bf16")
+        {'grad_accumulation': 'fp32-buffer'}
+        >>> engine_run_options("hybridplan", plan=plan, precision="bf16")
+        {}
+    """
+    _check_engine(engine)
+    if engine == "hybridplan":
+        return {}
+    if engine != "megatron":
+        raise UsageError(f"the {engine} engine's memory is not modelled yet: {'; '.join(not_modelled(engine))}"
+                         " (docs/engines.md)", fix="predict hybridplan's runtime (--engine hybridplan), or megatron's")
+    if precision == "fp16":
+        raise UsageError("Megatron-LM's fp16 training (fp16 gradient buffers, fp32 copies in the optimizer: 20 bytes"
+                         " per parameter, docs/engines.md section 1) is not modelled yet",
+                         fix="predict bf16 (--precision bf16), or hybridplan's runtime (--engine hybridplan)")
+    last = plan.stages[-1]
+    if last.tensor_degree > 1:
+        raise UsageError(f"the last stage ({last.describe()}) is tensor-parallel: Megatron-LM computes its loss on"
+                         " vocabulary shards (docs/engines.md section 4), which is not modelled yet",
+                         fix="give the last stage tensor degree 1, or predict hybridplan's runtime (--engine hybridplan)")
+    for i, s in enumerate(plan.stages):
+        if s.zero:
+            raise UsageError(f"stage {i} ({s.describe()}) is ZeRO-{s.zero}: Megatron-LM's distributed optimizer"
+                             " splits one flat buffer evenly (docs/engines.md section 2), which is not modelled yet",
+                             fix="drop \"zero\" from the stage, or predict hybridplan's runtime (--engine hybridplan)")
+    return {"grad_accumulation": "fp32-buffer"}
+
+
+def _check_engine(engine: str) -> None:
+    if engine not in ENGINES:
+        raise UsageError(f"engine {engine!r} is not known", fix=f"use one of {list(ENGINES)}")

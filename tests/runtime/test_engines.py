@@ -1,0 +1,65 @@
+"""Engine profiles (runtime/engines.py): the options each engine sets, its refusals, hybridplan's predictions
+unchanged, and Megatron's profile measured against Megatron's published bytes per parameter."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hybridplan.errors import UsageError
+from hybridplan.models.zoo import get_model
+from hybridplan.plan import Plan
+from hybridplan.plan.cluster import Cluster
+from hybridplan.runtime.config import RunConfig
+from hybridplan.runtime.engines import ENGINES, engine_run_options, not_modelled
+from hybridplan.runtime.sim import simulate_stage
+from hybridplan.workflows.estimate_memory import estimate_plans
+from tests.runtime.test_grad_buffers import MEGATRON_BF16_FP32_GRADS
+from tests.runtime.util import make_plan
+
+PLAN = make_plan("1f1b", 16, 4, [(0, 5, "data", [0, 1]), (5, 10, "none", [2])])
+
+
+def _with(plan: Plan, stage: int, **fields) -> Plan:
+    data = plan.to_dict()
+    data["stages"][stage].update(fields)
+    return Plan.from_dict(data)
+
+
+def test_hybridplan_sets_nothing_and_its_estimate_is_unchanged():
+    assert engine_run_options("hybridplan", plan=PLAN, precision="bf16") == {} and not_modelled("hybridplan") == ()
+    base = {"precision": "bf16"}
+    cluster = Cluster.parse("1x3")
+    plain = estimate_plans("gpt-tiny", cluster, [PLAN], run_options=base)
+    named = estimate_plans("gpt-tiny", cluster, [PLAN],
+                           run_options={**base, **engine_run_options("hybridplan", plan=PLAN, precision="bf16")})
+    assert json.dumps([e.to_dict() for e in named]) == json.dumps([e.to_dict() for e in plain])
+
+
+def test_megatron_profile_holds_megatrons_18_bytes_per_parameter_in_bf16():
+    options = engine_run_options("megatron", plan=PLAN, precision="bf16")
+    assert options == {"grad_accumulation": "fp32-buffer"}
+    model = get_model("gpt-tiny")
+    n = sum(p.numel() for i in range(5, 10) for p in model.build_layer(i).parameters())
+    cfg = RunConfig(model="gpt-tiny", plan=PLAN, cluster=Cluster.parse("1x3"), backend="sim", precision="bf16", **options)
+    parts = simulate_stage(cfg, 1).breakdowns[-1]
+    assert parts["parameters"] + parts["gradients"] + parts["optimizer"] == MEGATRON_BF16_FP32_GRADS * n
+
+
+def test_engines_refuse_what_is_not_modelled_with_the_reason():
+    tensor_last = make_plan("1f1b", 16, 4, [(0, 5, "none", [0]), (5, 10, "tensor", [1, 2])])
+    with pytest.raises(UsageError, match="last stage .* is tensor-parallel: Megatron-LM computes its loss on vocabulary"):
+        engine_run_options("megatron", plan=tensor_last, precision="bf16")
+    with pytest.raises(UsageError, match="stage 0 .* is ZeRO-1: Megatron-LM's distributed optimizer splits one flat"):
+        engine_run_options("megatron", plan=_with(PLAN, 0, zero=1), precision="bf16")
+    with pytest.raises(UsageError, match="Megatron-LM's fp16 training .* is not modelled yet"):
+        engine_run_options("megatron", plan=PLAN, precision="fp16")
+    for engine in ("deepspeed", "torchtitan"):
+        with pytest.raises(UsageError, match=f"the {engine} engine's memory is not modelled yet: .*section"):
+            engine_run_options(engine, plan=PLAN, precision="bf16")
+        assert not_modelled(engine)  # it says what is missing
+    with pytest.raises(UsageError, match="engine 'nemo' is not known"):
+        engine_run_options("nemo", plan=PLAN, precision="bf16")
+    assert ENGINES == ("hybridplan", "megatron", "deepspeed", "torchtitan")
+    assert engine_run_options("megatron", plan=PLAN, precision="fp32") == {"grad_accumulation": "fp32-buffer"}
