@@ -89,7 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"hybridplan {args.command}: error: {e}", file=sys.stderr)
         return 2
     except _Terminated:
-        print("terminated (SIGTERM); a profile campaign resumes where it stopped when run again", file=sys.stderr)
+        print("terminated (SIGTERM)", file=sys.stderr)
         return 128 + signal.SIGTERM
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -31,6 +30,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from hybridplan.runtime.scratch import scratch_dir
 
 __all__ = ["SMALL_BYTES", "LARGE_BYTES", "CALLS", "REPEATS", "probe_links"]
 
@@ -138,7 +139,7 @@ def probe_links(device_type: str = "cpu", *, timeout_s: float = 120.0) -> dict[s
     ctx = _context()
     me = os.getpid()
     store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False)
-    with tempfile.TemporaryDirectory(prefix="hybridplan-links-") as out_dir:
+    with scratch_dir("links") as out_dir:
         procs = [ctx.Process(target=_entry, args=(r, device_type, store.port, out_dir, me, timeout_s), daemon=True)
                  for r in range(2)]
         try:

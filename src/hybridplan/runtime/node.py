@@ -37,10 +37,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
+
+from hybridplan.runtime.scratch import scratch_dir
 
 __all__ = ["PREFIX", "main"]
 
@@ -106,7 +107,7 @@ def _cannot_listen(addr: str, port: int) -> str | None:
 def _run(message: dict[str, Any]) -> dict[str, Any]:
     """Run this node's part of one run; the answer for the head."""
     global _current
-    with tempfile.TemporaryDirectory(prefix="hybridplan-node-") as tmp:
+    with scratch_dir("node") as tmp:  # a killed agent's folder is removed by the next one on this host
         config, reports, log = Path(tmp) / "run.json", Path(tmp) / "reports", Path(tmp) / "torchrun.log"
         config.write_text(message["config"])
         reports.mkdir()

@@ -25,7 +25,6 @@ import json
 import multiprocessing as mp
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from multiprocessing.connection import wait
@@ -38,6 +37,7 @@ from hybridplan.models.boundaries import boundary_specs
 from hybridplan.models.zoo import resolve_model
 from hybridplan.runtime.config import RunConfig, validate_config
 from hybridplan.runtime.gpu_check import require_gpu
+from hybridplan.runtime.scratch import scratch_dir
 from hybridplan.runtime.result import (
     RankFailure,
     RankReport,
@@ -90,7 +90,7 @@ def run_processes(
     me = os.getpid()  # the ranks end when this process does, however it ends (runtime/lifeline.py)
     store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="hybridplan-run-") as report_dir:
+    with scratch_dir("run") as report_dir:  # a killed launcher's folder is removed by the next one
         procs = [
             ctx.Process(target=spawn_entry, args=(rank, world, cfg, store.port, report_dir, me, specs), daemon=True)
             for rank in range(world)
