@@ -134,6 +134,9 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("validate --db profile.sqlite --plan plan.json --out missing/v.json", "cannot be written"),
         Case(f"{PROFILE.replace('new.sqlite', 'missing/p.sqlite')}", "--db 'missing/p.sqlite' cannot be written"),
         Case("report v.json --png missing/v.png", "--png 'missing/v.png' cannot be written"),
+        Case(f"{RUN} --out fifo", "--out 'fifo' is a named pipe (FIFO), not a regular file"),
+        Case("export --plan gpt_plan.json --to megatron --out nulldev", "--out 'nulldev' is a character device"),
+        Case(f"{PROFILE.replace('new.sqlite', 'fifo')}", "--db 'fifo' is a named pipe (FIFO)"),
     )),
     ("Exports (hybridplan export)", (
         Case("export --plan gpt_plan.json --to jax", "invalid choice: 'jax'"),
@@ -172,6 +175,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PLAN} --allow-cross-node --pipeline-only", "adds data stages over whole nodes"),
         Case("report v.json --plan plan.json --db profile.sqlite", "give either an input file or --plan"),
         Case(f"{RUN} --backend sim --share-gpu", "simulated devices share nothing", before_torch=False),
+        Case(f"{RUN} --share-gpu", "there is no GPU to share", before_torch=False),
         Case(f"{PROFILE} --time --share-gpu", "not representative"),
     )),
     ("Several machines (profile --hosts, run --hosts)", (
@@ -181,6 +185,10 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{PROFILE2} --hosts gpu[1-3]", "--hosts names 3 host(s) (gpu1,gpu2,gpu3) but cluster 2x2 has 2 node(s)"),
         Case(f"{PROFILE2} --hosts slurm", "not inside a SLURM allocation"),
         Case(f"{PROFILE2} --hosts n1,n2 --launcher rsh", "--launcher 'rsh' has no {host}"),
+        Case(f"{PROFILE2} --hosts=-oProxyCommand,n2", "host '-oProxyCommand' starts with '-'"),
+        Case(f"{PROFILE2} --hosts n1,n2 --master-addr=-oProxyCommand", "--master-addr '-oProxyCommand' starts with '-'"),
+        Case(f"{PROFILE2} --hosts n1,n2 --launcher=", "--launcher '' is empty"),
+        Case(f"{PROFILE2} --hosts n1,n2 --launcher=ssh{{host}}--cmd={{command}}", "has {command} inside the word"),
         Case(f"{PROFILE2} --hosts n1,n2 --backend sim", "simulated devices (--backend sim) run in this process"),
         Case(f"{PROFILE2} --hosts n1,n2 --time", "--time measures layers on this one"),
         Case(f"{PROFILE2} --master-port 29500", "--master-port needs --hosts"),
@@ -236,6 +244,8 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     (folder / "badlink.toml").write_text('nodes = 2\ndevices_per_node = 2\n[[node_overrides]]\nnodes = [1]\nintra_node = "fast"\n')
     (folder / "badlatency.toml").write_text('nodes = 1\ndevices_per_node = 4\n[network]\nintra_node_latency = "soon"\n')
     (folder / "notadb.sqlite").write_text("this is a text file, not a database\n")
+    os.mkfifo(folder / "fifo")
+    (folder / "nulldev").symlink_to("/dev/null")  # a device, through a link: a broken check would replace the link only
     with sqlite3.connect(folder / "other.sqlite") as db:
         db.execute("CREATE TABLE t (x INTEGER)")
     shutil.copy(mlp_files / "p.sqlite", folder / "code.sqlite")

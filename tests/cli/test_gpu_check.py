@@ -44,13 +44,13 @@ def test_run_on_cuda_without_a_gpu_is_refused_before_any_process(no_gpu, plan, t
     out = tmp_path / "r.json"
     assert main(["run", "--model", MLP, "--cluster", "1x1", "--plan", str(plan), "--out", str(out),
                  *(["--device", "cuda"] if "--gpu" not in extra else []), *extra]) == 2
-    err = _refused(capsys, "run", "runs on CUDA devices (--device cuda), but PyTorch sees no GPU on this machine")
+    err = _refused(capsys, "run", "the run is on CUDA devices (--device cuda), but PyTorch sees no GPU on this machine")
     assert "MODE" not in err and "started" not in err and not out.exists()
 
 
 def test_share_gpu_on_cpu_devices_is_refused_rather_than_announced(no_gpu, plan, capsys):
     assert main(["run", "--model", MLP, "--cluster", "1x1", "--plan", str(plan), "--share-gpu"]) == 2
-    err = _refused(capsys, "run", "--share-gpu runs several ranks on one GPU, but the devices are CPUs")
+    err = _refused(capsys, "run", "--share-gpu runs several ranks on one GPU, but the devices of the run are CPUs")
     assert "MODE" not in err
 
 
@@ -70,9 +70,9 @@ def test_a_configuration_for_torchrun_elsewhere_needs_no_gpu_here(no_gpu, plan, 
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--device", "cuda"], "PyTorch sees no GPU"),
-    (["--device", "cuda", "--time"], "PyTorch sees no GPU"),
-    (["--share-gpu"], "but the devices are CPUs"),
+    (["--device", "cuda"], "the profile is on CUDA devices (--device cuda), but PyTorch sees no GPU"),
+    (["--device", "cuda", "--time"], "the layer timing is on CUDA devices"),
+    (["--share-gpu"], "but the devices of the profile are CPUs"),
 ])
 def test_profile_without_the_devices_is_refused_and_writes_no_database(no_gpu, tmp_path, capsys, extra, fragment):
     db = tmp_path / "p.sqlite"
@@ -91,4 +91,4 @@ def test_validate_share_gpu_on_a_cpu_profile_is_refused(no_gpu, files, capsys):
     tests/runtime/test_shared_gpu.py."""
     assert main(["validate", "--db", str(files / "p.sqlite"), "--plan", str(files / "plan.json"), "--model", MLP,
                  "--backend", "real", "--share-gpu"]) == 2
-    _refused(capsys, "validate", "--share-gpu runs several ranks on one GPU, but the devices are CPUs")
+    _refused(capsys, "validate", "--share-gpu runs several ranks on one GPU, but the devices of the validation run are CPUs")

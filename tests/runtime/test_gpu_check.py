@@ -27,9 +27,9 @@ def test_visible_gpus_counts_only_usable_ones(monkeypatch):
 
 def test_no_gpu_is_refused_saying_why(no_gpu, monkeypatch):
     monkeypatch.setattr(torch.version, "cuda", None)
-    with pytest.raises(UsageError, match=r"a CUDA run runs on CUDA devices \(--device cuda\), but PyTorch sees no GPU"
+    with pytest.raises(UsageError, match=r"the run is on CUDA devices \(--device cuda\), but PyTorch sees no GPU"
                        r" on this machine \(this PyTorch \(.*\) is built without CUDA\)") as e:
-        require_gpu("a CUDA run")
+        require_gpu("the run")
     assert "--backend sim" in str(e.value.fix)
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
@@ -54,7 +54,7 @@ def test_what_needs_a_gpu(no_gpu):
         check_devices("x", backend="real", device_type="cuda", share_gpu=False)
     with pytest.raises(UsageError, match="sees no GPU"):
         check_devices("x", backend="real", device_type="cuda", share_gpu=True)
-    with pytest.raises(UsageError, match=r"x: --share-gpu runs several ranks on one GPU, but the devices are CPUs"):
+    with pytest.raises(UsageError, match=r"--share-gpu runs several ranks on one GPU, but the devices of x are CPUs"):
         check_devices("x", backend="real", device_type="cpu", share_gpu=True)
 
 

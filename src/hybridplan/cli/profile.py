@@ -117,7 +117,7 @@ def handle(args: argparse.Namespace) -> int:
     if not args.dry_run:
         from hybridplan.runtime.gpu_check import check_devices
 
-        check_devices("hybridplan profile", backend=args.backend, device_type=args.device, share_gpu=args.share_gpu,
+        check_devices("the profile", backend=args.backend, device_type=args.device, share_gpu=args.share_gpu,
                       here=hosts is None)
     batch_sizes = _ints(args.profile_batch_sizes, "--profile-batch-sizes") if args.profile_batch_sizes else None
     scenarios = tuple(Scenario.parse(s.strip()) for s in args.scenarios.split(",")) if args.scenarios else None
@@ -208,7 +208,7 @@ def _time(args: argparse.Namespace) -> int:
     cluster = cluster_from(args)
     from hybridplan.runtime.gpu_check import check_devices
 
-    check_devices("hybridplan profile --time", backend="real", device_type=args.device, share_gpu=False)
+    check_devices("the layer timing", backend="real", device_type=args.device, share_gpu=False)
 
     from hybridplan.profiling.stored_time_profile import time_profile_from_store
     from hybridplan.profiling.timing import LayerTiming, TimingConfig

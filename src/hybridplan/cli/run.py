@@ -91,7 +91,7 @@ def handle(args: argparse.Namespace) -> int:
     validate_config(cfg)
     from hybridplan.runtime.gpu_check import check_devices
 
-    check_devices("hybridplan run", backend=cfg.backend, device_type=cfg.device_type, share_gpu=cfg.share_gpu,
+    check_devices("the run", backend=cfg.backend, device_type=cfg.device_type, share_gpu=cfg.share_gpu,
                   here=hosts is None and not args.write_config)  # --write-config: run elsewhere, by torchrun
     if args.write_config:
         write_output(args.write_config, config_to_json(cfg), "--write-config")

@@ -40,14 +40,14 @@ def _why_none() -> str:
 
 
 def require_gpu(what: str) -> None:
-    """Refuse ``what`` (a run on CUDA devices) when PyTorch sees no GPU here.
+    """Refuse ``what`` (a run on CUDA devices: "the run", "the layer timing") when PyTorch sees no GPU here.
 
     Raises:
         UsageError: naming why no GPU is seen and what to do instead.
     """
     if visible_gpus() > 0:
         return
-    raise UsageError(f"{what} runs on CUDA devices (--device cuda), but PyTorch sees no GPU on this machine"
+    raise UsageError(f"{what} is on CUDA devices (--device cuda), but PyTorch sees no GPU on this machine"
                      f" ({_why_none()})",
                      fix="run it on a machine with a GPU; --backend sim simulates CUDA devices without one, and"
                      " --device cpu runs on CPUs")
@@ -63,7 +63,7 @@ def check_devices(what: str, *, backend: str, device_type: str, share_gpu: bool,
     if backend != "real":
         return
     if share_gpu and device_type != "cuda":
-        raise UsageError(f"{what}: --share-gpu runs several ranks on one GPU, but the devices are CPUs"
+        raise UsageError(f"--share-gpu runs several ranks on one GPU, but the devices of {what} are CPUs"
                          f" ({device_type!r}): there is no GPU to share",
                          fix="drop --share-gpu (every rank is its own process on CPU), or run on GPUs with --device"
                          " cuda")

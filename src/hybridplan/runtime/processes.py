@@ -80,7 +80,7 @@ def run_processes(
     """
     validate_config(cfg)
     if cfg.device_type == "cuda":  # before any rank starts, each to fail at its first CUDA call
-        require_gpu("a CUDA run")
+        require_gpu("the run")
     # More ranks than GPUs: share them (runtime/shared_gpu.py), said even to a caller that asked for no events.
     cfg = with_shared_gpu_if_needed(cfg, say=on_event or (lambda msg: print(msg, file=sys.stderr, flush=True)))
     specs = boundary_specs(resolve_model(cfg.model))

@@ -148,7 +148,7 @@ def validate_plan(
     options = {**identity.get("run_options", {}), **(run_options or {})}
     from hybridplan.runtime.gpu_check import check_devices
 
-    check_devices("hybridplan validate", backend=options.get("backend", "real"),
+    check_devices("the validation run", backend=options.get("backend", "real"),
                   device_type=options.get("device_type", "cpu"), share_gpu=bool(options.get("share_gpu")))
     cfg = RunConfig(model=name, plan=plan, cluster=cluster, iterations=iterations, seed=identity["seed"], **options)
     if progress is not None:
