@@ -94,3 +94,29 @@ def test_sigterm_ends_a_command_with_a_line_and_code_143_and_puts_the_handler_ba
     err = capsys.readouterr().err
     assert err.startswith("terminated (SIGTERM)") and len(err.strip().splitlines()) == 1
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+
+
+def test_a_config_nested_beyond_pythons_limit_is_a_usage_error(tmp_path, capsys, monkeypatch):
+    """``--model hf:FILE`` reads the file while the arguments are parsed: 200,000 nested lists (the issue's case)."""
+    monkeypatch.delenv("HYBRIDPLAN_DEBUG", raising=False)
+    deep = tmp_path / "config.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    plan = tmp_path / "plan.json"
+    plan.write_text("{}")
+    assert main(["run", "--model", f"hf:{deep}", "--cluster", "1x4", "--plan", str(plan)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 2 and err.startswith("hybridplan")
+
+
+def test_an_unexpected_error_while_parsing_names_the_program(monkeypatch, capsys):
+    import hybridplan.cli.common as common
+
+    def broken(text):
+        raise KeyError(text)
+
+    monkeypatch.delenv("HYBRIDPLAN_DEBUG", raising=False)
+    monkeypatch.setattr(common, "model_name", broken)
+    assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", "p.json"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("hybridplan: unexpected error: KeyError: 'gpt-tiny'") and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1

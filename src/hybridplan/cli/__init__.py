@@ -76,6 +76,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(words)
     except SystemExit as e:  # --help (0) or a malformed argument (2): a return code, as for every other outcome
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    except _LIMITS as e:  # e.g. --model hf:FILE reads the file while parsing
+        return _beyond_limits("hybridplan", e, debug)
     except Exception as e:  # an argument's own check that failed in a way of its own: a bug
         return _unexpected("hybridplan", e, debug)
     debug = debug or args.debug
@@ -97,18 +99,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # output piped into e.g. `head`, which closed it: not an error of ours
         sys.stderr.close()
         return 0
-    except (RecursionError, OverflowError, MemoryError) as e:
-        # Python's own limits, reached by an input too deeply nested or too large that no check caught: the input's
-        # fault more often than ours, so a usage error's exit code and form.
-        if debug:
-            traceback.print_exc()
-        what = str(e).splitlines()[0] if str(e) else "no message"
-        print(f"hybridplan {args.command}: error: an input is too large or too deeply nested to handle"
-              f" ({type(e).__name__}: {what})\n  fix: check the numbers and files given; if they are sane, rerun with"
-              f" --debug and report it to {_REPORT}", file=sys.stderr)
-        return 2
+    except _LIMITS as e:
+        return _beyond_limits(f"hybridplan {args.command}", e, debug)
     except Exception as e:
         return _unexpected(f"hybridplan {args.command}", e, debug)
+
+
+_LIMITS = (RecursionError, OverflowError, MemoryError)
+"""Python's own limits, reached by an input too deeply nested or too large that no check caught (a config of
+200,000 nested lists, a size of 1e300 TB): the input's fault more often than ours."""
+
+
+def _beyond_limits(prog: str, error: BaseException, debug: bool) -> int:
+    """One of :data:`_LIMITS`: a usage error's form and exit code (2), the traceback only when debugging."""
+    if debug:
+        traceback.print_exc()
+    what = str(error).splitlines()[0] if str(error) else "no message"
+    print(f"{prog}: error: an input is too large or too deeply nested to handle ({type(error).__name__}: {what})\n"
+          f"  fix: check the numbers and files given; if they are sane, rerun with --debug and report it to {_REPORT}",
+          file=sys.stderr)
+    return 2
 
 
 def _unexpected(prog: str, error: Exception, debug: bool) -> int:
