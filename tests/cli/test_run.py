@@ -98,8 +98,9 @@ def test_write_config_for_torchrun(example, tmp_path):
     loaded = config_from_json(cfg.read_text())
     assert loaded.plan.to_dict() == EXAMPLE and loaded.cluster.shape == "1x4" and not loaded.share_gpu
     assert main(["run", "--model", "gpt-tiny", "--cluster", "1x4", "--plan", str(example), "--share-gpu",
-                 "--write-config", str(cfg)]) == 0
-    assert config_from_json(cfg.read_text()).share_gpu
+                 "--device", "cuda", "--write-config", str(cfg)]) == 0  # for torchrun on a GPU machine: none needed here
+    shared = config_from_json(cfg.read_text())
+    assert shared.share_gpu and shared.device_type == "cuda"
 
 
 @pytest.mark.distributed
