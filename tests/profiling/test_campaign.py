@@ -4,6 +4,7 @@ tests/runtime/test_sim_agreement.py), with one real run to check a prediction.""
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -186,3 +187,126 @@ def test_profiled_plan_with_missing_scenario_is_refused(tmp_path, pipeline_only_
         MemoryPredictor.from_db(tmp_path / "p.sqlite").predict(plan)
     with pytest.raises(PlanError):
         MemoryPredictor.from_db(tmp_path / "p.sqlite").predict(Plan("1f1b", 32, 2, (StagePlan(0, 4, "none", 1, (0,)),)))
+
+
+# ---------------------------------------------------------------------------------------------- resume after any ending
+# The campaign of issue 32 (profile --zero --activation-checkpointing), small: the MLP on 1x2, 14 runs on simulated
+# devices (deterministic: the same bytes every time), through the command line as a user runs it.
+RESUME_ARGS = ["profile", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "16", "--num-microbatches", "2",
+               "--zero", "--activation-checkpointing", "--backend", "sim"]
+
+# A child that runs the command and sends itself ``signal`` in the middle of recording a run: after the run's row and
+# ``at`` measurement rows of the campaign are written, inside the run's transaction, the worst moment to end.
+_ENDED = """
+import os, sys
+from contextlib import contextmanager
+from hybridplan.profiling import store
+
+signal, at = int(sys.argv[1]), int(sys.argv[2])
+written = [0]
+real = store.ProfileStore._transaction
+
+class Connection:
+    def __init__(self, db):
+        self.db = db
+
+    def __getattr__(self, name):
+        return getattr(self.db, name)
+
+    def execute(self, sql, *args):
+        out = self.db.execute(sql, *args)
+        if sql.startswith("INSERT INTO measurements"):
+            written[0] += 1
+            if written[0] == at:
+                os.kill(os.getpid(), signal)
+        return out
+
+@contextmanager
+def transaction(self):
+    with real(self) as db:
+        yield Connection(db)
+
+store.ProfileStore._transaction = transaction
+from hybridplan.cli import main
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def _content(db) -> dict:
+    """Everything a campaign wrote that does not depend on when it ran: runs by key, each device's row, statistics,
+    settings."""
+    import sqlite3
+
+    with sqlite3.connect(db) as c:
+        key = dict(c.execute("SELECT id, key FROM runs"))
+        tables = {}
+        for table in ("measurements", "reserved_peaks", "workspaces"):
+            columns = [r[1] for r in c.execute(f"PRAGMA table_info({table})")]
+            tables[table] = sorted((key[r[0]], *r[1:]) for r in c.execute(f"SELECT {', '.join(columns)} FROM {table}"))
+        return {"runs": sorted(c.execute("SELECT key, scenario, batch_size, plan, status, reason FROM runs")),
+                "statistics": sorted(c.execute("SELECT * FROM statistics")), "meta": sorted(c.execute("SELECT * FROM meta")),
+                **tables}
+
+
+def _profile(db, capsys) -> tuple[int, int]:
+    """Run (or resume) the campaign in this process; (runs executed, runs resumed)."""
+    import re
+
+    from hybridplan.cli import main
+
+    assert main([*RESUME_ARGS, "--db", str(db)]) == 0
+    done = re.search(r"done: (\d+) runs executed, (\d+) resumed", capsys.readouterr().out)
+    assert done is not None
+    return int(done.group(1)), int(done.group(2))
+
+
+@pytest.mark.slow  # 28 s on 2 cores: four campaigns, three of them in processes of their own
+def test_resume_after_any_ending_gives_the_uninterrupted_database(tmp_path, capsys):
+    """Ended by SIGTERM, SIGINT and SIGKILL in the middle of recording a run, then run again: the database holds what an
+    uninterrupted campaign's holds (same runs, same bytes), and the second run executes only the runs the first did not
+    record, with no run repeated and no unique-key error."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    executed, resumed = _profile(tmp_path / "whole.sqlite", capsys)
+    assert resumed == 0 and executed > 10
+    whole = _content(tmp_path / "whole.sqlite")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]), *sys.path])}
+    endings = ((signal.SIGTERM, 3, 143), (signal.SIGINT, 12, 130), (signal.SIGKILL, 20, -signal.SIGKILL))
+    children = {sig: subprocess.Popen([sys.executable, "-c", _ENDED, str(int(sig)), str(at), *RESUME_ARGS, "--db",
+                                       str(tmp_path / f"{sig.name}.sqlite")], stderr=subprocess.PIPE, text=True, env=env)
+                for sig, at, _ in endings}  # side by side: each mostly imports torch
+    for sig, _, code in endings:
+        _, stderr = children[sig].communicate(timeout=120)
+        assert children[sig].returncode == code, stderr
+        assert "Traceback" not in stderr
+        db = tmp_path / f"{sig.name}.sqlite"
+        partial = _content(db)
+        assert 0 < len(partial["runs"]) < len(whole["runs"])  # it ended in the middle, the run in flight not recorded
+        keys = {run[0] for run in partial["runs"]}
+        assert {m[0] for m in partial["measurements"]} <= keys  # no row of an unrecorded run
+        assert all(run in whole["runs"] for run in partial["runs"])
+        executed, resumed = _profile(db, capsys)
+        assert resumed == len(partial["runs"]) and executed == len(whole["runs"]) - resumed
+        assert _content(db) == whole, sig.name
+
+
+def test_a_run_stopped_from_outside_is_run_again(tmp_path, capsys):
+    """A run whose ranks were ended by SIGTERM (the campaign's process group stopped) is recorded as failed; resumed,
+    the campaign runs it again and replaces its record rather than counting it as a failure of its plan."""
+    import sqlite3
+
+    _profile(tmp_path / "whole.sqlite", capsys)
+    whole = _content(tmp_path / "whole.sqlite")
+    shutil.copy(tmp_path / "whole.sqlite", tmp_path / "p.sqlite")
+    with sqlite3.connect(tmp_path / "p.sqlite") as c:
+        (last,) = c.execute("SELECT max(id) FROM runs").fetchone()
+        for table in ("measurements", "reserved_peaks", "workspaces"):
+            c.execute(f"DELETE FROM {table} WHERE run_id = ?", (last,))
+        c.execute("UPDATE runs SET status = 'failed', reason = 'device 1 (stage 0) was killed by signal 15 without a"
+                  " report' WHERE id = ?", (last,))
+    executed, resumed = _profile(tmp_path / "p.sqlite", capsys)
+    assert (executed, resumed) == (1, len(whole["runs"]) - 1)
+    assert _content(tmp_path / "p.sqlite") == whole

@@ -9,7 +9,10 @@ the run ends. Progress goes to ``progress`` (runs done/total, time left). Before
 tables computed without running the model (profiling/auxiliary_tables.py).
 
 Resuming: a run is identified by its scenario, batch size and plan; a campaign started again on the
-same database skips every run it finds there and continues where it stopped.
+same database skips every run it finds there and continues where it stopped, however the first one ended
+(SIGTERM, SIGINT, SIGKILL, power loss: each run's rows are one transaction, profiling/store.py). A run whose
+ranks were stopped by SIGINT or SIGTERM from outside (the campaign's process group ended) is run again, not
+counted as a failure of its plan; recorded again, it replaces its earlier record.
 
 Failures (mCAP substituted partitionings by hand; here it is automatic): a span whose stage ran out of
 memory is replaced by the smallest spans that yield the same statistic (``M_a(l)`` from ``l-1..l``
@@ -34,7 +37,7 @@ from hybridplan.plan import StagePlan
 from hybridplan.profiling.auxiliary_tables import record_auxiliary_tables
 from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
-from hybridplan.profiling.execution import failed_stage, measurements_of, run_plan, simulate_stages
+from hybridplan.profiling.execution import failed_stage, interrupted, measurements_of, run_plan, simulate_stages
 from hybridplan.profiling.statistics import anchor_of, statistics_of
 from hybridplan.profiling.stage_memo import LAYER_CLASSES_META, StageMemo
 from hybridplan.profiling.store import ProfileStore
@@ -362,6 +365,8 @@ class Campaign:
             attempt = max(attempts.get(s, 0) for s in run.measured)
             key = f"{scenario.name}|{batch}|{fillers}|{attempt}|{json.dumps(plan.to_dict(), sort_keys=True)}"
             stored = self.store.find_run(key)
+            if stored is not None and stored.status != "ok" and interrupted(stored.reason):
+                stored = None  # stopped from outside: run it again (module docstring, Resuming)
             done_here += 1
             total = max(summary.runs_total, summary.runs_executed + summary.runs_resumed + 1)
             if stored is not None:

@@ -26,9 +26,10 @@ from hybridplan.profiling.schedule_memory import stage_peak
 from hybridplan.profiling.quantities import quantities_from_report, quantities_from_timeline
 from hybridplan.profiling.stage_memo import StageMemo, code_digest, span_identity
 
-__all__ = ["RunOutcome", "run_plan", "simulate_stages", "measurements_of", "failed_stage"]
+__all__ = ["RunOutcome", "run_plan", "simulate_stages", "measurements_of", "failed_stage", "interrupted"]
 
 _FAILED_DEVICE = re.compile(r"^device (\d+) \(stage (\d+)\)")
+_INTERRUPTED = re.compile(r"killed by signal (2|15)\b|KeyboardInterrupt")
 
 
 @dataclass
@@ -51,6 +52,13 @@ def failed_stage(reason: str | None) -> int | None:
     """The stage a run's failure reason names ("device 3 (stage 1): ..."; runtime/processes.py)."""
     match = _FAILED_DEVICE.match(reason or "")
     return int(match.group(2)) if match else None
+
+
+def interrupted(reason: str | None) -> bool:
+    """Whether a failed run's reason says its ranks were stopped from outside (SIGINT or SIGTERM: a Ctrl-C or a job
+    scheduler ending the campaign with its process group), which says nothing about the plan: a resumed campaign
+    runs it again (profiling/campaign.py, Resuming)."""
+    return bool(_INTERRUPTED.search(reason or ""))
 
 
 def run_plan(plan: Plan, cluster: Cluster, execute: Callable[[Plan, Cluster], Any]) -> RunOutcome:

@@ -31,7 +31,9 @@ Tables:
   before the table) keeps its workspaces, if any, in ``static`` (profiling/statistics.py [Note: workspaces are per
   device]).
 
-Each run is committed in one transaction, so an interrupted campaign loses at most the run in flight.
+Each run is committed in one transaction (its ``runs`` row and every row of its devices, or nothing), so a campaign
+ended in any way (SIGTERM, SIGINT, SIGKILL, power loss) loses at most the run in flight, and a run recorded again
+under its key replaces the earlier record instead of failing on the key.
 """
 
 from __future__ import annotations
@@ -234,8 +236,14 @@ class ProfileStore:
         wall_seconds: float | None,
         measurements: Sequence[Mapping[str, Any]] = (),
     ) -> int:
-        """Store a finished run and its per-device measurements atomically; returns the run id."""
+        """Store a finished run and its per-device measurements atomically, replacing a run stored under the same
+        ``key`` with its rows (a resumed campaign runs an interrupted run again: profiling/campaign.py); returns the
+        run id."""
         with self._transaction() as db:
+            for (old,) in db.execute("SELECT id FROM runs WHERE key = ?", (key,)).fetchall():
+                for table in ("measurements", "reserved_peaks", "workspaces"):
+                    db.execute(f"DELETE FROM {table} WHERE run_id = ?", (old,))
+                db.execute("DELETE FROM runs WHERE id = ?", (old,))
             cur = db.execute(
                 "INSERT INTO runs(key, scenario, batch_size, plan, status, reason, wall_seconds, finished_at)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
