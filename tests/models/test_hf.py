@@ -26,7 +26,7 @@ from gloo import (
 from hybridplan.errors import ModelError
 from hybridplan.models.base import build_layers
 from hybridplan.models.hf import HFModel
-from hybridplan.models.hf_config import HF_CONFIGS
+from hybridplan.models.hf_config import HF_CONFIGS, load_hf_config
 from hybridplan.models.names import check_model_name
 from hybridplan.models.zoo import get_model
 
@@ -262,6 +262,11 @@ def write_config(tmp_path: Path, config: Any, name: str = "config.json") -> Path
     return path
 
 
+def with_digits(key: str) -> str:
+    """llama-tiny's config.json with ``key`` set to an integer of 5,000 digits (Python converts at most 4,300)."""
+    return json.dumps(HF_CONFIGS["llama-tiny"])[:-1] + f', "{key}": ' + "7" * 5000 + "}"
+
+
 def test_config_json_paths_build(tmp_path: Path) -> None:
     path = write_config(tmp_path, HF_CONFIGS["llama-tiny"])
     for spec in (f"hf:{tmp_path}", f"hf:{path}"):
@@ -286,6 +291,35 @@ def test_config_json_paths_build(tmp_path: Path) -> None:
          r"(?s)architecture 'bert' .* not supported.*\['llama', 'mistral', 'qwen2', 'mixtral', 'gpt2'\]"),
         (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'hidden_size': 0})}",
          r"hidden_size is 0, not a positive integer"),
+        # issue 32: every size checked before transformers or torch sees it, bounds with their reasons
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'num_attention_heads': 5})}",
+         r"hidden_size 32 is not divisible by num_attention_heads 5"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'num_key_value_heads': 3})}",
+         r"num_attention_heads 4 is not a multiple of num_key_value_heads 3"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'num_key_value_heads': 8})}",
+         r"num_key_value_heads is 8, more than 4 \(the attention heads\)"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'hidden_size': 30, 'num_attention_heads': 2})}",
+         r"each head has 15 channels .* an odd number"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'num_hidden_layers': 10**9})}",
+         r"num_hidden_layers is 1,000,000,000, more than 16,384 \(128 times the deepest published"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'hidden_size': 10**12})}",
+         r"hidden_size is 1,000,000,000,000, more than 2,097,152"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['llama-tiny'], 'max_position_embeddings': 0})}",
+         r"max_position_embeddings is 0, not a positive integer"),
+        (lambda p: f"hf:{write_config(p, {k: v for k, v in HF_CONFIGS['llama-tiny'].items() if k != 'vocab_size'})}",
+         r"vocab_size is missing"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['mixtral-tiny'], 'num_local_experts': 0})}",
+         r"num_local_experts is 0, not a positive integer"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['mixtral-tiny'], 'num_experts_per_tok': 5})}",
+         r"num_experts_per_tok is 5, more than 4 \(the 4 experts"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['gpt2-tiny'], 'n_head': 5})}", r"n_embd 32 is not divisible by n_head 5"),
+        (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['mistral-tiny'], 'sliding_window': 0})}",
+         r"sliding_window is 0, not a positive integer"),
+        (lambda p: f"hf:{write_config(p, '[' * 200_000)}", r"is not readable JSON: it is nested deeper than"),
+        (lambda p: f"hf:{write_config(p, with_digits('hidden_size'))}",
+         r"hidden_size is an integer of 5,000 digits, more than 2,097,152"),
+        (lambda p: f"hf:{write_config(p, with_digits('bos_token_id'))}",
+         r"bos_token_id is an integer of 5,000 digits; no field of a config.json needs more than 19 digits"),
     ],
 )
 def test_bad_names_fail_before_torch_work(tmp_path: Path, setup: Callable[[Path], str], message: str) -> None:
@@ -294,6 +328,12 @@ def test_bad_names_fail_before_torch_work(tmp_path: Path, setup: Callable[[Path]
         check_model_name(spec)
     with pytest.raises(ModelError, match=message):
         get_model(spec)
+
+
+@pytest.mark.parametrize("name", list(HF_CONFIGS))
+def test_shipped_configs_pass_the_checks_of_a_config_json(tmp_path: Path, name: str) -> None:
+    """The bounds refuse no published model: each shipped config, given as a file, is accepted as it is."""
+    assert load_hf_config(f"hf:{write_config(tmp_path, HF_CONFIGS[name])}") == HF_CONFIGS[name]
 
 
 def test_missing_transformers_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:

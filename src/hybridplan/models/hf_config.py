@@ -20,11 +20,11 @@ the same architectures for tests and demos.
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 from typing import Any
 
 from hybridplan.errors import ModelError
+from hybridplan.limits import JSONDataError, count_problem, find_huge, load_json, shown
 
 __all__ = [
     "HF_PREFIX",
@@ -153,8 +153,8 @@ def load_hf_config(name: str) -> dict[str, Any]:
         raise ModelError(f"model {name!r}: directory {str(path)!r} has no config.json",
                          fix="give a directory holding a transformers config.json, or the file itself")
     try:
-        config = json.loads(file.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        config = load_json(file.read_text())
+    except (OSError, UnicodeDecodeError, JSONDataError) as e:
         raise ModelError(f"model {name!r}: {str(file)!r} is not readable JSON: {e}",
                          fix="give a transformers config.json (a JSON object)") from None
     if not isinstance(config, dict):
@@ -164,20 +164,79 @@ def load_hf_config(name: str) -> dict[str, Any]:
     return config
 
 
+# (bound, why): the largest value of each size accepted, far above every published model and far below sizes
+# whose layers could not even be described (a typo such as 10**12 would otherwise reach torch).
+_BOUNDS: dict[str, tuple[int, str]] = {
+    "layers": (2**14, "128 times the deepest published decoder LM (128 layers: Megatron-LM's 1T-parameter model,"
+               " Narayanan et al., SC 2021)"),
+    "hidden": (2**21, "over 80 times the widest published (hidden 25,600: the same model)"),
+    "heads": (2**21, "as many heads as channels of the widest hidden size accepted"),
+    "intermediate": (2**23, "over 80 times the widest published MLP (102,400: the same model)"),
+    "vocab": (2**25, "128 times the largest published vocabulary (262,144: Gemma 3)"),
+    "positions": (2**30, "about 100 times the longest published context (10,485,760 tokens: Llama 4 Scout)"),
+    "experts": (2**17, "64 times the most experts of a published model (2,048: Switch-C, Fedus et al., JMLR 2022)"),
+}
+
+# config.json keys of the sizes every config must give: GPT-2 names them its own way
+_KEYS: dict[str, dict[str, str]] = {
+    "gpt2": {"vocab": "vocab_size", "hidden": "n_embd", "layers": "n_layer", "heads": "n_head", "positions": "n_positions"},
+    "other": {"vocab": "vocab_size", "hidden": "hidden_size", "intermediate": "intermediate_size",
+              "layers": "num_hidden_layers", "heads": "num_attention_heads", "positions": "max_position_embeddings"},
+}
+
+
 def _check_config(name: str, config: dict[str, Any]) -> None:
+    """Every size the model is built from: present, a positive integer, within :data:`_BOUNDS`, and consistent (heads
+    dividing the hidden size, key/value heads dividing the heads, Mixtral's experts), before transformers sees it."""
     kind = config.get("model_type")
     if kind not in SUPPORTED:
         raise ModelError(
-            f"model {name!r}: architecture {kind!r} (model_type) is not supported",
+            f"model {name!r}: architecture {shown(kind)} (model_type) is not supported",
             fix=f"hybridplan builds model_type {list(SUPPORTED)} (decoder-only LMs); give a config.json of one of them",
         )
-    sizes = (("vocab_size", "n_embd", "n_layer", "n_head") if kind == "gpt2" else
-             ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads"))
-    for key in sizes:
-        value = config.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ModelError(f"model {name!r}: {key} is {value!r}, not a positive integer",
-                             fix=f"give {key} in the config.json as a positive integer")
+    keys = _KEYS["gpt2" if kind == "gpt2" else "other"]
+    sizes = {size: _size(name, config, key, _BOUNDS[size]) for size, key in keys.items()}
+    huge = find_huge(config)
+    if huge is not None:
+        raise ModelError(f"model {name!r}: {huge[0]} is {huge[1]!r}; no field of a config.json needs more than 19"
+                         " digits", fix="give the value of the model card's config.json")
+    hidden, heads = sizes["hidden"], sizes["heads"]
+    if hidden % heads:
+        raise ModelError(f"model {name!r}: {keys['hidden']} {hidden} is not divisible by {keys['heads']} {heads}",
+                         fix=f"give {keys['hidden']} a multiple of {keys['heads']} (each head takes hidden / heads"
+                         " channels)")
+    if kind != "gpt2":
+        kv = config.get("num_key_value_heads")
+        if kv is not None:
+            kv = _size(name, config, "num_key_value_heads", (heads, "the attention heads"))
+            if heads % kv:
+                raise ModelError(f"model {name!r}: num_attention_heads {heads} is not a multiple of num_key_value_heads"
+                                 f" {kv}", fix="give num_key_value_heads dividing num_attention_heads")
+        given = config.get("head_dim") is not None
+        head_dim = _size(name, config, "head_dim", _BOUNDS["hidden"]) if given else hidden // heads
+        if head_dim % 2:
+            raise ModelError(f"model {name!r}: each head has {head_dim} channels ("
+                             + ("head_dim" if given else f"hidden_size {hidden} / num_attention_heads {heads}")
+                             + "), an odd number, and rotary embeddings rotate channel pairs",
+                             fix="give the heads an even number of channels")
+    window = config.get("sliding_window")
+    if window is not None:
+        _size(name, config, "sliding_window", _BOUNDS["positions"])
+    if kind == "mixtral":
+        experts = _size(name, config, "num_local_experts", _BOUNDS["experts"])
+        _size(name, config, "num_experts_per_tok", (experts, f"the {experts} experts (num_local_experts)"))
+
+
+def _size(name: str, config: dict[str, Any], key: str, bound: tuple[int, str]) -> int:
+    """``config[key]`` as a positive integer at most ``bound[0]`` (``bound[1]`` says why), or a ModelError."""
+    high, why = bound
+    value = config.get(key)
+    problem = "is missing" if value is None else count_problem(value, high, why=why)
+    if problem is None:
+        return int(value)
+    raise ModelError(f"model {name!r}: {key} {problem}",
+                     fix=f"give {key} in the config.json as a positive integer of at most {high:,}, as in the model"
+                     " card's")
 
 
 def hf_seq_len(config: dict[str, Any]) -> int:
