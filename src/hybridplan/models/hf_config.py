@@ -232,7 +232,7 @@ def _size(name: str, config: dict[str, Any], key: str, bound: tuple[int, str]) -
     high, why = bound
     value = config.get(key)
     problem = "is missing" if value is None else count_problem(value, high, why=why)
-    if problem is None:
+    if problem is None and value is not None:
         return int(value)
     raise ModelError(f"model {name!r}: {key} {problem}",
                      fix=f"give {key} in the config.json as a positive integer of at most {high:,}, as in the model"
