@@ -18,7 +18,9 @@ from typing import Any
 
 __all__ = [
     "MAX_GLOBAL_BATCH",
+    "GLOBAL_BATCH_WHY",
     "MAX_MICROBATCHES",
+    "MICROBATCHES_WHY",
     "MAX_LAYERS",
     "MAX_BYTES",
     "HugeInt",
@@ -33,10 +35,16 @@ MAX_GLOBAL_BATCH = 2**24
 """Samples per iteration (16,777,216): 256 times the largest published training batch (65,536 images: Ying et
 al., "Image classification at supercomputer scale", 2018); ``10**30`` would reach the ranks and overflow there."""
 
+GLOBAL_BATCH_WHY = "256 times the largest published training batch (hybridplan/limits.py)"
+"""Why :data:`MAX_GLOBAL_BATCH`, in a message."""
+
 MAX_MICROBATCHES = 2**16
 """Micro-batches per iteration (65,536): the runtime and the schedule replay handle every micro-batch one by one,
 so a count of 2**40 never ends; this is 128 times the 512 of the largest schedule benchmarked here
 (benchmarks/instant_planning)."""
+
+MICROBATCHES_WHY = "128 times the most benchmarked here; each is run one by one (hybridplan/limits.py)"
+"""Why :data:`MAX_MICROBATCHES`, in a message."""
 
 MAX_LAYERS = 2**20
 """Layers of a model a plan may name (1,048,576): 64 times the deepest model hybridplan builds (an HF config's

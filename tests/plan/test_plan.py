@@ -32,12 +32,54 @@ def test_example_is_valid_and_round_trips(tmp_path):
     assert json.loads(f.read_text())["stages"][0] == EXAMPLE["stages"][0]
 
 
-def test_extra_fields_are_kept():
+def test_annotations_are_kept():
+    """hybridplan's own annotations and the user's ``x-`` keys, in a plan and in a stage, survive a round trip."""
     data = json.loads(json.dumps(EXAMPLE))
-    data["note"] = "mine"
-    data["stages"][0]["label"] = "front"
+    data["x-note"] = "mine"
+    data["predicted_peak_bytes"] = 123
+    data["stages"][0]["x-label"] = "front"
     p = Plan.from_dict(data)
-    assert p.to_dict()["note"] == "mine" and p.to_dict()["stages"][0]["label"] == "front"
+    assert p.to_dict()["x-note"] == "mine" and p.to_dict()["stages"][0]["x-label"] == "front"
+    assert Plan.from_dict(json.loads(p.to_json())).to_dict() == data
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: with_stage(0, zeroo=3), r"stage 0: unknown key\(s\) 'zeroo'"),
+        (lambda: plan(notes="mine"), r"plan has unknown key\(s\) 'notes'"),
+        (lambda: with_stage(0, parallelism="data+tensor", degree=2, tensor_degree=0), r"'tensor_degree' is 0, not a positive"),
+        (lambda: plan(global_batch_size=10**30), r"'global_batch_size' is 1,000,000,000,000,000,000,000,000,000,000, more"
+                                                 r" than 16,777,216"),
+        (lambda: plan(global_batch_size=2**40, num_microbatches=2**40), r"'global_batch_size' is .* more than 16,777,216"),
+        (lambda: plan(num_microbatches=2**20), r"'num_microbatches' is 1,048,576, more than 65,536"),
+        (lambda: plan(global_batch_size=0), r"'global_batch_size' is 0, not a positive integer"),
+        (lambda: plan(num_microbatches=True), r"'num_microbatches' is True, not a positive integer"),
+        (lambda: with_stage(0, degree=10**9), r"'degree' is 1,000,000,000, more than 1,048,576"),
+        (lambda: with_stage(2, layers=[7, 10**9]), r"'layers' must be \[start, stop\) as two integers from 0 to 1,048,576"),
+        (lambda: with_stage(0, devices=[0, 2**40]), r"'devices' must be a list of device indices from 0 to 1,048,575"),
+        (lambda: with_stage(0, devices=[-1, 0]), r"device indices from 0"),
+    ],
+)
+def test_bad_plan_values_are_refused_at_load(make, message):
+    with pytest.raises(PlanError, match=message) as err:
+        make()
+    assert err.value.fix
+
+
+def test_plan_files_with_absurd_json_are_one_error(tmp_path):
+    """Nesting deeper than the JSON reader recurses, and an integer of 5,000 digits (Python converts at most 4,300)."""
+    (tmp_path / "deep.json").write_text("[" * 200_000)
+    with pytest.raises(PlanError, match="nested deeper than the JSON reader allows"):
+        Plan.load(tmp_path / "deep.json")
+    text = json.dumps(EXAMPLE).replace('"layers": [7, 10]', '"layers": [7, ' + "1" * 5000 + "]")
+    (tmp_path / "digits.json").write_text(text)
+    with pytest.raises(PlanError, match=r"stage 2: 'layers' must be .* got \[7, an integer of 5,000 digits\]"):
+        Plan.load(tmp_path / "digits.json")
+    (tmp_path / "batch.json").write_text(json.dumps(EXAMPLE).replace('"global_batch_size": 32', '"global_batch_size": '
+                                                                     + "3" * 5000))
+    with pytest.raises(PlanError, match=r"'global_batch_size' is an integer of 5,000 digits, more than 16,777,216"):
+        Plan.load(tmp_path / "batch.json")
 
 
 @pytest.mark.parametrize(
@@ -50,6 +92,7 @@ def test_extra_fields_are_kept():
         (lambda: with_stage(1, parallelism="none", degree=2, devices=[2, 3]), "2x4", "needs degree 1"),
         (lambda: with_stage(0, devices=[0]), "1x4", "degree 2 but 1 device"),
         (lambda: with_stage(1, devices=[1]), "1x4", "device 1 is used by stage 0 and stage 1"),
+        (lambda: with_stage(0, devices=[0, 0]), "1x4", "device 0 appears twice in stage 0"),
         (lambda: with_stage(2, devices=[7]), "1x4", "does not exist on cluster 1x4"),
         (lambda: plan(schedule="interleaved"), "1x4", "unknown schedule"),
         (lambda: plan(global_batch_size=30), "1x4", "does not split into 8"),
@@ -94,7 +137,7 @@ def test_tensor_parallel_not_possible():
         ("{", "not valid JSON"),
         ("[]", "must be a JSON object"),
         ('{"schedule": "1f1b"}', "lacks key"),
-        ('{"schedule": "1f1b", "global_batch_size": "32", "num_microbatches": 8, "stages": [{}]}', "must be an integer"),
+        ('{"schedule": "1f1b", "global_batch_size": "32", "num_microbatches": 8, "stages": [{}]}', "is .32., not a positive integer"),
         ('{"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 8, "stages": []}', "non-empty list"),
         ('{"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 8, "stages": [{"layers": [0]}]}', "lacks key"),
         ('{"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 8, "stages": '
@@ -144,7 +187,7 @@ def test_a_data_tensor_stage_lists_devices_tensor_fastest():
     ({"parallelism": "data+tensor", "degree": 4, "devices": [0, 1, 2, 3]}, "needs a tensor_degree dividing its degree 4"),
     ({"parallelism": "data+tensor", "degree": 4, "tensor_degree": 3, "devices": [0, 1, 2, 3]}, "dividing its degree 4, got 3"),
     ({"parallelism": "tensor", "degree": 2, "tensor_degree": 1, "devices": [0, 1]}, "does not go with parallelism 'tensor'"),
-    ({"parallelism": "data", "degree": 2, "tensor_degree": "2", "devices": [0, 1]}, "'tensor_degree' must be an integer"),
+    ({"parallelism": "data", "degree": 2, "tensor_degree": "2", "devices": [0, 1]}, "'tensor_degree' is '2', not a positive integer"),
 ])
 def test_bad_tensor_degrees(stage, message):
     with pytest.raises(PlanError, match="stage 0: ") as e:

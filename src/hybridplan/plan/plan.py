@@ -1,8 +1,7 @@
 """The plan: pipeline stages, each on ``data_degree x tensor_degree`` devices; its JSON form.
 
 ONE plan type serves every stage of the data flow: the searches write it, the predictors and the cost
-model read it, the runtime runs it. The JSON form (other tools rely on exactly these keys; extra keys are
-kept)::
+model read it, the runtime runs it. The JSON form (other tools rely on exactly these keys)::
 
     {"schedule": "1f1b", "global_batch_size": 32, "num_microbatches": 8,
      "stages": [
@@ -11,6 +10,12 @@ kept)::
        {"layers": [7, 10], "parallelism": "data",   "degree": 1, "devices": [3]}]}
 
 A stage's fields, its data and tensor degrees and its JSON keys are described in :mod:`hybridplan.plan.stage`.
+
+Besides these keys a plan holds only the annotations hybridplan writes (:data:`ANNOTATIONS`: the model, the
+cluster, the predicted peak, ...) and the user's own, whose keys start with ``x-`` (``"x-note": "tried on
+Monday"``, in a plan or in a stage): any other key is refused, so that a misspelt one (``"zeroo": 3``) is not
+silently ignored. Every number is checked when the plan is read: batch and micro-batch counts, layer bounds,
+degrees and device indices are integers within the bounds of hybridplan/limits.py.
 
 Micro-batches: ``global_batch_size / num_microbatches`` samples enter the pipeline per micro-batch, and a
 stage's replicas split them ``data_degree`` ways. AMP's strategy ``(pp, dp, tp, mbs)`` is the plan of
@@ -29,17 +34,25 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hybridplan.errors import PlanError
+from hybridplan.limits import (GLOBAL_BATCH_WHY, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MICROBATCHES_WHY, JSONDataError,
+                               count_problem, find_huge, load_json, shown)
 from hybridplan.plan import rules
 from hybridplan.plan.schedule import Schedule, as_schedule
-from hybridplan.plan.stage import StagePlan, _is_int
+from hybridplan.plan.stage import USER_PREFIX, StagePlan
 
 if TYPE_CHECKING:
     from hybridplan.models.base import LayeredModel
     from hybridplan.plan.cluster import Cluster
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "ANNOTATIONS", "USER_PREFIX"]
 
 _PLAN_KEYS = ("schedule", "global_batch_size", "num_microbatches", "stages")
+
+ANNOTATIONS = ("model", "cluster", "predicted_peak_bytes", "predicted_iteration_s", "estimated_peak_bytes", "baseline",
+               "pipeline", "recompute", "weight_versions", "nearest_for", "changes")
+"""The keys hybridplan writes beside a plan's own (what it was planned for and predicted, the baseline or pipeline it
+follows, what ``export --nearest`` changed); a user's annotation starts with :data:`USER_PREFIX`."""
+
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,11 @@ class Plan:
 
     def __post_init__(self) -> None:
         as_schedule(self.schedule)
+        unknown = sorted(k for k in self.extra if k not in ANNOTATIONS and not str(k).startswith(USER_PREFIX))
+        if unknown:
+            raise PlanError(f"plan has unknown key(s) {', '.join(shown(k) for k in unknown[:5])}",
+                            fix=f"the known keys are {list(_PLAN_KEYS + ANNOTATIONS)}; start an annotation of your own"
+                            f" with {USER_PREFIX!r} (e.g. \"x-note\")")
 
     # ------------------------------------------------------------------ derived
     @property
@@ -182,19 +200,24 @@ class Plan:
         missing = [k for k in _PLAN_KEYS if k not in data]
         if missing:
             raise PlanError(f"plan lacks key(s) {missing}", fix=f"a plan needs {list(_PLAN_KEYS)}")
-        for key in ("global_batch_size", "num_microbatches"):
-            if not _is_int(data[key]):
-                raise PlanError(f"plan '{key}' must be an integer, got {data[key]!r}")
+        for key, high, why in (("global_batch_size", MAX_GLOBAL_BATCH, GLOBAL_BATCH_WHY),
+                               ("num_microbatches", MAX_MICROBATCHES, MICROBATCHES_WHY)):
+            problem = count_problem(data[key], high, why=why)
+            if problem is not None:
+                raise PlanError(f"plan '{key}' {problem}", fix=f"give '{key}' as a positive integer of at most {high:,}")
         stages = data["stages"]
         if not isinstance(stages, Sequence) or isinstance(stages, str) or not stages:
             raise PlanError("plan 'stages' must be a non-empty list of stages")
-        extra = {k: v for k, v in data.items() if k not in _PLAN_KEYS}
+        parsed = tuple(StagePlan.from_dict(s, i) for i, s in enumerate(stages))
+        huge = find_huge(dict(data))  # in an annotation: the fields above name their own bounds
+        if huge is not None:
+            raise PlanError(f"plan: {huge[0]} is {huge[1]!r}", fix="no value of a plan needs more than 19 digits")
         return cls(
             schedule=as_schedule(data["schedule"]),
             global_batch_size=int(data["global_batch_size"]),
             num_microbatches=int(data["num_microbatches"]),
-            stages=tuple(StagePlan.from_dict(s, i) for i, s in enumerate(stages)),
-            extra=extra,
+            stages=parsed,
+            extra={k: v for k, v in data.items() if k not in _PLAN_KEYS},
         )
 
     @classmethod
@@ -213,9 +236,10 @@ class Plan:
             raise PlanError(f"plan file {str(p)!r} cannot be read: {getattr(e, 'strerror', None) or e}",
                             fix="give a plan JSON file (format: hybridplan/plan/plan.py)") from None
         try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise PlanError(f"plan file {str(p)!r} is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}") from None
+            data = load_json(text)
+        except JSONDataError as e:
+            raise PlanError(f"plan file {str(p)!r} is not valid JSON: {e}",
+                            fix="give a plan JSON file (format: hybridplan/plan/plan.py)") from None
         return cls.from_dict(data)
 
     def save(self, path: str | Path) -> None:

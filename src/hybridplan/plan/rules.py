@@ -153,6 +153,9 @@ def _validate_stage_kinds(plan: Plan) -> None:
 def _validate_devices(plan: Plan, cluster: Cluster | None) -> None:
     seen: dict[int, int] = {}
     for i, s in enumerate(plan.stages):
+        twice = sorted({d for d in s.devices if s.devices.count(d) > 1})
+        if twice:
+            raise PlanError(f"device {twice[0]} appears twice in stage {i}", fix="list each device of a stage once")
         for d in s.devices:
             if d < 0:
                 raise PlanError(f"stage {i}: device index {d} is negative")

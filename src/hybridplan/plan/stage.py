@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, cast, get_args
 
 from hybridplan.errors import PlanError
+from hybridplan.limits import MAX_LAYERS, count_problem, shown
+from hybridplan.plan.cluster import MAX_DEVICES
 
-__all__ = ["PARALLELISMS", "Parallelism", "RECOMPUTES", "Recompute", "ZERO_STAGES", "StagePlan"]
+__all__ = ["PARALLELISMS", "Parallelism", "RECOMPUTES", "Recompute", "ZERO_STAGES", "StagePlan", "USER_PREFIX"]
 
 Parallelism = Literal["none", "data", "tensor", "data+tensor"]
 """How a stage's devices share its work."""
@@ -50,6 +52,10 @@ ZERO_STAGES: tuple[int, ...] = (0, 1, 2, 3)
 
 _STAGE_KEYS = ("layers", "parallelism", "degree", "devices")
 _OPTIONAL_STAGE_KEYS = ("tensor_degree", "zero", "recompute")
+
+USER_PREFIX = "x-"
+"""A plan's or a stage's key starting with this is the user's annotation, kept and never read; any other unknown key
+is refused (a misspelt ``"zeroo": 3`` would otherwise leave the stage without ZeRO, silently)."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +83,11 @@ class StagePlan:
     """Activation recompute of every layer of the stage ("full"), or none."""
 
     def __post_init__(self) -> None:
+        unknown = sorted(k for k in self.extra if not str(k).startswith(USER_PREFIX))
+        if unknown:
+            raise PlanError(f"unknown key(s) {', '.join(shown(k) for k in unknown[:5])}",
+                            fix=f"the keys of a stage are {list(_STAGE_KEYS + _OPTIONAL_STAGE_KEYS)}; start an annotation"
+                            f" of your own with {USER_PREFIX!r} (e.g. \"x-note\")")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise PlanError(f"zero must be one of {list(ZERO_STAGES)}, got {self.zero!r}",
                             fix="0: no sharding; 1: optimizer state; 2: + gradients; 3: + parameters (FSDP)")
@@ -179,27 +190,29 @@ class StagePlan:
             not isinstance(layers, Sequence)
             or isinstance(layers, str)
             or len(layers) != 2
-            or not all(_is_int(v) for v in layers)
+            or not all(_is_int(v) and 0 <= v <= MAX_LAYERS for v in layers)
         ):
             raise PlanError(
-                f"{where}: 'layers' must be [start, stop) as two integers, got {layers!r}",
+                f"{where}: 'layers' must be [start, stop) as two integers from 0 to {MAX_LAYERS:,}, got {shown(layers)}",
                 fix='write e.g. "layers": [0, 3] for layers 0, 1 and 2',
             )
         if not isinstance(data["parallelism"], str):
-            raise PlanError(f"{where}: 'parallelism' must be one of {list(PARALLELISMS)}, got {data['parallelism']!r}")
-        if not _is_int(data["degree"]):
-            raise PlanError(f"{where}: 'degree' must be an integer, got {data['degree']!r}")
+            raise PlanError(f"{where}: 'parallelism' must be one of {list(PARALLELISMS)}, got {shown(data['parallelism'])}")
+        for key in ("degree", "tensor_degree"):
+            problem = count_problem(data[key], MAX_DEVICES, why="the devices of the largest cluster") if key in data else None
+            if problem is not None:
+                raise PlanError(f"{where}: '{key}' {problem}", fix=f"give '{key}' as the number of devices it names")
         tensor = data.get("tensor_degree", 0)
-        if not _is_int(tensor):
-            raise PlanError(f"{where}: 'tensor_degree' must be an integer, got {tensor!r}")
         zero, recompute = data.get("zero", 0), data.get("recompute", "none")
         if not _is_int(zero):
-            raise PlanError(f"{where}: 'zero' must be an integer (0 to 3), got {zero!r}")
+            raise PlanError(f"{where}: 'zero' must be an integer (0 to 3), got {shown(zero)}")
         if not isinstance(recompute, str):
-            raise PlanError(f"{where}: 'recompute' must be one of {list(RECOMPUTES)}, got {recompute!r}")
+            raise PlanError(f"{where}: 'recompute' must be one of {list(RECOMPUTES)}, got {shown(recompute)}")
         devices = data["devices"]
-        if not isinstance(devices, Sequence) or isinstance(devices, str) or not all(_is_int(d) for d in devices):
-            raise PlanError(f"{where}: 'devices' must be a list of device indices, got {devices!r}")
+        if (not isinstance(devices, Sequence) or isinstance(devices, str)
+                or not all(_is_int(d) and 0 <= d < MAX_DEVICES for d in devices)):
+            raise PlanError(f"{where}: 'devices' must be a list of device indices from 0 to {MAX_DEVICES - 1:,},"
+                            f" got {shown(devices)}", fix="list the stage's devices, e.g. \"devices\": [0, 1]")
         extra = {k: v for k, v in data.items() if k not in _STAGE_KEYS + _OPTIONAL_STAGE_KEYS}
         try:
             return cls(int(layers[0]), int(layers[1]), cast(Parallelism, data["parallelism"]), int(data["degree"]),
