@@ -124,7 +124,7 @@ def handle(args: argparse.Namespace) -> int:
         raise UsageError("--device/--gpu, --precision and --cache-dir choose the simulated profile, used without --db"
                          " (a profile database holds its own device type and precision)",
                          fix="drop them (with --db, --device-memory gives the devices' capacity), or drop --db")
-    if not args.db and args.objective != "memory" and not args.time_profile:
+    if not args.db and args.objective != "memory" and not args.time_profile and args.baseline:
         raise UsageError(f"--objective {args.objective} needs layer times, which a simulated profile does not measure",
                          fix="give --db FILE from 'hybridplan profile --time', or --time-profile FILE")
     if args.baseline:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybridplan.cli.common import cluster_from, output_plan, write_output
+from hybridplan.errors import UsageError
 from hybridplan.units import format_bytes
 from hybridplan.workflows.sources import Sources
 
@@ -23,9 +25,12 @@ def _say(msg: str) -> None:
 
 
 def throughput(args: argparse.Namespace) -> int:
-    """``--objective throughput`` or ``pareto`` (workflows/plan_throughput.py)."""
+    """``--objective throughput`` or ``pareto`` (workflows/plan_throughput.py); without ``--db`` or
+    ``--time-profile``, on simulated memory profiles and estimated layer times (:func:`_estimated`)."""
     from hybridplan.workflows.plan_throughput import plan_throughput
 
+    if not args.db and not args.time_profile:
+        return _estimated(args)
     cluster = cluster_from(args)
     with Sources.open(args.db, time_profile=args.time_profile, model=args.model, warn=_say) as sources:
         answer = plan_throughput(sources, cluster, objective=args.objective, mode=args.mode or "amp",
@@ -33,6 +38,56 @@ def throughput(args: argparse.Namespace) -> int:
                                  schedule=args.schedule, placement=args.placement, seed=args.seed,
                                  degree_fit=args.degree_fit, progress=_say, zero=args.zero,
                                  recompute_db=args.recompute_db)
+    if args.objective == "pareto":
+        return _print_pareto(args, answer)
+    return _print_best(args, answer)
+
+
+def _estimated(args: argparse.Namespace) -> int:
+    """No measured profile: memory from the simulated profiles, as ``plan --objective memory`` without ``--db``
+    builds them (workflows/simulated_profile.py), searched over the whole extended space (ZeRO and recompute per
+    stage); layer times ESTIMATED from FLOP and byte counts at the GPU's peak rates (profiling/estimated_times.py),
+    and said so in the output.
+
+    Raises:
+        UsageError: a missing model or batch, ``--recompute-db``, or devices of no known peak rate (CPU devices, a
+            CUDA device of no named GPU): before anything is simulated.
+    """
+    from hybridplan.models.zoo import resolve_model
+    from hybridplan.profiling.estimated_times import estimated_time_profile, peak_rates
+    from hybridplan.profiling.stage_memo import StageMemo
+    from hybridplan.search.time.throughput import divisors
+    from hybridplan.workflows.plan_throughput import plan_throughput
+    from hybridplan.workflows.simulated_profile import default_cache_dir, simulated_profiles
+
+    if args.model is None or args.global_batch_size is None or args.num_microbatches is None:
+        raise UsageError(f"--objective {args.objective} without --db estimates layer times and simulates memory, and"
+                         " needs --model, --global-batch-size and --num-microbatches",
+                         fix="give them, or --db FILE from 'hybridplan profile --time'")
+    if args.recompute_db:
+        raise UsageError("--recompute-db names a measured profile; without --db the simulated profiles include the"
+                         " recomputed one", fix="drop --recompute-db, or give --db")
+    cluster = cluster_from(args)
+    peak_rates(cluster, args.precision)  # no peak rate (CPU devices): refused before anything is simulated
+    model = resolve_model(args.model)
+    with simulated_profiles(args.model, cluster, global_batch_size=args.global_batch_size,
+                            num_microbatches=args.num_microbatches, schedule=args.schedule or "1f1b",
+                            precision=args.precision, device_type=args.device, zero=True, recompute=True,
+                            cache_dir=args.cache_dir, progress=_say) as profiles:
+        _say(f"profiles ready in {profiles.seconds:.1f} s: {profiles.simulated} stage(s) and table(s) simulated,"
+             f" {profiles.reused} reused")
+        root = Path(args.cache_dir) if args.cache_dir else default_cache_dir()
+        memo = StageMemo(root / "stages", on_unusable=_say) if profiles.cached else StageMemo()
+        times = estimated_time_profile(model, cluster, precision=args.precision,
+                                       micro_batch_sizes=divisors(args.global_batch_size), memo=memo, progress=_say)
+        two_bw = args.mode == "2bw"  # PipeDream-2BW's planner has no per-stage ZeRO or recompute
+        with Sources.open(profiles.db, model=args.model, warn=_say, given_time_profile=times.profile) as sources:
+            answer = plan_throughput(sources, cluster, objective=args.objective, mode=args.mode or "amp",
+                                     global_batch_size=args.global_batch_size, num_microbatches=args.num_microbatches,
+                                     schedule=args.schedule, placement=args.placement, seed=args.seed,
+                                     degree_fit=args.degree_fit, progress=_say, zero=not two_bw,
+                                     recompute_db=None if two_bw else profiles.recompute_db)
+    print(times.describe(), file=sys.stderr if args.json else sys.stdout)
     if args.objective == "pareto":
         return _print_pareto(args, answer)
     return _print_best(args, answer)

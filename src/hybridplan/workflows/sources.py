@@ -44,18 +44,21 @@ class Sources:
         time_profile_path: the layer-time JSON, if any (else the database's layer times are used).
         given_model: the user's ``--model``, if any.
         warn: hears notes (an incomplete layer-time table left out, a far extrapolation of the batch).
+        given_time_profile: a time profile made in memory (estimated: profiling/estimated_times.py), used before
+            the file and the database.
     """
 
     db: ProfileDB | None
     time_profile_path: str | None = None
     given_model: str | None = None
     warn: Callable[[str], None] = field(default=lambda _msg: None)
+    given_time_profile: TimeProfile | None = None
 
     @classmethod
     def open(cls, db: str | Path | None, *, time_profile: str | None = None, model: str | None = None,
-             warn: Callable[[str], None] | None = None) -> Sources:
+             warn: Callable[[str], None] | None = None, given_time_profile: TimeProfile | None = None) -> Sources:
         """Open the database (read only) and remember the rest."""
-        return cls(ProfileDB(db) if db else None, time_profile, model, warn or (lambda _msg: None))
+        return cls(ProfileDB(db) if db else None, time_profile, model, warn or (lambda _msg: None), given_time_profile)
 
     def close(self) -> None:
         if self.db is not None:
@@ -74,12 +77,14 @@ class Sources:
 
     # ------------------------------------------------------------------ time
     def find_time_profile(self) -> TimeProfile | None:
-        """The layer-time JSON if given, else the database's layer times, else None.
+        """The given time profile, else the layer-time JSON if given, else the database's layer times, else None.
 
         ``time_profile_path`` may name several files separated by commas (one per device type, e.g.
         ``t4.json,v100.json``): they are merged into one profile (profiling/importers.py ``merge_device_types``).
         A path that exists as it is, comma or not, is one file.
         """
+        if self.given_time_profile is not None:
+            return self.given_time_profile
         if self.time_profile_path:
             paths = [self.time_profile_path]
             if "," in self.time_profile_path and not Path(self.time_profile_path).exists():
