@@ -30,6 +30,19 @@ def test_parse_bandwidth(text, expected):
 def test_parse_bandwidth_rejects():
     with pytest.raises(UsageError, match="not a bandwidth"):
         parse_bandwidth("fast")
+    with pytest.raises(UsageError, match="not a finite bandwidth"):
+        parse_bandwidth("1e400GB/s")
+    with pytest.raises(UsageError, match="positive and finite"):
+        parse_bandwidth(float("inf"))
+
+
+@pytest.mark.parametrize("text", ["1e300TB", "1e16MB", 1e300, float("inf"), "1e400B"])
+def test_parse_bytes_refuses_absurd_sizes(text):
+    """Above 1 PiB (issue 32: 1e300TB was an OverflowError traceback)."""
+    with pytest.raises(UsageError, match=r"--device-memory .* is more than 1,125,899,906,842,624 bytes \(1 PiB\)") as err:
+        parse_bytes(text, what="--device-memory")
+    assert err.value.fix
+    assert parse_bytes("1024TiB") == 2**50  # the bound itself is a size
 
 
 def test_format_bytes():

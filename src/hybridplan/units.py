@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 from hybridplan.errors import UsageError
+from hybridplan.limits import MAX_BYTES, shown
 
 __all__ = ["parse_bytes", "format_bytes", "parse_bandwidth", "format_bandwidth", "parse_seconds"]
 
@@ -42,16 +43,25 @@ def parse_bytes(text: str | int | float, *, what: str = "memory size") -> int:
     if isinstance(text, (int, float)):
         if text < 0:
             raise UsageError(f"{what} must not be negative, got {text!r}")
-        return int(text)
+        return _at_most_max(float(text), text, what)
     match = _QUANTITY.match(text)
     unit = match.group(2).lower() if match else None
     if match is None or unit not in _UNITS:
         raise UsageError(
-            f"{what} {text!r} is not a size",
+            f"{what} {shown(text)} is not a size",
             fix="write a number with a unit: B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024),"
             " e.g. '200MiB' or '40GB'",
         )
-    return int(float(match.group(1)) * _UNITS[unit])
+    return _at_most_max(float(match.group(1)) * _UNITS[unit], text, what)
+
+
+def _at_most_max(value: float, text: str | int | float, what: str) -> int:
+    """``value`` bytes as an integer, refused above :data:`~hybridplan.limits.MAX_BYTES` (``1e300TB`` is no size)."""
+    if not value <= MAX_BYTES:  # also inf and nan
+        raise UsageError(f"{what} {shown(text)} is more than {MAX_BYTES:,} bytes (1 PiB), over 7,000 times the largest"
+                         " device memory of the GPU catalogue (hybridplan/limits.py)",
+                         fix="give one device's memory, e.g. '80GB'")
+    return int(value)
 
 
 def format_bytes(n: float | None) -> str:
@@ -81,8 +91,8 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
         12500000000.0
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if text <= 0:
-            raise UsageError(f"{what} must be positive, got {text!r}")
+        if not 0 < text < float("inf"):
+            raise UsageError(f"{what} must be positive and finite, got {text!r}")
         return float(text)
     match = _BANDWIDTH.match(text) if isinstance(text, str) else None
     if match is None:
@@ -93,6 +103,8 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
     value = float(match.group(1)) * _DECIMAL[match.group(2).lower()]
     if match.group(3).startswith("b"):
         value /= 8
+    if not value < float("inf"):
+        raise UsageError(f"{what} {shown(text)} is not a finite bandwidth", fix="e.g. '100Gbps' or '25GB/s'")
     if value <= 0:
         raise UsageError(f"{what} must be positive, got {text!r}")
     return value

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hybridplan.cli.common import add_cluster, add_training, check_output, cluster_from, positive_float, positive_int, write_output
+from hybridplan.cli.common import (add_cluster, add_training, check_output, cluster_from, global_batch, microbatches, positive_float,
+                                   positive_int, write_output)
 from hybridplan.errors import UsageError
 
 
@@ -26,6 +27,23 @@ def test_positive_float_rejects(text):
 
 def test_positive_values_pass():
     assert positive_int("7") == 7 and positive_float("0.5") == 0.5
+
+
+@pytest.mark.parametrize("text, message", [
+    (str(10**21), r"must be at most 16,777,216: 256 times .*; got 1,000,000,000,000,000,000,000"),
+    ("9" * 5000, r"must be at most 16,777,216: .*; got an integer of 5,000 digits"),
+    ("0", "must be a positive integer"),
+])
+def test_global_batch_is_bounded(text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        global_batch(text)
+    assert global_batch(str(2**24)) == 2**24
+
+
+def test_microbatches_are_bounded():
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be at most 65,536: .*; got 1,099,511,627,776"):
+        microbatches(str(2**40))
+    assert microbatches("65536") == 65536
 
 
 def test_check_output_accepts_a_new_file_and_leaves_nothing(tmp_path):

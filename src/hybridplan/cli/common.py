@@ -10,11 +10,13 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hybridplan.cli.outputs import check_output, write_output  # the commands take them from here
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import UsageError
+from hybridplan.limits import GLOBAL_BATCH_WHY, MAX_GLOBAL_BATCH, MAX_MICROBATCHES, MICROBATCHES_WHY, shown
 
 if TYPE_CHECKING:
     from hybridplan.plan import Plan
@@ -40,11 +42,33 @@ def positive_int(text: str) -> int:
     """An argparse type: an integer of at least 1 (a count or a size; 0 never means "the default")."""
     try:
         value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+    except ValueError:  # also for more digits than Python converts (4,300)
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}") from None
     if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {shown(text)}")
     return value
+
+
+def bounded_int(high: int, why: str) -> Callable[[str], int]:
+    """An argparse type: a positive integer of at most ``high`` (``why``: the bound's reason, hybridplan/limits.py)."""
+
+    def parse(text: str) -> int:
+        digits = text.strip().lstrip("+")
+        if digits.isdigit() and len(digits) > 4000:  # before int(), which converts at most 4,300 digits
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}: {why}; got an integer of {len(digits):,} digits")
+        value = positive_int(text)
+        if value > high:
+            raise argparse.ArgumentTypeError(f"must be at most {high:,}: {why}; got {value:,}")
+        return value
+
+    return parse
+
+
+global_batch = bounded_int(MAX_GLOBAL_BATCH, GLOBAL_BATCH_WHY)
+"""An argparse type: ``--global-batch-size``."""
+
+microbatches = bounded_int(MAX_MICROBATCHES, MICROBATCHES_WHY)
+"""An argparse type: ``--num-microbatches``."""
 
 
 def positive_float(text: str) -> float:

@@ -8,8 +8,8 @@ import json
 import sys
 import time
 
-from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, positive_int,
-                                   write_output)
+from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, global_batch,
+                                   microbatches, positive_int, write_output)
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES, Plan
 
@@ -36,8 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     which = p.add_mutually_exclusive_group()
     which.add_argument("--plan", help="plan JSON file (default: search the uniform plans)")
     which.add_argument("--top", type=positive_int, help="without --plan: how many of the lowest plans to print (default 3)")
-    p.add_argument("--global-batch-size", type=positive_int, help="without --plan: the global batch")
-    p.add_argument("--num-microbatches", type=positive_int, help="without --plan: the micro-batch count")
+    p.add_argument("--global-batch-size", type=global_batch, help="without --plan: the global batch")
+    p.add_argument("--num-microbatches", type=microbatches, help="without --plan: the micro-batch count")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b", help="without --plan: the schedule (default 1f1b)")
     add_device(p, help="cuda: peaks in CUDA allocator terms, plus the memory outside tensors")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="training precision")

@@ -10,8 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, output_plan,
-                                   positive_int)
+from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, global_batch,
+                                   microbatches, output_plan, positive_int)
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan import SCHEDULES, Cluster
 from hybridplan.predict.memory import DEGREE_FITS
@@ -93,8 +93,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="find the smallest sub-mesh on which the model fits (needs --device-memory), in the space the"
                    " other options choose (--space, --zero, --recompute-db, --allow-cross-node)")
     p.add_argument("--schedule", choices=SCHEDULES, help="target schedule (default: the profile's, else 1f1b)")
-    p.add_argument("--global-batch-size", type=positive_int, help="target global batch (default: the profile's)")
-    p.add_argument("--num-microbatches", type=positive_int, help="target micro-batch count (default: the profile's)")
+    p.add_argument("--global-batch-size", type=global_batch, help="target global batch (default: the profile's)")
+    p.add_argument("--num-microbatches", type=microbatches, help="target micro-batch count (default: the profile's)")
     p.add_argument("--degree-fit", choices=DEGREE_FITS, default="log", help="fit for tensor degrees above the profiled ones (a wider data stage is composed, not fitted)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bayesian mode and of annealing")
     p.add_argument("--out", help="write the plan JSON here (--objective pareto: the frontier)")

@@ -16,7 +16,9 @@ from hybridplan.cli.common import (
     check_host_options,
     check_output,
     cluster_from,
+    global_batch,
     hosts_from,
+    microbatches,
     positive_float,
     positive_int,
     training_options,
@@ -56,8 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_model(p)
     add_cluster(p)
-    p.add_argument("--global-batch-size", type=positive_int, required=True, help="the target global batch size")
-    p.add_argument("--num-microbatches", type=positive_int, required=True, help="the target micro-batch count")
+    p.add_argument("--global-batch-size", type=global_batch, required=True, help="the target global batch size")
+    p.add_argument("--num-microbatches", type=microbatches, required=True, help="the target micro-batch count")
     p.add_argument("--schedule", choices=SCHEDULES, default="1f1b",
                    help="schedule of the profiling runs (a 2bw profile includes the weight stash; any profile predicts every schedule)")
     p.add_argument("--db", required=True, help="SQLite profile database (created or resumed)")
