@@ -168,8 +168,12 @@ def test_zero2_and_zero3_above_the_profiled_degree_keep_the_first_backwards_grad
 @pytest.mark.parametrize("zero", [2, 3])
 def test_zero2_and_zero3_need_the_zero3_scenario(mlp_files, zero):
     predictor = MemoryPredictor.from_db(mlp_files / "p.sqlite")
-    with pytest.raises(ProfileError, match="no ZeRO-3 scenario"):
+    with pytest.raises(ProfileError, match="no ZeRO-3 scenario") as err:
         predictor.predict(_plan("1f1b", [(0, 3, "data", [0, 1], zero), (3, 5, "none", [2], 0)]))
+    # which database lacks what (issue 32): its path, the scenarios it holds, the micro-batches they were profiled at
+    assert f"the profile {str(mlp_files / 'p.sqlite')!r} has no ZeRO-3 scenario" in err.value.message
+    assert "it holds pipeline, tensor2, profiled at micro-batches of [4, 8] samples" in err.value.message
+    assert "--zero adds data<d>-zero3 only where every profiled micro-batch does" in str(err.value.fix)
 
 
 def test_the_search_shards_data_stages_when_it_lowers_the_peak(zero_db):

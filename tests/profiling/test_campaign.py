@@ -310,3 +310,23 @@ def test_a_run_stopped_from_outside_is_run_again(tmp_path, capsys):
     executed, resumed = _profile(tmp_path / "p.sqlite", capsys)
     assert (executed, resumed) == (1, len(whole["runs"]) - 1)
     assert _content(tmp_path / "p.sqlite") == whole
+
+
+def test_zero_that_adds_nothing_says_so_and_which_batch_sizes_would():
+    """Issue 32: --zero with micro-batches of 1 and 2 samples (32 over 8 micro-batches, halved and quartered) adds no
+    ZeRO-3 scenario; the campaign says so and names batch sizes that would, which indeed do."""
+    said = []
+    with ProfileStore(":memory:") as store:
+        c = Campaign(config(global_batch_size=32, num_microbatches=8, scenarios=None, zero=True), store,
+                     progress=said.append)
+    assert not any(s.zero for s in c.scenarios)
+    assert said == ["note: --zero adds no ZeRO-3 scenario: the profiled batch sizes [8, 16] over 8 micro-batches give"
+                    " micro-batches of [1, 2] sample(s), which do not all split 2 ways, so no data-parallel scenario"
+                    " applies; profiled batch sizes that are multiples of 16 would (--profile-batch-sizes 16,32, or a"
+                    " --global-batch-size that is a multiple of 64: its halves and quarters are profiled)"]
+    for kw in ({"batch_sizes": (16, 32)}, {"global_batch_size": 64}):
+        said.clear()
+        with ProfileStore(":memory:") as store:
+            c = Campaign(config(**{"global_batch_size": 32, **kw}, num_microbatches=8, scenarios=None, zero=True), store,
+                         progress=said.append)
+        assert Scenario("data", 2, 3) in c.scenarios and not said

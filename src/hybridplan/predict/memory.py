@@ -152,6 +152,8 @@ class MemoryPredictor:
         self.head_backward = head_backward
         """Per tensor degree (a string key), the head's backward phase measured alone at several sample counts
         ([Note: the head's backward phase] in profiling/loss_memory.py); None for a profile that did not record it."""
+        self.source: str | None = None
+        """The profile database it was read from (:meth:`from_profile`), named by errors about what it lacks."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
@@ -224,7 +226,7 @@ class MemoryPredictor:
         db.require_memory()
         meta = db.meta
         shapes = meta.get("parameter_shapes")
-        return cls(
+        predictor = cls(
             db.statistics,
             num_layers=meta["num_layers"],
             schedule=schedule or meta["schedule"],
@@ -243,6 +245,8 @@ class MemoryPredictor:
             head_backward=meta.get(HEAD_BACKWARD_META),
             layer_classes=meta.get(LAYER_CLASSES_META),
         )
+        predictor.source = str(db.path)
+        return predictor
 
     @property
     def microbatch_size(self) -> int:

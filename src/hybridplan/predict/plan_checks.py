@@ -61,8 +61,14 @@ def _check_zero(i: int, stage: Any, base: MemoryPredictor) -> None:
                            fix="run the same 'hybridplan profile' command on the database again: it resumes and"
                            " records them")
     if stage.zero in (2, 3) and not base.profiled_degrees("data-zero3"):
-        raise ProfileError(f"{where}: the profile has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it)",
-                           fix="profile again with --zero (adds the data<d>-zero3 scenarios), or " + instead)
+        micro = sorted({s.microbatch_size for sizes in base.stats.values() for s in sizes})
+        profile = "the profile" if base.source is None else f"the profile {base.source!r}"
+        raise ProfileError(
+            f"{where}: {profile} has no ZeRO-3 scenario (ZeRO-{stage.zero} is predicted from it); it holds"
+            f" {', '.join(sorted(f'{k}{d}' if k != 'none' else 'pipeline' for k, d in base.stats))}, profiled at"
+            f" micro-batches of {micro} samples",
+            fix=f"profile again with --zero and micro-batches that split 2 ways or more (--zero adds data<d>-zero3"
+            f" only where every profiled micro-batch does; it says so when it cannot), or " + instead)
     zero3 = base.profiled_degrees("data-zero3")
     if stage.zero == 3 and zero3 and stage.degree > zero3[-1] and base._wider_data("data-zero3", stage.degree) is None:
         raise ProfileError(

@@ -170,6 +170,8 @@ class Campaign:
         self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro,
                                                                                            zero=cfg.zero)
         self._check_scenarios(micro)
+        if cfg.zero and not cfg.scenarios and not any(s.zero for s in self.scenarios):
+            self.say(self._no_zero_note(micro))
         self.groups = LayerGroups(store.get_meta("merge_groups")) if store.get_meta("merge_groups") else None
         self._record_meta()
 
@@ -197,6 +199,20 @@ class Campaign:
                     f"scenario {s.name}: profiled micro-batch sizes {micro} do not split {s.degree} ways",
                     fix="use a larger global batch or other --profile-batch-sizes",
                 )
+
+    def _no_zero_note(self, micro: list[int]) -> str:
+        """Why ``zero`` added no ZeRO-3 scenario (:func:`default_scenarios`), and the batch sizes that would add one."""
+        k, m, g = self.cfg.cluster.devices_per_node, self.cfg.num_microbatches, self.model.sample_granularity
+        head = "note: --zero adds no ZeRO-3 scenario: "
+        if k < 2:
+            return head + (f"ZeRO shards over data-parallel replicas within a node, and cluster {self.cfg.cluster.shape}"
+                           " has one device per node; profile on nodes of 2 or more devices")
+        unit = 2 * m * g  # a profiled batch of this many samples gives micro-batches that split 2 ways
+        return head + (f"the profiled batch sizes {self.batch_sizes} over {m} micro-batches give micro-batches of {micro}"
+                       f" sample(s), which do not all split 2 ways{f' into multiples of {g}' if g > 1 else ''}, so no"
+                       f" data-parallel scenario applies; profiled batch sizes that are multiples of {unit} would"
+                       f" (--profile-batch-sizes {unit},{2 * unit}, or a --global-batch-size that is a multiple of"
+                       f" {4 * unit}: its halves and quarters are profiled)")
 
     def _record_meta(self) -> None:
         cfg = self.cfg
