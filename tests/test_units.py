@@ -32,8 +32,6 @@ def test_parse_bandwidth_rejects():
         parse_bandwidth("fast")
     with pytest.raises(UsageError, match="not a finite bandwidth"):
         parse_bandwidth("1e400GB/s")
-    with pytest.raises(UsageError, match="positive and finite"):
-        parse_bandwidth(float("inf"))
 
 
 @pytest.mark.parametrize("text", ["1e300TB", "1e16MB", 1e300, float("inf"), "1e400B"])

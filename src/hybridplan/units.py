@@ -91,8 +91,8 @@ def parse_bandwidth(text: str | int | float, *, what: str = "bandwidth") -> floa
         12500000000.0
     """
     if isinstance(text, (int, float)) and not isinstance(text, bool):
-        if not 0 < text < float("inf"):
-            raise UsageError(f"{what} must be positive and finite, got {text!r}")
+        if text <= 0:
+            raise UsageError(f"{what} must be positive, got {text!r}")
         return float(text)
     match = _BANDWIDTH.match(text) if isinstance(text, str) else None
     if match is None:

@@ -196,7 +196,8 @@ class Plan:
     def from_dict(cls, data: Any) -> Plan:
         """Parse and structurally check a plan mapping (call :meth:`validate` for the full rules)."""
         if not isinstance(data, Mapping):
-            raise PlanError(f"a plan must be a JSON object with keys {list(_PLAN_KEYS)}, got {type(data).__name__}")
+            raise PlanError(f"a plan must be a JSON object with keys {list(_PLAN_KEYS)}, got {type(data).__name__}",
+                            fix="give a plan JSON file (format: hybridplan/plan/plan.py), e.g. one 'hybridplan plan' wrote")
         missing = [k for k in _PLAN_KEYS if k not in data]
         if missing:
             raise PlanError(f"plan lacks key(s) {missing}", fix=f"a plan needs {list(_PLAN_KEYS)}")
@@ -207,7 +208,8 @@ class Plan:
                 raise PlanError(f"plan '{key}' {problem}", fix=f"give '{key}' as a positive integer of at most {high:,}")
         stages = data["stages"]
         if not isinstance(stages, Sequence) or isinstance(stages, str) or not stages:
-            raise PlanError("plan 'stages' must be a non-empty list of stages")
+            raise PlanError(f"plan 'stages' must be a non-empty list of stages, got {shown(stages)}",
+                            fix='write e.g. "stages": [{"layers": [0, 3], "parallelism": "none", "degree": 1, "devices": [0]}]')
         parsed = tuple(StagePlan.from_dict(s, i) for i, s in enumerate(stages))
         huge = find_huge(dict(data))  # in an annotation: the fields above name their own bounds
         if huge is not None:

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Literal, cast, get_args
 
 from hybridplan.errors import PlanError
+from hybridplan.limits import shown
 
 __all__ = [
     "Schedule",
@@ -93,7 +94,7 @@ def as_schedule(name: object) -> Schedule:
         PlanError: for anything that is not a schedule name, listing them.
     """
     if not isinstance(name, str) or name not in SCHEDULE_SPECS:
-        raise PlanError(f"unknown schedule {name!r}", fix=f"use one of {list(SCHEDULES)}")
+        raise PlanError(f"unknown schedule {shown(name)}", fix=f"use one of {list(SCHEDULES)}")
     return cast(Schedule, name)
 
 

@@ -92,9 +92,9 @@ class StagePlan:
             raise PlanError(f"zero must be one of {list(ZERO_STAGES)}, got {self.zero!r}",
                             fix="0: no sharding; 1: optimizer state; 2: + gradients; 3: + parameters (FSDP)")
         if self.recompute not in RECOMPUTES:
-            raise PlanError(f"unknown recompute {self.recompute!r}", fix=f"use one of {list(RECOMPUTES)}")
+            raise PlanError(f"unknown recompute {shown(self.recompute)}", fix=f"use one of {list(RECOMPUTES)}")
         if self.parallelism not in PARALLELISMS:
-            raise PlanError(f"unknown parallelism {self.parallelism!r}", fix=f"use one of {list(PARALLELISMS)}")
+            raise PlanError(f"unknown parallelism {shown(self.parallelism)}", fix=f"use one of {list(PARALLELISMS)}")
         derived = {"none": 1, "data": 1, "tensor": self.degree}.get(self.parallelism)
         if derived is not None:
             if self.tensor_degree not in (0, derived):
@@ -181,7 +181,8 @@ class StagePlan:
         """Parse one stage, checking keys and types."""
         where = f"stage {index}"
         if not isinstance(data, Mapping):
-            raise PlanError(f"{where} must be an object with keys {list(_STAGE_KEYS)}, got {data!r}")
+            raise PlanError(f"{where} must be an object with keys {list(_STAGE_KEYS)}, got {shown(data)}",
+                            fix='write e.g. {"layers": [0, 3], "parallelism": "none", "degree": 1, "devices": [0]}')
         missing = [k for k in _STAGE_KEYS if k not in data]
         if missing:
             raise PlanError(f"{where} lacks key(s) {missing}", fix=f"every stage needs {list(_STAGE_KEYS)}")
@@ -197,7 +198,8 @@ class StagePlan:
                 fix='write e.g. "layers": [0, 3] for layers 0, 1 and 2',
             )
         if not isinstance(data["parallelism"], str):
-            raise PlanError(f"{where}: 'parallelism' must be one of {list(PARALLELISMS)}, got {shown(data['parallelism'])}")
+            raise PlanError(f"{where}: 'parallelism' must be one of {list(PARALLELISMS)}, got {shown(data['parallelism'])}",
+                            fix=f"use one of {list(PARALLELISMS)}")
         for key in ("degree", "tensor_degree"):
             problem = count_problem(data[key], MAX_DEVICES, why="the devices of the largest cluster") if key in data else None
             if problem is not None:
@@ -205,9 +207,11 @@ class StagePlan:
         tensor = data.get("tensor_degree", 0)
         zero, recompute = data.get("zero", 0), data.get("recompute", "none")
         if not _is_int(zero):
-            raise PlanError(f"{where}: 'zero' must be an integer (0 to 3), got {shown(zero)}")
+            raise PlanError(f"{where}: 'zero' must be an integer (0 to 3), got {shown(zero)}",
+                            fix="0: no sharding; 1: optimizer state; 2: + gradients; 3: + parameters (FSDP)")
         if not isinstance(recompute, str):
-            raise PlanError(f"{where}: 'recompute' must be one of {list(RECOMPUTES)}, got {shown(recompute)}")
+            raise PlanError(f"{where}: 'recompute' must be one of {list(RECOMPUTES)}, got {shown(recompute)}",
+                            fix=f"use one of {list(RECOMPUTES)}")
         devices = data["devices"]
         if (not isinstance(devices, Sequence) or isinstance(devices, str)
                 or not all(_is_int(d) and 0 <= d < MAX_DEVICES for d in devices)):
