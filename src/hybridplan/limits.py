@@ -35,7 +35,7 @@ MAX_GLOBAL_BATCH = 2**24
 """Samples per iteration (16,777,216): 256 times the largest published training batch (65,536 images: Ying et
 al., "Image classification at supercomputer scale", 2018); ``10**30`` would reach the ranks and overflow there."""
 
-GLOBAL_BATCH_WHY = "256 times the largest published training batch (hybridplan/limits.py)"
+GLOBAL_BATCH_WHY = "256 times the largest published training batch"
 """Why :data:`MAX_GLOBAL_BATCH`, in a message."""
 
 MAX_MICROBATCHES = 2**16
@@ -43,7 +43,7 @@ MAX_MICROBATCHES = 2**16
 so a count of 2**40 never ends; this is 128 times the 512 of the largest schedule benchmarked here
 (benchmarks/instant_planning)."""
 
-MICROBATCHES_WHY = "128 times the most benchmarked here; each is run one by one (hybridplan/limits.py)"
+MICROBATCHES_WHY = "128 times the most benchmarked here, each run one by one"
 """Why :data:`MAX_MICROBATCHES`, in a message."""
 
 MAX_LAYERS = 2**20

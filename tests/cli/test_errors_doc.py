@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from hybridplan.models.hf_config import HF_CONFIGS
 from tests.cli.conftest import MIXED, MLP
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
@@ -50,6 +51,8 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{RUN} --precision fp16 --loss-scale 0", "argument --loss-scale: must be a positive number"),
         Case(f"{PLAN} --global-batch-size 0", "argument --global-batch-size: must be a positive integer, got '0'"),
         Case(f"{PLAN} --num-microbatches 0", "argument --num-microbatches: must be a positive integer, got '0'"),
+        Case(f"{PLAN} --global-batch-size {10**21}", "argument --global-batch-size: must be at most 16,777,216"),
+        Case(f"{PLAN} --num-microbatches {2**40}", "argument --num-microbatches: must be at most 65,536"),
         Case(f"{PLAN} --top 0", "argument --top: must be a positive integer"),
         Case(f"{PLAN} --baseline equal --stage-degree 0", "argument --stage-degree: must be a positive integer"),
         Case("profile --model gpt-tiny --cluster 1x4 --global-batch-size 0 --num-microbatches 2 --db new.sqlite",
@@ -74,6 +77,17 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("run --model hf:hf_bert.json --cluster 1x4 --plan gpt_plan.json",
              "architecture 'bert' (model_type) is not supported"),
         Case("run --model hf:llama-tiny --cluster 1x4 --plan gpt_plan.json", "model has 4 layers", before_torch=False),
+        Case("run --model hf:hf_heads.json --cluster 1x4 --plan gpt_plan.json",
+             "hidden_size 32 is not divisible by num_attention_heads 5"),
+        Case("run --model hf:hf_layers.json --cluster 1x4 --plan gpt_plan.json",
+             "num_hidden_layers is 1,000,000,000, more than 16,384 (128 times the deepest published decoder LM"),
+        Case("run --model hf:hf_positions.json --cluster 1x4 --plan gpt_plan.json",
+             "max_position_embeddings is 0, not a positive integer"),
+        Case("run --model hf:hf_experts.json --cluster 1x4 --plan gpt_plan.json",
+             "num_experts_per_tok is 5, more than 4 (the 4 experts of num_local_experts)"),
+        Case("run --model hf:hf_deep.json --cluster 1x4 --plan gpt_plan.json", "it is nested deeper than the JSON reader"),
+        Case("run --model hf:hf_digits.json --cluster 1x4 --plan gpt_plan.json",
+             "hidden_size is an integer of 5,000 digits, more than 2,097,152"),
     )),
     ("Clusters and capacities", (
         Case("run --model gpt-tiny --cluster 4nodes --plan gpt_plan.json", "neither the shorthand NxK"),
@@ -88,6 +102,7 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case(f"{RUN} --device-memory=-1GiB", "is not a size"),
         Case(f"{RUN} --backend sim --device cuda --device-memory 200MiB", "cannot even hold a CUDA context"),
         Case(f"{RUN} --gpu h100", "unknown GPU 'h100'; name one of h100-sxm"),
+        Case(f"{RUN} --device-memory 1e300TB", "'1e300TB' is more than 1,125,899,906,842,624 bytes (1 PiB)"),
         Case(f"{RUN} --gpu t4 --device cpu", "--gpu t4 names a GPU, but --device cpu asks for CPU devices"),
         Case(f"{PLAN} --device-memory 1KiB", "the lowest-memory plan does not fit"),
         Case("plan --db profile.sqlite --cluster 8x4", "use fewer devices"),
@@ -110,6 +125,13 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("run --model gpt-tiny --cluster 2x2 --plan spans.json", "spans nodes [0, 1]"),
         Case("run --model gpt-tiny --cluster 1x4 --plan zero_tensor.json", "ZeRO-1 shards over the data-parallel group"),
         Case("run --model gpt-tiny --cluster 1x4 --plan zero.json", "with PipeDream-2BW", before_torch=False),
+        Case("run --model gpt-tiny --cluster 1x4 --plan zeroo.json", "stage 0: unknown key(s) 'zeroo'"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan tensor0.json", "'tensor_degree' is 0, not a positive integer"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan same.json", "device 0 appears twice in stage 0"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan huge.json", "'global_batch_size' is an integer of 31 digits, more than 16,777,216"),
+        Case("export --plan huge.json --to megatron", "'global_batch_size' is an integer of 31 digits, more than 16,777,216"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan many.json", "'num_microbatches' is 1,099,511,627,776, more than"),
+        Case("run --model gpt-tiny --cluster 1x4 --plan deep.json", "is not valid JSON: it is nested deeper than"),
     )),
     ("Profile databases and time profiles", (
         Case("plan --db missing.sqlite --cluster 1x4", "profile database 'missing.sqlite' does not exist"),
@@ -229,6 +251,12 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     variant("split.json", num_microbatches=3)
     variant("spans.json", stage0_devices=[1, 2], stage1_devices=[0])
     variant("zero_tensor.json", stage0_zero=1)
+    variant("zeroo.json", stage0_zeroo=3)
+    variant("tensor0.json", stage0_parallelism="data+tensor", stage0_tensor_degree=0)
+    variant("same.json", stage0_devices=[0, 0])
+    variant("huge.json", global_batch_size=10**30)
+    variant("many.json", num_microbatches=2**40)
+    (folder / "deep.json").write_text("[" * 200_000)
     data = {**gpt, "schedule": "2bw", "stages": [{"layers": [0, 10], "parallelism": "data+tensor", "degree": 4,
                                                   "tensor_degree": 2, "devices": [0, 1, 2, 3], "zero": 2}]}
     (folder / "zero.json").write_text(json.dumps(data))
@@ -241,6 +269,13 @@ def _setup(folder: Path, mlp_files: Path) -> None:
     (folder / "hf_dir").mkdir()
     (folder / "hf_broken.json").write_text('{"model_type": "llama", ')
     (folder / "hf_bert.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 30522}))
+    llama, mixtral = HF_CONFIGS["llama-tiny"], HF_CONFIGS["mixtral-tiny"]
+    for name, config in (("heads", {**llama, "num_attention_heads": 5}), ("layers", {**llama, "num_hidden_layers": 10**9}),
+                         ("positions", {**llama, "max_position_embeddings": 0}),
+                         ("experts", {**mixtral, "num_experts_per_tok": 5})):
+        (folder / f"hf_{name}.json").write_text(json.dumps(config))
+    (folder / "hf_deep.json").write_text("[" * 200_000)
+    (folder / "hf_digits.json").write_text(json.dumps(llama)[:-1] + ', "hidden_size": ' + "7" * 5000 + "}")
     (folder / "badlink.toml").write_text('nodes = 2\ndevices_per_node = 2\n[[node_overrides]]\nnodes = [1]\nintra_node = "fast"\n')
     (folder / "badlatency.toml").write_text('nodes = 1\ndevices_per_node = 4\n[network]\nintra_node_latency = "soon"\n')
     (folder / "notadb.sqlite").write_text("this is a text file, not a database\n")

@@ -224,7 +224,7 @@ def _check_config(name: str, config: dict[str, Any]) -> None:
         _size(name, config, "sliding_window", _BOUNDS["positions"])
     if kind == "mixtral":
         experts = _size(name, config, "num_local_experts", _BOUNDS["experts"])
-        _size(name, config, "num_experts_per_tok", (experts, f"the {experts} experts (num_local_experts)"))
+        _size(name, config, "num_experts_per_tok", (experts, f"the {experts} experts of num_local_experts"))
 
 
 def _size(name: str, config: dict[str, Any], key: str, bound: tuple[int, str]) -> int:
