@@ -19,7 +19,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parents[1] / "src" / "hybridplan"
 
 LAYERS: tuple[frozenset[str], ...] = (
-    frozenset({"errors", "units"}),
+    frozenset({"errors", "units", "limits"}),  # limits: bounds on input numbers, imports no torch
     frozenset({"plan"}),
     frozenset({"collectives"}),  # torch.distributed helpers shared by models (tensor parallelism) and the runtime
     frozenset({"models"}),
@@ -180,7 +180,7 @@ def test_every_package_declares_its_public_names():
     assert not without, f"__init__.py without __all__: {without}"
 
 
-@pytest.mark.parametrize("module", ["hybridplan.plan", "hybridplan.models.names", "hybridplan.errors", "hybridplan.units",
+@pytest.mark.parametrize("module", ["hybridplan.plan", "hybridplan.models.names", "hybridplan.errors", "hybridplan.units", "hybridplan.limits",
                                     "hybridplan.profiling.store", "hybridplan.predict.memory",
                                     "hybridplan.workflows.export"])
 def test_torch_free_modules(module):

@@ -64,12 +64,22 @@ def test_take_clears():
     assert len(timer.take()["forward"]) == 1 and timer.take() == {"forward": [], "backward": [], "step": []}
 
 
-class _SlowStep(torch.optim.SGD):
-    """SGD whose step sleeps: the timer must see at least that long."""
+class _SlowStep(torch.optim.Optimizer):
+    """Plain SGD whose step sleeps: the timer must see at least that long. It derives from ``Optimizer`` itself,
+    not from ``SGD``: torch wraps ``step`` with the step hooks in every class it instantiates, so a subclass
+    calling an already wrapped ``SGD.step`` would fire the hooks twice per step (it did when another test had
+    made an ``SGD`` first)."""
 
+    def __init__(self, params, lr: float):  # type: ignore[no-untyped-def]
+        super().__init__(params, {"lr": lr})
+
+    @torch.no_grad()
     def step(self, closure=None):  # type: ignore[no-untyped-def]
         time.sleep(FORWARD_S)
-        return super().step(closure)
+        for group in self.param_groups:
+            for p in group["params"]:
+                if p.grad is not None:
+                    p.add_(p.grad, alpha=-group["lr"])
 
 
 def test_optimizer_step_is_timed_once_per_step():
