@@ -17,6 +17,57 @@ if _TESTS not in sys.path:
 from gloo import GlooPool  # noqa: E402  (needs the path above)
 
 
+HEAVY_FILES: frozenset[str] = frozenset({
+    "cli/test_errors_doc.py",
+    "cli/test_gpus.py",
+    "cli/test_plan_simulated.py",
+    "cli/test_profile.py",
+    "cli/test_run.py",
+    "models/test_gpt.py",
+    "models/test_hf.py",
+    "predict/test_data_tensor.py",
+    "predict/test_memory_2bw.py",
+    "predict/test_wider_data.py",
+    "predict/test_zero_stage.py",
+    "profiling/test_campaign.py",
+    "profiling/test_loss_memory.py",
+    "profiling/test_recomputed_spans.py",
+    "profiling/test_replay.py",
+    "profiling/test_stage_memo.py",
+    "runtime/test_2bw.py",
+    "runtime/test_composite_stages.py",
+    "runtime/test_engines.py",
+    "runtime/test_executor.py",
+    "runtime/test_grad_buffers.py",
+    "runtime/test_multinode.py",
+    "runtime/test_orphans.py",
+    "runtime/test_precision.py",
+    "runtime/test_processes.py",
+    "runtime/test_repeats.py",
+    "runtime/test_sharding.py",
+    "runtime/test_shared_gpu.py",
+    "runtime/test_sim.py",
+    "runtime/test_sim_agreement.py",
+    "runtime/test_stage.py",
+    "search/time/test_bottleneck_cuts.py",
+    "test_readme.py",
+    "workflows/test_estimate_memory.py",
+    "workflows/test_stage_cache.py",
+})
+"""Test files (relative to tests/) that take 6 s or more on the 2-core machine: real multi-process runs, simulated
+campaigns, whole CLI commands. Every test in them is marked ``heavy``; ``pytest -m "not slow and not heavy"``
+is the quick tier (docs/testing.md). Chosen from a ``--durations=0`` run; a new file that grows heavy belongs
+here."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark every test of :data:`HEAVY_FILES` ``heavy``."""
+    root = Path(_TESTS)
+    for item in items:
+        if item.path.relative_to(root).as_posix() in HEAVY_FILES:
+            item.add_marker(pytest.mark.heavy)
+
+
 @pytest.fixture(scope="session")
 def gloo_pool(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[int], GlooPool]]:
     """``gloo_pool(world)``: a pool of ``world`` gloo processes shared by the session's tests.
