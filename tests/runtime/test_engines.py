@@ -55,6 +55,11 @@ def test_engines_refuse_what_is_not_modelled_with_the_reason():
         engine_run_options("megatron", plan=_with(PLAN, 0, zero=1), precision="bf16")
     with pytest.raises(UsageError, match="Megatron-LM's fp16 training .* is not modelled yet"):
         engine_run_options("megatron", plan=PLAN, precision="fp16")
+    for schedule in ("gpipe", "2bw"):  # Megatron-LM runs 1F1B: export turns these into it (docs/export.md)
+        with pytest.raises(UsageError, match=f"schedule is {schedule}: Megatron-LM runs 1F1B"):
+            engine_run_options("megatron", plan=Plan.from_dict({**PLAN.to_dict(), "schedule": schedule}), precision="bf16")
+    assert engine_run_options("megatron", plan=Plan.from_dict({**PLAN.to_dict(), "schedule": "flush"}),
+                              precision="bf16") == {"grad_accumulation": "fp32-buffer"}
     for engine in ("deepspeed", "torchtitan"):
         with pytest.raises(UsageError, match=f"the {engine} engine's memory is not modelled yet: .*section"):
             engine_run_options(engine, plan=PLAN, precision="bf16")

@@ -72,6 +72,11 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
         raise UsageError("Megatron-LM's fp16 training (fp16 gradient buffers, fp32 copies in the optimizer: 20 bytes"
                          " per parameter, docs/engines.md section 1) is not modelled yet",
                          fix="predict bf16 (--precision bf16), or hybridplan's runtime (--engine hybridplan)")
+    if plan.schedule not in ("1f1b", "flush"):
+        raise UsageError(f"the plan's schedule is {plan.schedule}: Megatron-LM runs 1F1B (its non-interleaved pipeline"
+                         " schedule; 'export --to megatron' turns the plan into 1F1B, docs/export.md), whose memory"
+                         f" differs from {plan.schedule}'s", fix="predict the plan with schedule 1f1b (--schedule 1f1b,"
+                         " or the plan's \"schedule\"), or hybridplan's runtime (--engine hybridplan)")
     last = plan.stages[-1]
     if last.tensor_degree > 1:
         raise UsageError(f"the last stage ({last.describe()}) is tensor-parallel: Megatron-LM computes its loss on"
