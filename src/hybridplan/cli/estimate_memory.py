@@ -7,11 +7,13 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 
 from hybridplan.cli.common import (add_cluster, add_command, add_device, add_model, check_output, cluster_from, global_batch,
                                    microbatches, positive_int, write_output)
 from hybridplan.errors import UsageError
 from hybridplan.plan import SCHEDULES, Plan
+from hybridplan.runtime.engines import ENGINES, engine_run_options, not_modelled
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -23,7 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "allocator terms plus the estimated CUDA context and NCCL memory. Without --plan, simulate the uniform "
         "pipeline x data x tensor plans of the cluster (equal layers per stage) and print the --top with the lowest "
         "peak. The estimate counts exactly what hybridplan's runtime allocates; a measured profile ('hybridplan "
-        "profile', then 'predict' or 'validate') remains the way to certainty on real devices.",
+        "profile', then 'predict' or 'validate') remains the way to certainty on real devices. --engine megatron "
+        "simulates the runtime holding memory as Megatron-LM does where it can (fp32 gradient buffers) and refuses "
+        "what it cannot yet (docs/engines.md).",
         reads="the plan JSON (--plan), a cluster TOML if --cluster names one, the --cache file if it exists.",
         writes="a table to the terminal (or JSON with --json); --out: the best plan's JSON; --cache: the simulated "
         "stages (to reuse). Progress on stderr.",
@@ -42,6 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device(p, help="cuda: peaks in CUDA allocator terms, plus the memory outside tensors")
     p.add_argument("--precision", choices=("fp32", "bf16", "fp16"), default="fp32", help="training precision")
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute every layer's activations")
+    p.add_argument("--engine", choices=ENGINES, default="hybridplan",
+                   help="whose memory: hybridplan's runtime (default), or the runtime holding it as the engine a plan"
+                   " is exported to does (megatron: fp32 gradient buffers); what is not modelled yet is refused"
+                   " (docs/engines.md)")
     p.add_argument("--cache", metavar="FILE", help="keep the simulated stages in this JSON file and reuse them")
     p.add_argument("--out", help="write the plan of the lowest estimate here")
     p.add_argument("--json", action="store_true", help="print JSON")
@@ -59,35 +67,60 @@ def handle(args: argparse.Namespace) -> int:
             if value is not None and value != planned:
                 raise UsageError(f"{option} {value} differs from the plan's {planned}",
                                  fix=f"drop {option} (the plan gives it) or change the plan")
+        engine_run_options(args.engine, plan=plan, precision=args.precision)  # refused before any work
     elif args.global_batch_size is None or args.num_microbatches is None:
         raise UsageError("without --plan, estimate-memory searches plans and needs --global-batch-size and"
                          " --num-microbatches", fix="give both, or give --plan")
     say = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
-    from hybridplan.workflows.estimate_memory import DIFFERS_FROM_PROFILE, candidate_plans, estimate_plans
+    from hybridplan.workflows.estimate_memory import (DIFFERS_FROM_PROFILE, candidate_plans, engine_candidates,
+                                                      estimate_plans)
 
     started = time.perf_counter()
     if plan is None:
         plans = candidate_plans(args.model, cluster, global_batch_size=args.global_batch_size,
                                 num_microbatches=args.num_microbatches, schedule=args.schedule)
+        plans = _modelled(args, plans, engine_candidates(args.engine, plans, precision=args.precision), say)
         say(f"estimating {len(plans)} uniform plan(s) of {args.model} on {cluster.describe()}")
     else:
         plans = [plan]
     options = {"device_type": args.device, "precision": args.precision,
                "activation_checkpointing": args.activation_checkpointing}
-    estimates = estimate_plans(args.model, cluster, plans, run_options=options, cache=args.cache, progress=say)
+    estimates = estimate_plans(args.model, cluster, plans, run_options=options, engine=args.engine, cache=args.cache,
+                               progress=say)
     ranked = sorted(estimates, key=lambda e: e.peak_memory_bytes)[: args.top or 3] if plan is None else estimates
     seconds = time.perf_counter() - started
+    engine = {} if args.engine == "hybridplan" else {"engine": args.engine}  # hybridplan's output as it always was
     if args.out:
         write_output(args.out, ranked[0].plan.with_extra(model=args.model, cluster=cluster.shape,
-                                                         estimated_peak_bytes=ranked[0].peak_memory_bytes).to_json(),
-                     "--out")
+                                                         estimated_peak_bytes=ranked[0].peak_memory_bytes,
+                                                         **engine).to_json(), "--out")
     if args.json:
-        print(json.dumps({"estimates": [e.to_dict() for e in ranked], "seconds": seconds,
+        print(json.dumps({"estimates": [e.to_dict() for e in ranked], "seconds": seconds, **engine,
                           "note": DIFFERS_FROM_PROFILE}, indent=1))
         return 0
+    if engine:
+        held = ", ".join(f"{k}={v!r}" for k, v in
+                         engine_run_options(args.engine, plan=ranked[0].plan, precision=args.precision).items())
+        print(f"engine: {args.engine}: hybridplan's runtime run with {held} to hold memory as {args.engine} does;"
+              f" not modelled: {'; '.join(not_modelled(args.engine))} (docs/engines.md)")
     for i, e in enumerate(ranked):
         if plan is None:
             print(f"\n#{i + 1} of {len(estimates)}" + ("" if e.fits(cluster) else " (does not fit)"))
         print(e.table(cluster))
     print(f"\n{seconds:.1f} s. {DIFFERS_FROM_PROFILE}")
     return 0
+
+
+def _modelled(args: argparse.Namespace, plans: list[Plan], split: tuple[list[Plan], list[tuple[Plan, UsageError]]],
+              say: Callable[[str], None]) -> list[Plan]:
+    """The candidate plans whose memory under ``--engine`` is modelled; a note for each other, or the reason when
+    none is left."""
+    kept, refused = split
+    for p, e in refused:
+        grid = f"pipeline {p.num_stages} x data {p.stages[0].data_degree} x tensor {p.stages[0].tensor_degree}"
+        say(f"note: skipped the uniform plan {grid}: not modelled for --engine {args.engine}: {e.message}")
+    if not kept:
+        reason = refused[0][1]
+        raise UsageError(f"no uniform plan of {args.model} is modelled for --engine {args.engine}: {reason.message}",
+                         fix=reason.fix)
+    return kept

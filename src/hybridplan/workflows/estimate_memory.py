@@ -14,7 +14,9 @@ How it differs from a measured profile (``hybridplan profile`` then ``predict`` 
 certainty): the simulator counts the tensors hybridplan's runtime allocates, exactly (byte-identical to the real
 CPU runtime on the tiny models, tests/runtime/test_sim_agreement.py), but on a GPU the allocator's fragmentation and
 cached blocks, the CUDA context, NCCL's buffers and library workspaces are modelled or estimated
-(runtime/gpu_memory.py), not measured; and the estimate is for hybridplan's runtime, not another engine's.
+(runtime/gpu_memory.py), not measured; and the estimate is for hybridplan's runtime, or for it holding memory as
+the ``engine`` a plan is exported to does where the runtime can (runtime/engines.py: Megatron-LM's fp32 gradient
+buffers), not for the engine's own code.
 
 Without a plan, the candidates are the uniform grids AMP searches (search/time/throughput.py
 ``enumerate_degrees``: every ``pipeline x data x tensor`` of the mesh, tensor groups inside a node) with equal
@@ -25,6 +27,7 @@ returned.
 
 from __future__ import annotations
 
+import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -38,8 +41,8 @@ from hybridplan.plan.schedule import Schedule
 from hybridplan.units import format_bytes
 from hybridplan.workflows.validate import DeviceMemory
 
-__all__ = ["DeviceEstimate", "PlanEstimate", "candidate_plans", "estimate_plans", "zero_representatives",
-           "DIFFERS_FROM_PROFILE"]
+__all__ = ["DeviceEstimate", "PlanEstimate", "candidate_plans", "engine_candidates", "estimate_plans",
+           "zero_representatives", "DIFFERS_FROM_PROFILE"]
 
 DIFFERS_FROM_PROFILE = (
     "simulated on fake tensors: the exact tensor bytes of hybridplan's runtime, without a profile; on GPUs the "
@@ -141,8 +144,34 @@ def candidate_plans(model: str, cluster: Cluster, *, global_batch_size: int, num
     return out
 
 
+def engine_candidates(engine: str, plans: list[Plan], *, precision: str) -> tuple[list[Plan], list[tuple[Plan, UsageError]]]:
+    """The plans whose memory under ``engine`` is modelled (runtime/engines.py), and the others with the engine
+    profile's reason.
+
+    Example:
+        >>> from hybridplan.plan import Plan
+        >>> plans = [Plan.uniform(boundaries=[0, 5, 10], data_degree=1, tensor_degree=t, micro_batch_size=4,
+        ...                       global_batch_size=8) for t in (1, 2)]
+        >>> kept, refused = engine_candidates("megatron", plans, precision="bf16")
+        >>> len(kept), "tensor-parallel" in refused[0][1].message
+        (1, True)
+    """
+    from hybridplan.runtime.engines import engine_run_options
+
+    kept: list[Plan] = []
+    refused: list[tuple[Plan, UsageError]] = []
+    for plan in plans:
+        try:
+            engine_run_options(engine, plan=plan, precision=precision)
+        except UsageError as e:
+            refused.append((plan, e))
+            continue
+        kept.append(plan)
+    return kept, refused
+
+
 def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_options: dict[str, Any] | None = None,
-                   cache: str | Path | None = None,
+                   engine: str = "hybridplan", cache: str | Path | None = None,
                    progress: Callable[[str], None] | None = None) -> list[PlanEstimate]:
     """Every device's simulated peak of each plan, each distinct stage simulated once (module docstring).
 
@@ -151,46 +180,57 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
         cluster: the mesh (its capacities are not enforced while simulating: every peak is measured).
         plans: the plans (checked against the model and cluster first).
         run_options: RunConfig fields (precision, device_type, activation_checkpointing, seed).
+        engine: whose memory: each plan is simulated with ``run_options`` plus the engine's RunConfig fields for it
+            (runtime/engines.py ``engine_run_options``); "hybridplan" adds none.
         cache: a JSON file of simulated stages to reuse and extend (default: a temporary one).
         progress: one line per simulated stage or plan.
 
     Raises:
-        HybridPlanError: for a plan the model or cluster cannot run.
+        HybridPlanError: for a plan the model or cluster cannot run, or whose memory under ``engine`` is not
+            modelled (UsageError).
     """
     from hybridplan.runtime.config import RunConfig, validate_config
+    from hybridplan.runtime.engines import engine_run_options
     from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, estimate_overhead_bytes
     from hybridplan.runtime.sim import simulate
     from hybridplan.workflows.stage_cache import StageCache
 
-    options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
+    base = {k: v for k, v in (run_options or {}).items() if k != "backend"}
+    per_plan = [{**base, **engine_run_options(engine, plan=p, precision=base.get("precision", "fp32"))} for p in plans]
     free = cluster.with_memory(None)
-    for plan in plans:
+    for plan, options in zip(plans, per_plan):
         validate_config(RunConfig(model=model, plan=plan, cluster=free, backend="sim", **options))
     say = progress or (lambda _msg: None)
-    cuda = options.get("device_type") == "cuda"
-    out = []
+    cuda = base.get("device_type") == "cuda"
+    groups: dict[str, list[int]] = {}  # the plans of each set of run options
+    for i, options in enumerate(per_plan):
+        groups.setdefault(json.dumps(options, sort_keys=True), []).append(i)
+    out: dict[int, PlanEstimate] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        stages = StageCache(cache or Path(tmp) / "stages.json", model=model, cluster=free, run_options=options,
-                            progress=say)
-        for i, plan in enumerate(plans):
-            t0 = time.perf_counter()
-            if any(s.zero for s in plan.stages):  # shares per replica: each distinct one (runtime/sim.py)
-                result = simulate(RunConfig(model=model, plan=plan, cluster=free, iterations=2, backend="sim", **options),
-                                  same_as=zero_representatives(model, plan))
-                if not result.ok:
-                    raise UsageError(f"the simulation of plan {i + 1} ended {result.status}: {result.reason}")
-                measured = [DeviceMemory(d.device, d.stage, None, d.peak_memory_bytes) for d in result.devices]
-                reserved = {d.device: d.reserved_peak_bytes for d in result.devices if d.reserved_peak_bytes is not None}
-            else:
-                measured = stages.measure(plan)
-                reserved = stages.reserved_peaks(plan)
-            devices = tuple(DeviceEstimate(d.device, d.stage, int(d.measured or 0),
-                                           estimate_overhead_bytes(plan, d.device, set(LIBRARY_BYTES)) if cuda
-                                           else None, reserved.get(d.device)) for d in measured)
-            out.append(PlanEstimate(plan, devices))
-            say(f"plan {i + 1}/{len(plans)}: peak {format_bytes(out[-1].peak_memory_bytes)}"
-                f" ({time.perf_counter() - t0:.1f} s)")
-    return out
+        for indices in groups.values():  # one stage cache at a time on the file: each reads what the one before saved
+            options = per_plan[indices[0]]
+            stages = StageCache(cache or Path(tmp) / "stages.json", model=model, cluster=free, run_options=options,
+                                progress=say)
+            for i in indices:
+                plan, t0 = plans[i], time.perf_counter()
+                if any(s.zero for s in plan.stages):  # shares per replica: each distinct one (runtime/sim.py)
+                    result = simulate(RunConfig(model=model, plan=plan, cluster=free, iterations=2, backend="sim",
+                                                **options), same_as=zero_representatives(model, plan))
+                    if not result.ok:
+                        raise UsageError(f"the simulation of plan {i + 1} ended {result.status}: {result.reason}")
+                    measured = [DeviceMemory(d.device, d.stage, None, d.peak_memory_bytes) for d in result.devices]
+                    reserved = {d.device: d.reserved_peak_bytes for d in result.devices
+                                if d.reserved_peak_bytes is not None}
+                else:
+                    measured = stages.measure(plan)
+                    reserved = stages.reserved_peaks(plan)
+                devices = tuple(DeviceEstimate(d.device, d.stage, int(d.measured or 0),
+                                               estimate_overhead_bytes(plan, d.device, set(LIBRARY_BYTES)) if cuda
+                                               else None, reserved.get(d.device)) for d in measured)
+                out[i] = PlanEstimate(plan, devices)
+                say(f"plan {i + 1}/{len(plans)}: peak {format_bytes(out[i].peak_memory_bytes)}"
+                    f" ({time.perf_counter() - t0:.1f} s)")
+    return [out[i] for i in range(len(plans))]
 
 
 def zero_representatives(model: str, plan: Plan) -> dict[int, int]:

@@ -68,7 +68,11 @@ class StageCache:
 
     On simulated CUDA devices it also keeps each stage's reserved peak (the allocator's replay), under the file's
     ``"reserved"`` key (a file written before has none: its CUDA stages are simulated again once). One cache may
-    serve plans of several schedules: a key names the schedule unless it is 1F1B (:func:`stage_key`).
+    serve plans of several schedules: a key names the schedule unless it is 1F1B (:func:`stage_key`). Stages simulated
+    with fp32 gradient buffers (``run_options["grad_accumulation"]``, an engine's profile: runtime/engines.py) are kept
+    under their key plus ``",fp32-buffer"``, so one file never answers for one engine with another's stages (keys
+    without the option are as before). The other run options (precision, device type, recomputation of every layer)
+    are not in the key: keep one file per setting of them.
 
     Args:
         path: the JSON file (created; reloaded when it exists).
@@ -91,6 +95,8 @@ class StageCache:
         device-list order, for a ZeRO stage)."""
         self.peaks: dict[str, int | list[int]] = data
         self._cuda = self.run_options.get("device_type") == "cuda"
+        accumulation = self.run_options.get("grad_accumulation", "autograd")
+        self._suffix = "" if accumulation == "autograd" else f",{accumulation}"
         self.simulated = 0
         self._specs: Any = None
 
@@ -104,7 +110,7 @@ class StageCache:
         cfg = RunConfig(model=self.model, plan=plan, cluster=self.cluster, iterations=2, backend="sim", **self.run_options)
         out: list[DeviceMemory] = []
         for i, stage in enumerate(plan.stages):
-            key = stage_key(plan, i)
+            key = self.key(plan, i)
             if key not in self.peaks or (self._cuda and key not in self.reserved):
                 validate_config(cfg)
                 if self._specs is None:
@@ -131,11 +137,16 @@ class StageCache:
         """CUDA: every device's reserved peak, for the stages :meth:`measure` simulated (empty on a CPU)."""
         out: dict[int, int] = {}
         for i, stage in enumerate(plan.stages):
-            value = self.reserved.get(stage_key(plan, i))
+            value = self.reserved.get(self.key(plan, i))
             if value is not None:
                 each = value if isinstance(value, list) else [value] * len(stage.devices)
                 out.update(zip(stage.devices, each))
         return out
+
+    def key(self, plan: Plan, index: int) -> str:
+        """The file's key of stage ``index`` of ``plan``: :func:`stage_key`, plus the gradient accumulation unless it
+        is autograd's."""
+        return stage_key(plan, index) + self._suffix
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
