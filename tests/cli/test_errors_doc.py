@@ -177,6 +177,11 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
         Case("estimate-memory --model gpt-tiny --cluster 1x4 --plan gpt_plan.json --out missing/b.json", "cannot be written"),
         Case("estimate-memory --model wresnet-tiny --cluster 1x4 --plan gpt_plan.json", "model has 7 layers",
              before_torch=False),
+        Case("estimate-memory --model gpt-tiny --cluster 1x4 --plan gpt_plan.json --engine nemo", "invalid choice: 'nemo'"),
+        Case("estimate-memory --model gpt-tiny --cluster 1x4 --plan gpt_plan.json --engine deepspeed",
+             "the deepspeed engine's memory is not modelled yet"),
+        Case("estimate-memory --model gpt-tiny --cluster 1x4 --plan gpt_plan.json --engine megatron --precision fp16",
+             "Megatron-LM's fp16 training"),
     )),
     ("Pictures (hybridplan show)", (
         Case("show times.json --png a.png", "'times.json' is not a plan: plan lacks key(s)"),
