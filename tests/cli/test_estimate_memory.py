@@ -149,5 +149,5 @@ def test_the_cache_keeps_each_engines_stages(files, tmp_path, capsys):
         code, out, err = _estimate(capsys, "--plan", plan, "--precision", "bf16", "--json", "--engine", engine,
                                    "--cache", cache)
         assert code == 0 and _peaks(out) == fresh[engine], engine
-    keys = set(json.loads((tmp_path / "stages.json").read_text()))
-    assert len(keys) == 6 and sum(k.endswith(",fp32-buffer") for k in keys) == 3
+    keys = set(json.loads((tmp_path / "stages.json").read_text())) - {"model"}
+    assert len(keys) == 6 and sum("grad_accumulation=\"fp32-buffer\"" in k for k in keys) == 3

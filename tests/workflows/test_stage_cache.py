@@ -134,3 +134,38 @@ def test_zero_stages_are_cached_device_by_device(tmp_path):
     unordered = plan({"layers": [0, 5], "parallelism": "data", "degree": 4, "zero": 1, "devices": [1, 0, 2, 3]})
     with pytest.raises(ValueError, match="not in ascending order"):
         stage_key(unordered, 0)
+
+
+def test_one_file_keeps_each_settings_stages_and_refuses_another_model(tmp_path):
+    """fp32 then bf16 on one file: each answer is its own setting's whole-plan simulation (the options are in the
+    keys); the file names its model, and another model's cache is refused before anything is simulated."""
+    from hybridplan.errors import UsageError
+
+    cluster = Cluster.parse("1x2")
+    space = PlanSpace(5, 1, 2, pipeline_only=True)
+    plan = plan_from_choices(space, next(iter(enumerate_plans(space))), schedule="1f1b", global_batch_size=16,
+                             num_microbatches=4)
+    path = tmp_path / "stages.json"
+    answers = {}
+    for precision in ("fp32", "bf16"):
+        cache = StageCache(path, model=MLP, cluster=cluster, run_options={"backend": "sim", "precision": precision})
+        answers[precision] = [d.measured for d in cache.measure(plan)]
+        assert cache.simulated == plan.num_stages  # nothing answered from the other setting's entries
+        whole = measure_plan(None, plan, cluster=cluster, backend="sim", model=MLP,
+                             run_options={"precision": precision})
+        assert answers[precision] == [d.measured for d in whole.devices]
+    assert answers["fp32"] != answers["bf16"]
+    with pytest.raises(UsageError, match="holds stages of model") as info:
+        StageCache(path, model="gpt-tiny", cluster=cluster)
+    assert str(path) in (info.value.fix or "")
+
+
+@pytest.mark.parametrize("text", ["nope", "[1, 2]", "\udcff"])
+def test_a_file_that_is_no_stage_cache_is_refused_with_the_fix(tmp_path, text):
+    from hybridplan.errors import UsageError
+
+    path = tmp_path / "stages.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    with pytest.raises(UsageError, match="stage cache") as info:
+        StageCache(path, model=MLP, cluster=Cluster.parse("1x2"))
+    assert f"delete {path}" in (info.value.fix or "")

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hybridplan.errors import UsageError
 from hybridplan.plan.cluster import Cluster
 from hybridplan.plan import Plan
 from hybridplan.workflows.validate import DeviceMemory
@@ -68,11 +69,11 @@ class StageCache:
 
     On simulated CUDA devices it also keeps each stage's reserved peak (the allocator's replay), under the file's
     ``"reserved"`` key (a file written before has none: its CUDA stages are simulated again once). One cache may
-    serve plans of several schedules: a key names the schedule unless it is 1F1B (:func:`stage_key`). Stages simulated
-    with fp32 gradient buffers (``run_options["grad_accumulation"]``, an engine's profile: runtime/engines.py) are kept
-    under their key plus ``",fp32-buffer"``, so one file never answers for one engine with another's stages (keys
-    without the option are as before). The other run options (precision, device type, recomputation of every layer)
-    are not in the key: keep one file per setting of them.
+    serve plans of several schedules: a key names the schedule unless it is 1F1B (:func:`stage_key`), and several
+    settings: a key ends with the run options it was simulated under (precision, device type, recomputation, an
+    engine's gradient accumulation: everything but the backend), so a file never answers for one setting with
+    another's stages. Entries of a file written before the options were in the keys match no key and are
+    simulated again. The file records its model; opening it for another model is refused (UsageError).
 
     Args:
         path: the JSON file (created; reloaded when it exists).
@@ -89,14 +90,17 @@ class StageCache:
         self.cluster = cluster
         self.run_options = {k: v for k, v in (run_options or {}).items() if k != "backend"}
         self.progress = progress
-        data: dict[str, Any] = json.loads(self.path.read_text()) if self.path.exists() else {}
+        data = _load(self.path) if self.path.exists() else {}
+        written_for = data.pop("model", model)
+        if written_for != model:
+            raise UsageError(f"stage cache {self.path} holds stages of model {written_for!r}, not of {model!r}",
+                             fix=f"use another --cache file for {model!r}, or delete {self.path}")
         self.reserved: dict[str, int | list[int]] = dict(data.pop("reserved", {}))
         """CUDA: the reserved peak of every simulated stage (``max_memory_reserved`` of the replay; per device, in
         device-list order, for a ZeRO stage)."""
         self.peaks: dict[str, int | list[int]] = data
         self._cuda = self.run_options.get("device_type") == "cuda"
-        accumulation = self.run_options.get("grad_accumulation", "autograd")
-        self._suffix = "" if accumulation == "autograd" else f",{accumulation}"
+        self._suffix = "|" + ",".join(f"{k}={json.dumps(v, sort_keys=True)}" for k, v in sorted(self.run_options.items()))
         self.simulated = 0
         self._specs: Any = None
 
@@ -144,11 +148,24 @@ class StageCache:
         return out
 
     def key(self, plan: Plan, index: int) -> str:
-        """The file's key of stage ``index`` of ``plan``: :func:`stage_key`, plus the gradient accumulation unless it
-        is autograd's."""
+        """The file's key of stage ``index`` of ``plan``: :func:`stage_key`, then ``|`` and the run options."""
         return stage_key(plan, index) + self._suffix
 
     def _save(self) -> None:
         tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-        tmp.write_text(json.dumps({**self.peaks, **({"reserved": self.reserved} if self.reserved else {})}, indent=0) + "\n")
+        tmp.write_text(json.dumps({"model": self.model, **self.peaks, **({"reserved": self.reserved} if self.reserved else {})},
+                                  indent=0) + "\n")
         os.replace(tmp, self.path)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    """The stage cache in ``path``: a JSON object (anything else is refused with the fix, never half-read)."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:  # a JSONDecodeError and a UnicodeDecodeError are ValueErrors
+        raise UsageError(f"stage cache {path} cannot be read as JSON ({type(exc).__name__}: {str(exc)[:80]})",
+                         fix=f"delete {path} (its stages are simulated again), or name another --cache file") from None
+    if not isinstance(data, dict):
+        raise UsageError(f"stage cache {path} holds a JSON {type(data).__name__}, not a stage cache's object",
+                         fix=f"delete {path} (its stages are simulated again), or name another --cache file")
+    return data
