@@ -75,6 +75,7 @@ def test_toml_matrix(tmp_path):
         ("nodes = 1\ndevices_per_node = 2\n[device]\nmemory = 'lots'\n", "not a size"),
         ("nodes = 1\ndevices_per_node = 2\n[network]\nmatrix = [[0]]\n", "2x2"),
         ("nodes = [\n", "not valid TOML"),
+        ("nodes = " + "[" * 100_000 + "]" * 100_000 + "\n", "nests arrays or tables too deeply"),
     ],
 )
 def test_toml_errors(tmp_path, text, message):

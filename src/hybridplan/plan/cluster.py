@@ -249,6 +249,10 @@ class Cluster:
                                fix="give a TOML cluster file (format: hybridplan/plan/cluster.py)") from None
         except tomllib.TOMLDecodeError as e:
             raise ClusterError(f"cluster file {str(path)!r} is not valid TOML: {e}") from None
+        except RecursionError:  # tomllib parses nested arrays and tables recursively
+            raise ClusterError(f"cluster file {str(path)!r} nests arrays or tables too deeply to read (a cluster file"
+                               " nests at most a table of nodes)",
+                               fix="give a TOML cluster file (format: hybridplan/plan/cluster.py)") from None
         return cls.from_dict(data, source=str(path))
 
     @classmethod
