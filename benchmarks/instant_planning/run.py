@@ -105,15 +105,18 @@ def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | 
             result["chosen"] = _compare(model, cluster, plan, predictor)
             print(f"{name}: chosen {plan.describe()}: worst {result['chosen']['worst_error_pct']}%", flush=True)
             _save(out, result)
+        rows = result.setdefault("random", {})
+        # the space (and its sampler's tables) only when plans are asked for: on 8x8 drawing it took minutes
         space = PlanSpace.for_cluster(cluster, predictor.num_layers, composite=True, zero=True, recompute=True,
-                                      cross_node=True)
+                                      cross_node=True) if random_plans else None
 
         def keep(choice: Any, after: int) -> bool:
+            assert space is not None
             cfg = space.configs[choice.config]
             return bool(predictor.allowed(choice.start, choice.stop, cfg.kind, cfg.degree, **cfg.model_kwargs))
 
-        rows = result.setdefault("random", {})
-        for i, choices in enumerate(sample_plans(space, random_plans, seed=0, keep=keep)):
+        drawn_plans = sample_plans(space, random_plans, seed=0, keep=keep) if space is not None else []
+        for i, choices in enumerate(drawn_plans):
             if str(i) in rows:
                 continue
             drawn = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=batch, num_microbatches=micro)
