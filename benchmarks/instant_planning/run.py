@@ -106,24 +106,23 @@ def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | 
             print(f"{name}: chosen {plan.describe()}: worst {result['chosen']['worst_error_pct']}%", flush=True)
             _save(out, result)
         rows = result.setdefault("random", {})
-        # the space (and its sampler's tables) only when plans are asked for: on 8x8 drawing it took minutes
-        space = PlanSpace.for_cluster(cluster, predictor.num_layers, composite=True, zero=True, recompute=True,
-                                      cross_node=True) if random_plans else None
+        if random_plans:  # the space (and its sampler's tables) only when plans are asked for: minutes on 8x8
+            space = PlanSpace.for_cluster(cluster, predictor.num_layers, composite=True, zero=True, recompute=True,
+                                          cross_node=True)
 
-        def keep(choice: Any, after: int) -> bool:
-            assert space is not None
-            cfg = space.configs[choice.config]
-            return bool(predictor.allowed(choice.start, choice.stop, cfg.kind, cfg.degree, **cfg.model_kwargs))
+            def keep(choice: Any, after: int) -> bool:
+                cfg = space.configs[choice.config]
+                return bool(predictor.allowed(choice.start, choice.stop, cfg.kind, cfg.degree, **cfg.model_kwargs))
 
-        drawn_plans = sample_plans(space, random_plans, seed=0, keep=keep) if space is not None else []
-        for i, choices in enumerate(drawn_plans):
-            if str(i) in rows:
-                continue
-            drawn = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=batch, num_microbatches=micro)
-            rows[str(i)] = _compare(model, cluster, drawn, predictor)
-            print(f"{name}: random {i}: {drawn.describe().splitlines()[1:]} worst {rows[str(i)]['worst_error_pct']}%"
-                  f" ({rows[str(i)]['sim_seconds']} s)", flush=True)
-            _save(out, result)
+            for i, choices in enumerate(sample_plans(space, random_plans, seed=0, keep=keep)):
+                if str(i) in rows:
+                    continue
+                drawn = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=batch,
+                                          num_microbatches=micro)
+                rows[str(i)] = _compare(model, cluster, drawn, predictor)
+                print(f"{name}: random {i}: {drawn.describe().splitlines()[1:]} worst"
+                      f" {rows[str(i)]['worst_error_pct']}% ({rows[str(i)]['sim_seconds']} s)", flush=True)
+                _save(out, result)
     errors = [abs(d["error_pct"]) for r in [result["chosen"], *rows.values()] for d in r["devices"]]
     result["summary"] = {"plans": 1 + len(rows), "devices": len(errors), "worst_pct": max(errors),
                          "within_0.5_pct": sum(e <= 0.5 for e in errors)}
