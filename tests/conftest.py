@@ -17,55 +17,65 @@ if _TESTS not in sys.path:
 from gloo import GlooPool  # noqa: E402  (needs the path above)
 
 
-HEAVY_FILES: frozenset[str] = frozenset({
-    "cli/test_errors_doc.py",
-    "cli/test_gpus.py",
-    "cli/test_plan_simulated.py",
-    "cli/test_profile.py",
-    "cli/test_run.py",
-    "models/test_gpt.py",
-    "models/test_hf.py",
-    "predict/test_data_tensor.py",
-    "predict/test_memory_2bw.py",
-    "predict/test_wider_data.py",
-    "predict/test_zero_stage.py",
-    "profiling/test_campaign.py",
-    "profiling/test_loss_memory.py",
-    "profiling/test_recomputed_spans.py",
-    "profiling/test_replay.py",
-    "profiling/test_stage_memo.py",
-    "runtime/test_2bw.py",
-    "runtime/test_composite_stages.py",
-    "runtime/test_engines.py",
-    "runtime/test_executor.py",
-    "runtime/test_grad_buffers.py",
-    "runtime/test_multinode.py",
-    "runtime/test_orphans.py",
-    "runtime/test_precision.py",
-    "runtime/test_processes.py",
-    "runtime/test_repeats.py",
-    "runtime/test_sharding.py",
-    "runtime/test_shared_gpu.py",
-    "runtime/test_sim.py",
-    "runtime/test_sim_agreement.py",
-    "runtime/test_stage.py",
-    "search/time/test_bottleneck_cuts.py",
-    "test_readme.py",
-    "workflows/test_estimate_memory.py",
-    "workflows/test_stage_cache.py",
-})
-"""Test files (relative to tests/) that take 6 s or more on the 2-core machine: real multi-process runs, simulated
-campaigns, whole CLI commands. Every test in them is marked ``heavy``; ``pytest -m "not slow and not heavy"``
-is the quick tier (docs/testing.md). Chosen from a ``--durations=0`` run; a new file that grows heavy belongs
-here."""
+HEAVY_FILES: dict[str, int] = {
+    "cli/test_errors_doc.py": 33,
+    "cli/test_gpus.py": 11,
+    "cli/test_plan_simulated.py": 48,
+    "cli/test_profile.py": 24,
+    "cli/test_run.py": 34,
+    "models/test_gpt.py": 7,
+    "models/test_hf.py": 21,
+    "predict/test_data_tensor.py": 29,
+    "predict/test_memory_2bw.py": 8,
+    "predict/test_wider_data.py": 8,
+    "predict/test_zero_stage.py": 24,
+    "profiling/test_campaign.py": 18,
+    "profiling/test_loss_memory.py": 6,
+    "profiling/test_recomputed_spans.py": 13,
+    "profiling/test_replay.py": 12,
+    "profiling/test_stage_memo.py": 82,
+    "runtime/test_2bw.py": 29,
+    "runtime/test_composite_stages.py": 43,
+    "runtime/test_engines.py": 9,
+    "runtime/test_executor.py": 29,
+    "runtime/test_grad_buffers.py": 33,
+    "runtime/test_multinode.py": 17,
+    "runtime/test_orphans.py": 34,
+    "runtime/test_precision.py": 16,
+    "runtime/test_processes.py": 57,
+    "runtime/test_repeats.py": 41,
+    "runtime/test_sharding.py": 188,
+    "runtime/test_shared_gpu.py": 30,
+    "runtime/test_sim.py": 37,
+    "runtime/test_sim_agreement.py": 25,
+    "runtime/test_stage.py": 7,
+    "search/time/test_bottleneck_cuts.py": 16,
+    "test_readme.py": 38,
+    "workflows/test_estimate_memory.py": 42,
+    "workflows/test_stage_cache.py": 24,
+}
+"""Test files (relative to tests/) that take 6 s or more on the 2-core machine, with their seconds in one process
+(``-n 0 --durations=0``, summed per file): real multi-process runs, simulated campaigns, whole CLI commands. Every
+test in them is marked ``heavy``; ``pytest -m "not slow and not heavy"`` is the quick tier (docs/testing.md). The
+workers take the files longest first (:func:`pytest_collection_modifyitems`), so no long file starts near the end
+of a run while the other worker idles. A new file that grows heavy belongs here."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark every test of :data:`HEAVY_FILES` ``heavy``."""
+    """Mark every test of :data:`HEAVY_FILES` ``heavy``, and order the files longest first (heavy files by their
+    seconds, then the others as collected; each file's tests keep their order).
+
+    pytest-xdist's ``--dist loadfile`` hands each worker the next file in this order when it runs low
+    (``--no-loadscope-reorder`` in pyproject.toml keeps it from reordering by number of tests): longest first
+    leaves the short files to even out the two workers' ends.
+    """
     root = Path(_TESTS)
+    seconds: dict[pytest.Item, int] = {}
     for item in items:
-        if item.path.relative_to(root).as_posix() in HEAVY_FILES:
+        seconds[item] = HEAVY_FILES.get(item.path.relative_to(root).as_posix(), 0)
+        if seconds[item]:
             item.add_marker(pytest.mark.heavy)
+    items.sort(key=lambda item: -seconds[item])  # stable: the rest stay as collected
 
 
 @pytest.fixture(scope="session")
