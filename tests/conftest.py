@@ -33,7 +33,7 @@ HEAVY_FILES: dict[str, int] = {
     "profiling/test_loss_memory.py": 6,
     "profiling/test_recomputed_spans.py": 13,
     "profiling/test_replay.py": 12,
-    "profiling/test_stage_memo.py": 82,
+    "profiling/test_stage_memo.py": 60,
     "runtime/test_2bw.py": 29,
     "runtime/test_composite_stages.py": 43,
     "runtime/test_engines.py": 9,

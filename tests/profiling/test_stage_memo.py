@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from hybridplan.profiling.partitions import Scenario
 from hybridplan.profiling.stage_memo import StageMemo
 from hybridplan.profiling.store import ProfileStore
 from hybridplan.predict.memory import MemoryPredictor
+from tests.profiling.memo_writer import write
 
 pytest.importorskip("transformers")
 
@@ -28,6 +30,20 @@ class _NeverRemembers(StageMemo):
     def get(self, identity: dict[str, Any]) -> dict[str, Any] | None:
         self.misses += 1
         return None
+
+
+class _Recording(StageMemo):
+    """A memo that records the key of every entry it answered with."""
+
+    def __init__(self, directory: Path) -> None:
+        super().__init__(directory)
+        self.answered: set[str] = set()
+
+    def get(self, identity: dict[str, Any]) -> dict[str, Any] | None:
+        value = super().get(identity)
+        if value is not None:
+            self.answered.add(self.key_of(identity))
+        return value
 
 
 _DECODERS = 4
@@ -45,8 +61,11 @@ def _llama(folder: Path, **changes: int) -> str:
     return f"hf:{folder}"
 
 
+_BOTH = (Scenario("none", 1), Scenario("tensor", 2))
+
+
 def _campaign(db: Path, memo: StageMemo, model: str, neighbors: int | None = 1,
-              scenarios: tuple[Scenario, ...] = (Scenario("none", 1),)) -> Campaign:
+              scenarios: tuple[Scenario, ...] = _BOTH) -> Campaign:
     cfg = CampaignConfig(model=model, cluster=Cluster.uniform(1, 4), global_batch_size=8, num_microbatches=2,
                          scenarios=scenarios, neighbors=neighbors, run_options={"backend": "sim"})
     return Campaign(cfg, ProfileStore(db), memo=memo)
@@ -63,14 +82,39 @@ def _content(db: Path) -> tuple[list[Any], ...]:
         con.close()
 
 
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The test model (:func:`_llama`), written once for the module's campaigns."""
+    return _llama(tmp_path_factory.mktemp("llama"))
+
+
+@pytest.fixture(scope="module")
+def served(llama: str, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, StageMemo]:
+    """Both scenarios with ``neighbors=1``, served by a memo that started empty: the database written, the memo's
+    folder (tests that add to it copy it first) and the memo. One campaign for the tests below that read it."""
+    folder = tmp_path_factory.mktemp("served")
+    memo = StageMemo(folder / "stages")
+    _campaign(folder / "memo.sqlite", memo, llama).run()
+    return folder / "memo.sqlite", folder / "stages", memo
+
+
+def _copy_of_stages(served: tuple[Path, Path, StageMemo], tmp_path: Path) -> Path:
+    return Path(shutil.copytree(served[1], tmp_path / "stages"))
+
+
 @pytest.mark.parametrize("neighbors", [1, None])
-def test_a_campaign_served_by_the_memo_writes_what_simulating_everything_writes(tmp_path: Path, neighbors: int | None) -> None:
-    full, memo_db, model = tmp_path / "full.sqlite", tmp_path / "memo.sqlite", _llama(tmp_path / "llama")
-    both = (Scenario("none", 1), Scenario("tensor", 2))
+def test_a_campaign_served_by_the_memo_writes_what_simulating_everything_writes(
+        tmp_path: Path, neighbors: int | None, llama: str, served: tuple[Path, Path, StageMemo]) -> None:
+    """neighbors=1: the memo starts empty (``served``); neighbors=None (more partitionings): it starts with what the
+    first campaign wrote, and simulates the partitionings that one did not."""
+    full = tmp_path / "full.sqlite"
     never = _NeverRemembers()
-    _campaign(full, never, model, neighbors, both).run()
-    memo = StageMemo(tmp_path / "stages")
-    _campaign(memo_db, memo, model, neighbors, both).run()
+    _campaign(full, never, llama, neighbors).run()
+    if neighbors == 1:
+        memo_db, memo = served[0], served[2]
+    else:
+        memo_db, memo = tmp_path / "memo.sqlite", StageMemo(_copy_of_stages(served, tmp_path))
+        _campaign(memo_db, memo, llama, neighbors).run()
     assert memo.hits > 0 and memo.misses < never.misses  # the decoder layers are one layer: simulated once a place
     assert _content(memo_db) == _content(full)
     a, b = MemoryPredictor.from_db(full), MemoryPredictor.from_db(memo_db)
@@ -80,24 +124,24 @@ def test_a_campaign_served_by_the_memo_writes_what_simulating_everything_writes(
             assert np.array_equal(a.stage_memory_matrix(kind, degree, after, layers), b.stage_memory_matrix(kind, degree, after, layers))
 
 
-def test_a_second_campaign_reads_every_stage_from_the_disk(tmp_path: Path) -> None:
-    model = _llama(tmp_path / "llama")
-    _campaign(tmp_path / "a.sqlite", StageMemo(tmp_path / "stages"), model).run()
-    again = StageMemo(tmp_path / "stages")
-    _campaign(tmp_path / "b.sqlite", again, model).run()
+def test_a_second_campaign_reads_every_stage_from_the_disk(tmp_path: Path, llama: str,
+                                                           served: tuple[Path, Path, StageMemo]) -> None:
+    again = StageMemo(_copy_of_stages(served, tmp_path))
+    _campaign(tmp_path / "b.sqlite", again, llama).run()
     assert again.misses == 0 and again.hits > 0
-    assert _content(tmp_path / "a.sqlite") == _content(tmp_path / "b.sqlite")
+    assert _content(served[0]) == _content(tmp_path / "b.sqlite")
 
 
-def test_a_changed_config_misses_the_memo(tmp_path: Path) -> None:
-    _campaign(tmp_path / "a.sqlite", StageMemo(tmp_path / "stages"), _llama(tmp_path / "llama")).run()
+def test_a_changed_config_misses_the_memo(tmp_path: Path, served: tuple[Path, Path, StageMemo]) -> None:
+    stages = _copy_of_stages(served, tmp_path)
+    first = {p.stem for p in stages.glob("*.json")}  # the first model's entries, by key
+    assert first
     wider = _llama(tmp_path / "wider", intermediate_size=72)
-    other, alone = StageMemo(tmp_path / "stages"), StageMemo(tmp_path / "alone")
+    other = _Recording(stages)
     _campaign(tmp_path / "b.sqlite", other, wider).run()
-    _campaign(tmp_path / "c.sqlite", alone, wider).run()
-    assert other.misses == alone.misses > 0  # nothing of the first model's was taken
-    a, b = _content(tmp_path / "a.sqlite")[0], _content(tmp_path / "b.sqlite")[0]
-    assert [r[9] for r in a] != [r[9] for r in b]  # and it measures other bytes
+    assert other.misses > 0 and not other.answered & first  # nothing of the first model's was taken
+    a, b = _content(served[0])[0], _content(tmp_path / "b.sqlite")[0]
+    assert len(a) == len(b) and [r[9] for r in a] != [r[9] for r in b]  # and it measures other bytes
 
 
 def _entry(tmp_path: Path) -> tuple[StageMemo, dict[str, Any], Path]:
@@ -128,16 +172,9 @@ def test_a_damaged_entry_is_rebuilt_not_trusted(tmp_path: Path, damage: str) -> 
     assert StageMemo(tmp_path).get(identity) == {"static": 12}
 
 
-def _writer(directory: str, worker: int) -> None:
-    memo = StageMemo(directory)
-    for i in range(60):
-        memo.put({"shared": i % 10}, {"value": i % 10, "pad": "x" * 2000})  # every worker writes the same 10 keys
-        memo.put({"own": worker, "i": i}, {"value": i})
-
-
 def test_concurrent_writers_leave_every_entry_whole(tmp_path: Path) -> None:
     ctx = mp.get_context("spawn")
-    workers = [ctx.Process(target=_writer, args=(str(tmp_path), w)) for w in range(4)]
+    workers = [ctx.Process(target=write, args=(str(tmp_path), w)) for w in range(4)]
     for p in workers:
         p.start()
     for p in workers:
