@@ -51,7 +51,7 @@ HEAVY_FILES: dict[str, int] = {
     "runtime/test_stage.py": 7,
     "search/time/test_bottleneck_cuts.py": 16,
     "test_readme.py": 38,
-    "workflows/test_estimate_memory.py": 42,
+    "workflows/test_estimate_memory.py": 26,
     "workflows/test_stage_cache.py": 24,
 }
 """Test files (relative to tests/) that take 6 s or more on the 2-core machine, with their seconds in one process
