@@ -8,8 +8,9 @@ tensor-parallel shards on a fake process group) in a ``FakeTensorMode``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from typing import cast
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -18,7 +19,9 @@ from torch import nn
 from hybridplan.models.base import LayeredModel
 from hybridplan.plan import Parallelism, StagePlan
 
-__all__ = ["split_layers", "layer_shard_shapes"]
+__all__ = ["split_layers", "layer_shard_shapes", "per_layer"]
+
+T = TypeVar("T")
 
 
 def split_layers(model: LayeredModel, kind: str, degree: int,
@@ -58,6 +61,24 @@ def split_layers(model: LayeredModel, kind: str, degree: int,
             yield build_stage_module(model, stage, seed=0, device=torch.device("cpu"), tp=tp)
 
 
+def per_layer(model: LayeredModel, kind: str, degree: int, measure: Callable[[nn.Module], T]) -> list[T | None]:
+    """``measure`` of each layer of ``model`` as rank 0 of a ``kind`` x ``degree`` stage holds it (:func:`split_layers`;
+    ``None`` where the layer cannot be split), each distinct layer built and measured once: layers of one
+    :meth:`~hybridplan.models.base.LayeredModel.layer_signature` are built alike (the premise of the stage memo,
+    [Note: a simulated stage is a function of its layers' signatures] in profiling/stage_memo.py), so a Llama's
+    decoder layers are measured once, not 80 times. A layer without a signature is measured on its own."""
+    signatures = [model.layer_signature(i) for i in range(model.num_layers)]
+    first: dict[object, int] = {}
+    for i, sig in enumerate(signatures):
+        if sig is not None:
+            first.setdefault(sig, i)
+    built = [i for i, sig in enumerate(signatures) if sig is None or first[sig] == i]
+    measured = {i: None if module is None else measure(module)
+                for i, module in zip(built, split_layers(model, kind, degree, built))}
+    return [measured[i] if sig is None or first[sig] == i else copy.deepcopy(measured[first[sig]])
+            for i, sig in enumerate(signatures)]  # a copy: one layer's result edited never edits another's
+
+
 def layer_shard_shapes(model: LayeredModel, degree: int) -> list[list[list[int]] | None]:
     """Per layer, the trained parameters a rank of a ``degree``-way tensor stage holds, as
     ``[bytes per element, *local shard shape]`` in the split layer's ``parameters()`` order (the order the
@@ -70,15 +91,12 @@ def layer_shard_shapes(model: LayeredModel, degree: int) -> list[list[list[int]]
         >>> layer_shard_shapes(get_model("gpt-tiny"), 2)[1][:3]
         [[4, 64], [4, 64], [4, 32, 64]]
     """
-    out: list[list[list[int]] | None] = []
-    for module in split_layers(model, "tensor", degree):
-        if module is None:
-            out.append(None)
-            continue
-        shapes = []
+    def shapes(module: nn.Module) -> list[list[int]]:
+        out = []
         for p in module.parameters():
             if p.requires_grad:
                 local = p.to_local() if hasattr(p, "to_local") else p
-                shapes.append([local.element_size(), *local.shape])
-        out.append(shapes)
-    return out
+                out.append([local.element_size(), *local.shape])
+        return out
+
+    return per_layer(model, "tensor", degree, shapes)

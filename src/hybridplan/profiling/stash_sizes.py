@@ -45,17 +45,14 @@ def layer_stash_bytes(
         >>> len(sizes), sizes[1] < layer_stash_bytes(get_model("gpt-tiny"), "none", 1)[1]
         (10, True)
     """
-    from hybridplan.profiling.split_layers import split_layers
+    from hybridplan.profiling.split_layers import per_layer
     from hybridplan.runtime.gpu_memory import cuda_block_bytes
     from hybridplan.runtime.memory import storage_tensors
     from hybridplan.runtime.precision import cast_module, compute_dtype
 
     dtype = compute_dtype(precision)
-    out: list[int | None] = []
-    for module in split_layers(model, kind, degree):
-        if module is None:
-            out.append(None)
-            continue
+
+    def stash(module: torch.nn.Module) -> int:
         if dtype != torch.float32:
             cast_module(module, dtype)
         total = 0
@@ -64,5 +61,6 @@ def layer_stash_bytes(
                 for t in storage_tensors(p):
                     n = t.numel() * t.element_size()
                     total += cuda_block_bytes(n) if device_type == "cuda" else n
-        out.append(total)
-    return out
+        return total
+
+    return per_layer(model, kind, degree, stash)
