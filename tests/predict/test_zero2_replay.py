@@ -26,3 +26,40 @@ def test_zero2_replay_by_hand():
     # 1F1B, one stage after: F0 F1 B0 F2 B1 B2 (3 micro-batches): F0 107 -> 160, F1 163 -> 170, B0 174 -> 116,
     # F2 gathers again 123 -> 176, B1 gathered 178 -> 116, B2 resharded 114 -> 96
     assert zero2_peak(q, t, 50, "1f1b", 1, 3) == 178
+
+
+def _replayed(q, t, gathered, schedule, stages_after, m):
+    """The Note's replay action by action (the reference the coefficient rows must equal)."""
+    from hybridplan.plan.schedule import stage_actions
+    from hybridplan.profiling.quantities import INDEX
+
+    after = 0 if schedule == "gpipe" else min(stages_after, m)
+    level, peak, held, first = q[INDEX["static"]] + q[INDEX["data"]], -np.inf, False, True
+    for a in stage_actions(schedule, after + 1, 0, m):
+        if a.kind == "F":
+            peak = max(peak, level + (t.gathered_forward if held else t.gathering_forward))
+            level += q[INDEX["activation"]] + (0 if held else gathered)
+            held = True
+        else:
+            if first:
+                peak = max(peak, level + (t.first_backward if held else q[INDEX["first_backward_transient"]]))
+                level += q[INDEX["gradient"]]
+            else:
+                peak = max(peak, level + (t.gathered_backward if held else q[INDEX["backward_transient"]]))
+            level -= q[INDEX["activation"]] + (gathered if held else 0)
+            held, first = False, False
+    return max(peak, level - q[INDEX["data"]] + q[INDEX["step_transient"]])
+
+
+def test_the_coefficient_rows_equal_the_replay_on_every_position():
+    """zero2_peak is max(C @ x) with C built once per action list; on random quantities (byte counts) it equals the
+    action-by-action replay, both schedules, 1-6 micro-batches, every position."""
+    rng = np.random.default_rng(0)
+    for _ in range(40):
+        q = rng.integers(0, 10**9, 8).astype(float)
+        t = Zero2Transients(*(float(v) for v in rng.integers(0, 10**8, 4)))
+        gathered = float(rng.integers(0, 10**9))
+        for schedule in ("gpipe", "1f1b"):
+            for m in range(1, 7):
+                for after in range(8):
+                    assert zero2_peak(q, t, gathered, schedule, after, m) == _replayed(q, t, gathered, schedule, after, m)

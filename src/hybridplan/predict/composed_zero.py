@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK, measured_at
-from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peak
+from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
 from hybridplan.predict.zero3_transients import (RecomputedBackwards, first_backward_prefetch_floor, prefetched_bytes,
                                                  recomputed_backwards, reduce_scatter_floor, sharded_backward_floor,
                                                  sharded_forward_transient)
@@ -243,8 +243,7 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     if composed is None:
         return None
     ranks, transients, total = composed
-    peaks = [zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
-             for v in ranks]
+    peaks = zero2_peaks(ranks, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
     if predictor.recompute or stop == predictor.num_layers:  # at least ZeRO-3's: [Note: a recomputed ZeRO-3
         # stage], [Note: the layers before the head] in predict/zero3_transients.py
         sharded = composed_zero3_peaks(predictor, start, stop, kind, degree, layout, data, stages_after)
@@ -305,7 +304,7 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     if ranks is None:
         return None
     terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
-    return [float(np.max(terms @ v)) for v in ranks]
+    return np.max(np.asarray(ranks) @ terms.T, axis=1).tolist()
 
 
 def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,

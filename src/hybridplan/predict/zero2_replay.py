@@ -33,13 +33,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
 from hybridplan.plan.schedule import stage_actions
+from hybridplan.predict.batch_scaling import PEAK
 from hybridplan.profiling.quantities import INDEX
 
-__all__ = ["Zero2Transients", "zero2_peak", "gathered_backward_transient", "unsharded_backward_bound"]
+__all__ = ["Zero2Transients", "zero2_peak", "zero2_peaks", "zero2_terms", "gathered_backward_transient", "unsharded_backward_bound"]
 
 
 @dataclass(frozen=True)
@@ -71,25 +73,67 @@ def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, sche
     >>> zero2_peak(q, t, 50, "gpipe", 0, 2)  # F0 gathers: 100 + 7; F1: 160 + 3; B0: 170 + 4; B1: 116 + 8
     174.0
     """
-    after = 0 if schedule == "gpipe" else min(stages_after, num_microbatches)
-    level = float(q[INDEX["static"]] + q[INDEX["data"]])
-    activation, peak = float(q[INDEX["activation"]]), -math.inf
+    return zero2_peaks([q], transients, gathered, schedule, stages_after, num_microbatches)[0]
+
+
+def zero2_peaks(qs: Sequence[np.ndarray], transients: Zero2Transients, gathered: float, schedule: str,
+                stages_after: int, num_microbatches: int) -> list[float]:
+    """:func:`zero2_peak` of each rank's quantity vector in ``qs`` (one product for all ranks)."""
+    x = np.empty((len(qs), PEAK + 5))
+    x[:, :PEAK] = [np.asarray(q[:PEAK], dtype=float) for q in qs]
+    x[:, PEAK:] = [transients.gathering_forward, transients.gathered_forward, transients.first_backward,
+                   transients.gathered_backward, gathered]
+    return np.max(x @ zero2_terms(schedule, stages_after, num_microbatches).T, axis=1).tolist()
+
+
+@lru_cache(maxsize=1024)
+def _zero2_terms(schedule: str, after: int, num_microbatches: int) -> np.ndarray:
+    """:func:`zero2_terms` for a warm-up depth ``after`` (computed once)."""
+    i = {name: INDEX[name] for name in ("static", "data", "activation", "gradient", "first_backward_transient",
+                                       "backward_transient", "step_transient")}
+    gathering, gathered_fwd, first_bwd, gathered_bwd, gathered = range(PEAK, PEAK + 5)
+    level = np.zeros(PEAK + 5)
+    level[i["static"]] = level[i["data"]] = 1.0
+    rows: list[np.ndarray] = []
+
+    def at(*terms: int) -> None:
+        row = level.copy()
+        for t in terms:
+            row[t] += 1.0
+        rows.append(row)
+
     held, first = False, True
     for action in stage_actions(schedule, after + 1, 0, num_microbatches):
         if action.kind == "F":
-            peak = max(peak, level + (transients.gathered_forward if held else transients.gathering_forward))
-            level += activation + (0.0 if held else gathered)
+            at(gathered_fwd if held else gathering)
+            level[i["activation"]] += 1.0
+            level[gathered] += 0.0 if held else 1.0
             held = True
         elif first:
-            peak = max(peak, level + (transients.first_backward if held else q[INDEX["first_backward_transient"]]))
-            level += q[INDEX["gradient"]] - activation - (gathered if held else 0.0)
+            at(first_bwd if held else i["first_backward_transient"])
+            level[i["gradient"]] += 1.0
+            level[i["activation"]] -= 1.0
+            level[gathered] -= 1.0 if held else 0.0
             held, first = False, False
         else:
-            peak = max(peak, level + (transients.gathered_backward if held else q[INDEX["backward_transient"]]))
-            level -= activation + (gathered if held else 0.0)
+            at(gathered_bwd if held else i["backward_transient"])
+            level[i["activation"]] -= 1.0
+            level[gathered] -= 1.0 if held else 0.0
             held = False
-    level -= q[INDEX["data"]]
-    return float(max(peak, level + q[INDEX["step_transient"]]))
+    level[i["data"]] -= 1.0
+    at(i["step_transient"])
+    out = np.array(rows)
+    out.setflags(write=False)
+    return out
+
+
+def zero2_terms(schedule: str, stages_after: int, num_microbatches: int) -> np.ndarray:
+    """Coefficient rows ``C`` with :func:`zero2_peak` ``= max(C @ x)``, ``x`` the rank's quantities ``q[:PEAK]``
+    then the transients (gathering forward, gathered forward, first backward, gathered backward) and the gathered
+    bytes: the replay is linear in them for a given action list (as profiling/schedule_memory.py ``peak_terms`` is
+    for the plain replay), so a search that asks thousands of spans and ranks replays the schedule once."""
+    after = 0 if schedule == "gpipe" else min(stages_after, num_microbatches)
+    return _zero2_terms(schedule, after, num_microbatches)
 
 
 def gathered_backward_transient(suffix_backward: Sequence[float], gathered: Sequence[int], floor: float) -> float:

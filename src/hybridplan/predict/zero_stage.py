@@ -25,7 +25,7 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
 from hybridplan.predict.composed_zero import composed_zero2_peaks, composed_zero3_peaks
-from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peak
+from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
                                                  sharded_forward_transient)
 from hybridplan.predict.zero_layout import ZeroLayout
@@ -331,7 +331,7 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
                              first_backward=transients.first_backward + growth,
                              gathered_backward=transients.gathered_backward + growth)
         total = sum(wide)
-    out = []
+    vectors = []
     for r in range(ranks):
         v = q[:PEAK].copy()
         v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
@@ -342,5 +342,5 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
                 v[INDEX[name]] += moved
             for name in ("first_backward_transient", "backward_transient"):
                 v[INDEX[name]] += growth
-        out.append(zero2_peak(v, transients, total, predictor.schedule, stages_after, predictor.num_microbatches))
-    return out
+        vectors.append(v)
+    return zero2_peaks(vectors, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
