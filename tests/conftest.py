@@ -46,7 +46,7 @@ HEAVY_FILES: dict[str, int] = {
     "runtime/test_repeats.py": 41,
     "runtime/test_sharding.py": 188,
     "runtime/test_shared_gpu.py": 30,
-    "runtime/test_sim.py": 37,
+    "runtime/test_sim.py": 26,
     "runtime/test_sim_agreement.py": 25,
     "runtime/test_stage.py": 7,
     "search/time/test_bottleneck_cuts.py": 16,

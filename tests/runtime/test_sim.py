@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import json
 import subprocess
@@ -39,6 +40,13 @@ def config(plan=EXAMPLE, cluster="1x5", **kw) -> RunConfig:
     return RunConfig(plan=plan, cluster=Cluster.parse(cluster, device_memory=memory), **kw)
 
 
+@functools.cache
+def _example() -> RunResult:
+    """``launch(config())``: the example plan on simulated CPU devices (one device per stage, copied to the others),
+    run once for the three tests that read it (none changes it)."""
+    return launch(config())
+
+
 def test_simulate_stage_reports_like_a_real_rank():
     report = simulate_stage(config(), 1)
     assert isinstance(report, RankReport) and set(report.to_dict()) == REPORT_KEYS
@@ -55,7 +63,7 @@ def test_simulate_stage_reports_like_a_real_rank():
 
 def test_one_device_per_stage_is_every_device():
     """[Note: simulating one device per stage]: the copies equal simulating each device."""
-    copied = simulate(config(), distinct_only=True)
+    copied = _example()  # launch simulates with distinct_only=True
     every = simulate(config(), distinct_only=False)
     assert copied.ok and every.ok
     strip = lambda r: [{k: v for k, v in d.__dict__.items() if k != "iteration_seconds"} for d in r.devices]  # noqa: E731
@@ -63,7 +71,7 @@ def test_one_device_per_stage_is_every_device():
 
 
 def test_sim_result_has_the_real_form():
-    result = launch(config())
+    result = _example()
     assert result.ok and result.iteration_seconds is None and result.losses == []
     assert [(d.device, d.stage, d.rank_in_stage) for d in result.devices] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 2, 0), (4, 2, 1)]
     assert result.config["backend"] == "sim"
@@ -166,7 +174,7 @@ def test_gpu_terms_round_every_level_and_report_reserved_outside_and_total():
         assert d.reserved_peak_bytes % (2 * 2**20) == 0 and d.reserved_peak_bytes >= d.peak_memory_bytes
         assert d.total_peak_bytes == d.reserved_peak_bytes + d.overhead_bytes
         assert d.peak_breakdown["workspace"] == 65 * 2**20  # ../shared/notes/gpu-h100-facts.md: 68,157,440 B
-    cpu = launch(config())
+    cpu = _example()
     assert all(g.peak_memory_bytes >= c.peak_memory_bytes for g, c in zip(result.devices, cpu.devices))
     assert all(c.reserved_peak_bytes is None and c.total_peak_bytes is None for c in cpu.devices)
 
