@@ -3,6 +3,7 @@ replicas on different nodes, recompute chosen per stage; and the simulator count
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from hybridplan.plan import Cluster, Plan
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.launch import launch
+from hybridplan.runtime.result import RunResult
 from tests.runtime.util import assert_same_training
 
 pytestmark = pytest.mark.distributed
@@ -22,12 +24,19 @@ def plan_of(schedule: str, batch: int, micro: int, stages: list[tuple[int, int, 
 
 
 TP2 = {"tensor_degree": 2}
+DATA_TENSOR_THEN_DEVICE = plan_of("1f1b", 16, 4, [(0, 4, "data+tensor", [0, 1, 2, 3], TP2), (4, 10, "none", [4], {})])
+
+
+@functools.cache
+def _data_tensor_then_device() -> RunResult:
+    """The real run of :data:`DATA_TENSOR_THEN_DEVICE` on 1x5 (3 iterations), asserted to train as one device does;
+    once per module: the simulator's check below reads its peaks."""
+    return assert_same_training("gpt-tiny", DATA_TENSOR_THEN_DEVICE, "1x5")
 
 
 def test_gpt_data_tensor_stage_then_pipeline_1f1b():
     """2 replicas of a tensor x2 group feed one device: the replicas' rows merge, their gradients split back."""
-    plan = plan_of("1f1b", 16, 4, [(0, 4, "data+tensor", [0, 1, 2, 3], TP2), (4, 10, "none", [4], {})])
-    assert_same_training("gpt-tiny", plan, "1x5")
+    _data_tensor_then_device()
 
 
 def test_gpt_tensor_then_data_tensor_across_nodes_gpipe():
@@ -47,8 +56,9 @@ def test_recompute_chosen_per_stage_trains_the_same():
     assert_same_training("gpt-tiny", plan, "1x4")
 
 
-def _peaks(plan: Plan, cluster: str, backend: str) -> list[int]:
-    result = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=2, backend=backend))
+def _peaks(plan: Plan, cluster: str, backend: str, iterations: int = 2) -> list[int]:
+    result = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=iterations,
+                              backend=backend))
     assert result.ok, result.reason
     return [d.peak_memory_bytes for d in result.devices]
 
@@ -62,8 +72,8 @@ def test_recompute_lowers_only_its_own_stage():
 
 
 def test_simulated_data_tensor_stage_equals_the_real_one():
-    """The simulator runs one device per stage: every rank of a data x tensor stage holds the same bytes."""
-    plan = plan_of("1f1b", 16, 4, [(0, 4, "data+tensor", [0, 1, 2, 3], TP2), (4, 10, "none", [4], {})])
-    real = _peaks(plan, "1x5", "real")
+    """The simulator runs one device per stage: every rank of a data x tensor stage holds the same bytes. The real
+    run is test_gpt_data_tensor_stage_then_pipeline_1f1b's (3 iterations; simulated as many)."""
+    real = [d.peak_memory_bytes for d in _data_tensor_then_device().devices]
     assert real[:4] == [real[0]] * 4
-    assert _peaks(plan, "1x5", "sim") == real
+    assert _peaks(DATA_TENSOR_THEN_DEVICE, "1x5", "sim", iterations=3) == real
