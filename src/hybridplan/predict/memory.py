@@ -276,7 +276,16 @@ class MemoryPredictor:
         """Quantities (and, last, the measured-peak statistic) of a profiled scenario, scaled to the target batch;
         ``refined``: a data replica's per-row quantities from the pipeline scenario where it measured the replica's
         rows ([Note: a data replica's rows were profiled] in predict/batch_scaling.py) and a span that ends the model
-        with its backward transients floored by the loss's (:meth:`_loss_floor`)."""
+        with its backward transients floored by the loss's (:meth:`_loss_floor`). Kept per span: a search asks each
+        one at every position (a copy is returned, which the caller may change)."""
+        key = ("span quantities", start, stop, kind, degree, refined)
+        if key not in self._composed:
+            self._composed[key] = self._span_quantities(start, stop, kind, degree, refined)
+        q = self._composed[key]
+        return None if q is None else q.copy()
+
+    def _span_quantities(self, start: int, stop: int, kind: str, degree: int, refined: bool) -> np.ndarray | None:
+        """:meth:`span_quantities`, computed."""
         sizes = self.stats.get(self._scenario(kind, degree))
         wider = None if sizes else self._wider_data(kind, degree)
         if wider is not None:  # [Note: a data stage wider than the profiled ones]

@@ -51,17 +51,13 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
         if source is None or predictor.zero_layout is None:
             return out
         base = predictor.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
-        classes = predictor.layer_classes if predictor.layer_classes is not None and len(predictor.layer_classes) == L else None
-        known: dict[tuple[tuple[str, ...], bool, bool], float] = {}
-        for start, stop in zip(*np.nonzero(np.isfinite(base))):
-            a, b = int(start), int(stop)
-            key = (tuple(classes[a:b]), a == 0, b == L) if classes is not None else None
-            if key is not None and key in known:
-                out[a, b] = known[key]
-                continue
-            out[a, b] = predictor.stage_memory(a, b, kind, degree, stages_after, tensor_degree=tensor_degree, zero=zero)
-            if key is not None:
-                known[key] = out[a, b]
+        finite = np.isfinite(base)
+        for rows, cols in _span_classes(predictor, L):
+            where = finite[rows, cols]
+            if where.any():  # the class's first predictable span stands for all of it
+                first = int(np.argmax(where))
+                out[rows[where], cols[where]] = predictor.stage_memory(
+                    int(rows[first]), int(cols[first]), kind, degree, stages_after, tensor_degree=tensor_degree, zero=zero)
         return out
     if kind == "data+tensor":
         replica = predictor._replica(degree, tensor_degree)
@@ -93,3 +89,21 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
     else:
         values = np.max(table[..., :PEAK] @ peak_terms(predictor.schedule, stages_after, predictor.num_microbatches).T, axis=-1)
     return np.where(np.isnan(values), math.inf, values)
+
+
+def _span_classes(predictor: MemoryPredictor, L: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """The spans ``[start, stop)`` of ``L`` layers grouped by class ([Note: identical spans predict alike]): each
+    group's starts and stops, in the order of the spans; one span a group where the profile records no layer
+    classes. Grouped once per predictor (every config and position of a search asks it)."""
+    key = ("span classes", L)
+    if key not in predictor._composed:
+        classes = predictor.layer_classes if predictor.layer_classes is not None and len(predictor.layer_classes) == L else None
+        groups: dict[object, tuple[list[int], list[int]]] = {}
+        for a in range(L):
+            for b in range(a + 1, L + 1):
+                group = groups.setdefault((tuple(classes[a:b]), a == 0, b == L) if classes is not None else (a, b),
+                                          ([], []))
+                group[0].append(a)
+                group[1].append(b)
+        predictor._composed[key] = [(np.array(rows), np.array(cols)) for rows, cols in groups.values()]
+    return predictor._composed[key]

@@ -127,6 +127,7 @@ class ZeroLayout:
         self._shifts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self._zero1: dict[tuple[int, int, int], list[list[int]]] = {}
         self._layer_values: dict[tuple[object, ...], tuple[list[int], list[int]]] = {}
+        self._span_params: dict[tuple[int, int], tuple[list[tuple[int, tuple[int, ...]]], list[int]]] = {}
 
     def _per_layer(self, key: tuple[object, ...], value: object) -> tuple[list[int], list[int]]:
         """A per-layer quantity ``value(layer)`` for every layer, and its prefix sums, computed once per ``key``: the
@@ -164,7 +165,15 @@ class ZeroLayout:
         return self._of_degree[tensor_degree]
 
     def _params(self, start: int, stop: int) -> list[tuple[int, tuple[int, ...]]]:
-        return [p for layer in self.shapes[start:stop] for p in layer]
+        if (start, stop) not in self._span_params:  # asked once per rank of every degree: built once
+            params = [p for layer in self.shapes[start:stop] for p in layer]
+            self._span_params[(start, stop)] = (params, [e * math.prod(shape) for e, shape in params])
+        return self._span_params[(start, stop)][0]
+
+    def _param_bytes(self, start: int, stop: int) -> list[int]:
+        """Each parameter's bytes in :meth:`_params` order."""
+        self._params(start, stop)
+        return self._span_params[(start, stop)][1]
 
     @property
     def mixed(self) -> bool:
@@ -317,7 +326,6 @@ class ZeroLayout:
         parameter less twice the stage's; 0 for the other levels, whose step is profiled)."""
         if zero != 1:
             return 0
-        params = self._params(start, stop)
-        sizes = [e * math.prod(shape) for e, shape in params]
+        sizes = self._param_bytes(start, stop)
         share = self._zero1_shares(start, stop, degree)[rank]
         return self._unsharded_step_temporaries * (max((sizes[i] for i in share), default=0) - max(sizes, default=0))

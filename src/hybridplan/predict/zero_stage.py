@@ -24,7 +24,7 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
-from hybridplan.predict.composed_zero import composed_zero2_peaks, composed_zero3_peaks
+from hybridplan.predict.composed_zero import kept, composed_zero2_peaks, composed_zero3_peaks
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
                                                  sharded_forward_transient)
@@ -55,7 +55,8 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
         return _zero2_peaks(predictor, start, stop, degree, stages_after)
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
-        moved = [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)]
+        moved = kept(predictor, ("wider shifts", start, stop, profiled, degree),  # the same at every position
+                      lambda: [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)])
         return _shifted_peaks(narrow, start, stop, source, profiled, stages_after, moved,
                               partial(_wider_zero3_quantities, narrow, over=degree))
     shifts = layout.shifts(start, stop, zero, degree)
@@ -104,13 +105,13 @@ def _shifted_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str,
     terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
     if refine is not None:
         q = refine(start, stop, degree, q)
-    out = []
-    for shift in shifts:
-        v = q[:PEAK].copy()
+    distinct = list(dict.fromkeys(shifts))  # a stage's ranks mostly hold equal shares: each distinct one replayed once
+    vectors = np.tile(q[:PEAK], (len(distinct), 1))
+    for r, shift in enumerate(distinct):
         for name, moved in zip(("static", "step_transient", "gradient"), shift):
-            v[INDEX[name]] += moved
-        out.append(float(np.max(terms @ v)))
-    return out
+            vectors[r, INDEX[name]] += moved
+    peaks = dict(zip(distinct, np.max(vectors @ terms.T, axis=1).tolist()))
+    return [peaks[shift] for shift in shifts]
 
 
 def zero_ranks(predictor: MemoryPredictor, stage: StagePlan) -> tuple[ZeroLayout | None, int, Callable[[int], int]]:
@@ -273,6 +274,12 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
 def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
     """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
     schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero3_transients.py)."""
+    return int(kept(predictor, ("unfetched", start, stop, degree),  # asked at every position: computed once
+                     lambda: _unfetched_bytes(predictor, start, stop, degree)))
+
+
+def _unfetched_bytes(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
+    """:func:`_unfetched`, computed."""
     table = predictor._scaled_table("data-zero3", degree)
     if predictor.profile_schedule in (None, "gpipe") or table is None or predictor.zero_layout is None:
         return 0

@@ -60,7 +60,15 @@ def peak_terms(schedule: str, stages_after: int, num_microbatches: int) -> np.nd
     stages_after = min(stages_after, num_microbatches)  # deeper positions run the same actions
     if schedule == "gpipe":
         stages_after = 0
-    return np.array(_terms(schedule, stages_after, num_microbatches))
+    return _terms_array(schedule, stages_after, num_microbatches)
+
+
+@lru_cache(maxsize=4096)
+def _terms_array(schedule: str, stages_after: int, num_microbatches: int) -> np.ndarray:
+    """:func:`_terms` as a read-only array, made once (a search replays thousands of spans per position)."""
+    out = np.array(_terms(schedule, stages_after, num_microbatches))
+    out.setflags(write=False)
+    return out
 
 
 def stage_peak(q: np.ndarray, schedule: str, stages_after: int, num_microbatches: int) -> float:
