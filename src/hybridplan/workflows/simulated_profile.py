@@ -159,7 +159,11 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
                 todo.append((what, cfg, path))
             paths.append(path)
         if len(todo) > 1 and memo.directory is not None and len(os.sched_getaffinity(0)) > 1:
-            counts = _build_in_parallel(todo, memo.directory, say)
+            # the last (the recomputed profile, the longer) is built here meanwhile: this process has the model
+            # built and torch loaded already, which a worker spends seconds on
+            here_what, here_cfg, here_path = todo[-1]
+            counts = _build_in_parallel(todo[:-1], memo.directory, say, meanwhile=lambda: _build(
+                here_cfg, here_path, memo, lambda msg: say(f"  [{here_what}] {msg.strip()}")))
             memo.misses, memo.hits = memo.misses + counts[0], memo.hits + counts[1]
         for what, cfg, path in todo:
             if not path.exists():  # built here: alone, or after a worker that failed (its stages are in the memo)
@@ -254,15 +258,18 @@ def _build(cfg: Any, path: Path, memo: Any, say: Callable[[str], None]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _build_in_parallel(todo: list[tuple[str, Any, Path]], memo_dir: Path, say: Callable[[str], None]) -> tuple[int, int]:
-    """Build each profile of ``todo`` in a process of its own (the plain and the recomputed profile share no
-    stage, so two cores build both in the time of one); returns the stages simulated and read from the memo.
+def _build_in_parallel(todo: list[tuple[str, Any, Path]], memo_dir: Path, say: Callable[[str], None], *,
+                       meanwhile: Callable[[], None] = lambda: None) -> tuple[int, int]:
+    """Build each profile of ``todo`` in a process of its own, and run ``meanwhile`` here while they work (the plain
+    and the recomputed profile share no stage, so two cores build both in the time of one); returns the stages
+    the workers simulated and read from the memo.
 
     The workers are the forkserver's (runtime/processes.py), tied to this process as ranks are
     (runtime/lifeline.py): whatever ends this command ends them. They share the memo on disk, whose writes are
     atomic (profiling/stage_memo.py). A worker that fails leaves its profile to be built here."""
     import multiprocessing as mp
     import queue
+    import threading
 
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "hybridplan.workflows.simulated_profile"])
@@ -286,11 +293,22 @@ def _build_in_parallel(todo: list[tuple[str, Any, Path]], memo_dir: Path, say: C
     try:
         for p in procs:
             p.start()
-        say(f"  {len(procs)} profiles built side by side, in processes {[p.pid for p in procs]}")
-        while any(p.is_alive() for p in procs):
-            take(0.2)
-        while take(0.1):
-            pass
+        say(f"  {len(procs) + 1} profiles built side by side, here and in processes {[p.pid for p in procs]}")
+        done = threading.Event()
+
+        def relay() -> None:  # the workers' lines as they come, while this process builds its own
+            while not done.is_set() or any(p.is_alive() for p in procs):
+                take(0.2)
+            while take(0.1):
+                pass
+
+        relaying = threading.Thread(target=relay, daemon=True)
+        relaying.start()
+        try:
+            meanwhile()
+        finally:
+            done.set()  # the relay then ends with the workers (which the ``finally`` below ends on an error)
+        relaying.join()
         for (what, _, _), p in zip(todo, procs):
             if p.exitcode != 0:
                 say(f"  the worker building the {what} ended with code {p.exitcode}: building it here")
