@@ -63,3 +63,24 @@ def test_the_coefficient_rows_equal_the_replay_on_every_position():
             for m in range(1, 7):
                 for after in range(8):
                     assert zero2_peak(q, t, gathered, schedule, after, m) == _replayed(q, t, gathered, schedule, after, m)
+
+
+def test_an_unknown_quantity_leaves_out_only_the_moments_that_need_it():
+    """A NaN the replay does not use (the forward transient) changes nothing; one it uses (the step's transient)
+    leaves out that moment only, as the action-by-action replay's ``max`` does."""
+    q = np.array([100, 0, 10, 6, 3, 20, 8, 1], dtype=float)
+    t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=4, gathered_backward=2)
+    unused = q.copy()
+    unused[4] = np.nan
+    assert zero2_peak(unused, t, 50, "gpipe", 0, 2) == zero2_peak(q, t, 50, "gpipe", 0, 2) == 174
+    no_step = q.copy()
+    no_step[7] = np.nan
+    assert zero2_peak(no_step, t, 50, "1f1b", 1, 3) == _replayed(no_step, t, 50, "1f1b", 1, 3) == 178
+
+
+def test_an_infinite_transient_is_a_moment_like_any_other():
+    """A transient of -inf (no layer sets it) is a moment that never sets the peak; +inf one that always does."""
+    q = np.array([100, 0, 10, 6, 3, 20, 8, 1], dtype=float)
+    for first in (-np.inf, np.inf):
+        t = Zero2Transients(gathering_forward=7, gathered_forward=3, first_backward=first, gathered_backward=2)
+        assert zero2_peak(q, t, 50, "1f1b", 1, 3) == _replayed(q, t, 50, "1f1b", 1, 3)

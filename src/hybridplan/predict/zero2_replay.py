@@ -83,7 +83,18 @@ def zero2_peaks(qs: Sequence[np.ndarray], transients: Zero2Transients, gathered:
     x[:, :PEAK] = [np.asarray(q[:PEAK], dtype=float) for q in qs]
     x[:, PEAK:] = [transients.gathering_forward, transients.gathered_forward, transients.first_backward,
                    transients.gathered_backward, gathered]
-    return np.max(x @ zero2_terms(schedule, stages_after, num_microbatches).T, axis=1).tolist()
+    terms = zero2_terms(schedule, stages_after, num_microbatches)
+    finite = np.isfinite(x)
+    values = np.where(finite, x, 0.0) @ terms.T
+    if not finite.all():  # as the action-by-action replay: an infinite quantity makes the moments that use it
+        # infinite, and a moment that needs an unknown one (NaN: a span the profile does not predict, or +inf - inf)
+        # is no candidate (there ``max(peak, nan)`` keeps the peak); one the moments do not use changes nothing
+        used = terms != 0
+        with np.errstate(invalid="ignore"):
+            for r, j in zip(*np.nonzero(~finite)):
+                values[r, used[:, j]] += x[r, j] * terms[used[:, j], j]
+        values[np.isnan(values)] = -math.inf
+    return np.max(values, axis=1).tolist()
 
 
 @lru_cache(maxsize=1024)
