@@ -199,3 +199,45 @@ def test_span_classes_predict_what_span_by_span_composition_predicts(answered: t
                     a = fast.stage_memory_matrix(kind, degree, after, 4, tensor_degree=tensor, zero=zero)
                     b = slow.stage_memory_matrix(kind, degree, after, 4, tensor_degree=tensor, zero=zero)
                     assert np.array_equal(a, b), (db.name, kind, degree, zero, after)
+
+
+def test_plan_for_megatron_keeps_to_its_plans_and_simulates_its_gradient_buffers(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--engine megatron``: the profiles are simulated with Megatron-LM's fp32 gradient buffers (their stages
+    keyed by it), the plan is one Megatron-LM runs and whose memory is modelled (1F1B, no ZeRO, no tensor part in
+    the last stage: runtime/engines.py accepts it), and --verify's simulated devices, run with the buffers, agree
+    with the prediction."""
+    from hybridplan.profiling.database import ProfileDB
+    from hybridplan.runtime.engines import engine_run_options
+
+    cache, out = tmp_path / "cache", tmp_path / "megatron.json"
+    assert main([*_QUESTION, "--precision", "bf16", "--engine", "megatron", "--cache-dir", str(cache),
+                 "--out", str(out), "--verify"]) == 0
+    printed = capsys.readouterr()
+    plan = Plan.load(out)
+    assert plan.schedule == "1f1b" and not any(s.zero for s in plan.stages)
+    assert plan.stages[-1].tensor_degree <= 1
+    assert engine_run_options("megatron", plan=plan, precision="bf16") == {"grad_accumulation": "fp32-buffer"}
+    profiles = list((cache / "profiles").glob("*.sqlite"))
+    assert len(profiles) == 2
+    for db in profiles:
+        with ProfileDB(db) as profile:
+            assert profile.run_options["grad_accumulation"] == "fp32-buffer"
+    errors = [word for line in printed.out.splitlines() for word in line.split() if word.endswith("%")]
+    assert len(errors) == plan.num_devices and all(e in ("+0.00%", "-0.00%") for e in errors), printed.out
+    assert "engine megatron" in printed.err
+
+
+@pytest.mark.parametrize("extra, wanted", [
+    (["--engine", "deepspeed"], "not modelled"),
+    (["--engine", "megatron", "--precision", "fp16"], "fp16"),
+    (["--engine", "megatron", "--schedule", "gpipe"], "1F1B"),
+    (["--engine", "megatron", "--fewest-devices", "--device-memory", "1GiB"], "--fewest-devices"),
+    (["--engine", "megatron", "--zero"], "--zero"),
+])
+def test_an_engine_that_cannot_be_planned_for_is_refused_before_any_work(
+        extra: list[str], wanted: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main([*_QUESTION, *extra, "--cache-dir", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert wanted in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2
+    assert not list(tmp_path.rglob("*.sqlite"))

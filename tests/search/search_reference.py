@@ -15,8 +15,9 @@ def paper_order_key(device_values: list[float]) -> list[float]:
     return sorted(device_values, reverse=True)
 
 
-def brute_force(model, space: PlanSpace):
-    """The best plan by scoring every plan with direct model calls (uncapped ``stages_after``).
+def brute_force(model, space: PlanSpace, keep=lambda stages: True):
+    """The best plan by scoring every plan with direct model calls (uncapped ``stages_after``), of the plans
+    ``keep`` keeps (given the stages).
 
     Returns ``(stages, device_values_sorted_desc)`` with stages as ``(start, stop, kind, degree)``, or
     ``None`` when every plan uses a disallowed config.
@@ -24,7 +25,7 @@ def brute_force(model, space: PlanSpace):
     best = None
     for choices in enumerate_plans(space):
         stages = [(c.start, c.stop, space.configs[c.config].kind, space.configs[c.config].degree) for c in choices]
-        if not all(model.allowed(a, b, kind, d) for a, b, kind, d in stages):
+        if not all(model.allowed(a, b, kind, d) for a, b, kind, d in stages) or not keep(stages):
             continue
         n = len(stages)
         values = []

@@ -15,6 +15,7 @@ from hybridplan.cli.common import (add_cluster, add_command, add_device, add_mod
 from hybridplan.errors import PlanError, UsageError
 from hybridplan.plan import SCHEDULES, Cluster
 from hybridplan.predict.memory import DEGREE_FITS
+from hybridplan.runtime.engines import ENGINES
 from hybridplan.search import MeshAttempt
 from hybridplan.search.baselines import BASELINES
 from hybridplan.units import format_bytes
@@ -65,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="memory objective: simulate the chosen plan's distinct devices on fake tensors (the runtime's"
                    " own work, each distinct stage once) and print their peaks beside the predicted ones; exit 2 if the"
                    " simulation does not fit (a 7B plan: about a minute)")
+    w.add_argument("--engine", choices=ENGINES, default="hybridplan",
+                   help="whose memory the plan must fit: hybridplan's runtime (default), or Megatron-LM's (its fp32"
+                   " gradient buffers simulated; only plans it runs and whose memory is modelled: 1F1B, no ZeRO, a last"
+                   " stage without tensor parallelism; docs/engines.md)")
     w.add_argument("--cache-dir", metavar="DIR", help="where simulated stages and profiles are kept (default: $"
                    "HYBRIDPLAN_CACHE_DIR, else the user's cache folder; 'hybridplan cache list')")
     p.add_argument("--objective", choices=("memory", "throughput", "pareto"), default="memory",
@@ -127,6 +132,7 @@ def handle(args: argparse.Namespace) -> int:
     if not args.db and args.objective != "memory" and not args.time_profile and args.baseline:
         raise UsageError(f"--objective {args.objective} needs layer times, which a simulated profile does not measure",
                          fix="give --db FILE from 'hybridplan profile --time', or --time-profile FILE")
+    _engine_options(args)  # an engine's refusals, before any work
     if args.baseline:
         return plan_throughput.baseline(args)
     if args.verify and (args.objective != "memory" or args.json):
@@ -162,20 +168,47 @@ def handle(args: argparse.Namespace) -> int:
     return _memory(args)
 
 
+def _engine_options(args: argparse.Namespace) -> dict[str, object]:
+    """The run options of ``--engine`` (runtime/engines.py; none for hybridplan's runtime), and what an engine
+    refuses, checked before any work.
+
+    Raises:
+        UsageError: an engine whose memory is not modelled, a schedule or precision it is not modelled in, or an
+            option the engine-bound search does not take.
+    """
+    from hybridplan.plan import Plan, StagePlan
+    from hybridplan.runtime.engines import engine_run_options
+
+    if args.engine == "hybridplan":
+        return {}
+    if args.db:
+        raise UsageError(f"--engine {args.engine} plans from a simulated profile taken the engine's way; a profile"
+                         " database holds this runtime's memory", fix="drop --db (give --model), or drop --engine")
+    if args.objective != "memory" or args.baseline or args.fewest_devices or args.mode not in (None, "exact") \
+            or args.zero or args.pipeline_only:
+        raise UsageError(f"--engine {args.engine} searches the lowest predicted peak over the given mesh (the exact"
+                         " solver, the whole space the engine runs)",
+                         fix="drop --objective, --baseline, --fewest-devices, --mode, --zero and --pipeline-only")
+    probe = Plan(args.schedule or "1f1b", 1, 1, (StagePlan(0, 1, "none", 1, (0,)),))
+    return engine_run_options(args.engine, plan=probe, precision=args.precision)  # the engine, schedule, precision
+
+
 def _memory(args: argparse.Namespace) -> int:
     from hybridplan.workflows.plan_memory import MemoryPlan, NoPlanFits, plan_memory
 
     say = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
     cluster = cluster_from(args)
+    engine = args.engine != "hybridplan"  # Megatron-LM: its options simulated, its plans only (_engine_options)
+    options = _engine_options(args)
 
     def search(db: str, recompute_db: str | None, whole: bool, tables: Path | None = None,
                mesh: Cluster | None = None) -> MemoryPlan:
         return plan_memory(db, mesh or cluster, schedule=args.schedule, global_batch_size=args.global_batch_size,
                            num_microbatches=args.num_microbatches, degree_fit=args.degree_fit, mode=args.mode or "exact",
                            pipeline_only=args.pipeline_only, composite=whole or args.space == "extended",
-                           zero=whole or args.zero, recompute_db=recompute_db,
+                           zero=(whole and not engine) or args.zero, recompute_db=recompute_db,
                            cross_node=whole or args.allow_cross_node, fewest=args.fewest_devices, seed=args.seed,
-                           progress=say, say=say, table_cache=tables)
+                           progress=say, say=say, table_cache=tables, unsplit_last_stage=engine)
 
     if args.db:
         answer = search(args.db, args.recompute_db, False)
@@ -187,8 +220,9 @@ def _memory(args: argparse.Namespace) -> int:
                              " the recomputed one", fix="drop --recompute-db, or give --db")
         with simulated_profiles(args.model, cluster, global_batch_size=args.global_batch_size,
                                 num_microbatches=args.num_microbatches, schedule=args.schedule or "1f1b",
-                                precision=args.precision, device_type=args.device, zero=not args.pipeline_only,
-                                recompute=True, cache_dir=args.cache_dir, progress=say) as profiles:
+                                precision=args.precision, device_type=args.device,
+                                zero=not args.pipeline_only and not engine, recompute=True, cache_dir=args.cache_dir,
+                                progress=say, run_options=options) as profiles:
             say(f"profiles ready in {profiles.seconds:.1f} s: {profiles.simulated} stage(s) and table(s) simulated,"
                 f" {profiles.reused} reused")
             try:
@@ -199,6 +233,12 @@ def _memory(args: argparse.Namespace) -> int:
                 larger = _larger_mesh(cluster, lambda mesh: search(str(profiles.db), str(profiles.recompute_db), True,
                                                                    profiles.tables, mesh), say)
                 raise NoPlanFits(f"{e.message}; {larger}", fix=e.fix) from None
+    if engine:
+        from hybridplan.runtime.engines import engine_run_options
+
+        engine_run_options(args.engine, plan=answer.plan, precision=args.precision)  # the search kept to its plans
+        say(f"engine {args.engine}: every stage simulated with its options ({options}); only plans it runs and whose"
+            " memory is modelled (1F1B, no ZeRO, a last stage without tensor parallelism; docs/engines.md)")
     for attempt in answer.tried:
         say(f"  tried {attempt.num_nodes}x{attempt.devices_per_node}: {_attempt_text(attempt)}")
     if args.fewest_devices:
@@ -241,7 +281,7 @@ def _verify(args: argparse.Namespace, answer: MemoryPlan, say: Callable[[str], N
         device, precision = args.device or "cpu", args.precision
     say(f"verifying: simulating the chosen plan's distinct devices ({device}, {precision})")
     [estimate] = estimate_plans(model, answer.cluster, [answer.plan], progress=say,
-                                run_options={"device_type": device, "precision": precision})
+                                run_options={"device_type": device, "precision": precision, **_engine_options(args)})
     predicted = {d.device: d for d in answer.prediction.devices}
     print(f"{'device':>6} {'predicted':>12} {'simulated':>12} {'error':>8} {'+reserved, outside':>19} {'capacity':>12}")
     over = []

@@ -82,6 +82,7 @@ def plan_memory(
     progress: ProgressCallback | None = None,
     say: Callable[[str], None] | None = None,
     table_cache: Path | None = None,
+    unsplit_last_stage: bool = False,
 ) -> MemoryPlan:
     """The plan of the lowest predicted per-device peak memory on ``cluster`` (module docstring).
 
@@ -106,6 +107,7 @@ def plan_memory(
         progress: long searches report here (rate-limited, search/progress.py).
         say: one-line notes: the targets held fixed, a far extrapolation of the batch, the meshes tried.
         table_cache: a folder keeping the search's stage matrices for these profiles (workflows/table_cache.py).
+        unsplit_last_stage: only plans whose last stage has no tensor part (an engine's, runtime/engines.py).
 
     Raises:
         ProfileError: for a database that holds no campaign.
@@ -121,12 +123,13 @@ def plan_memory(
                     "batch": predictor.global_batch_size, "microbatches": predictor.num_microbatches}):
         return _search(predictor, db, cluster, mode=mode, pipeline_only=pipeline_only, composite=composite, zero=zero,
                        recompute=recompute_db is not None, cross_node=cross_node, fewest=fewest, seed=seed,
-                       progress=progress, note=note)
+                       progress=progress, note=note, unsplit_last_stage=unsplit_last_stage)
 
 
 def _search(predictor: MemoryPredictor, db: str | Path, cluster: Cluster, *, mode: MemoryMode, pipeline_only: bool,
             composite: bool, zero: bool, recompute: bool, cross_node: bool, fewest: bool, seed: int,
-            progress: ProgressCallback | None, note: Callable[[str], None]) -> MemoryPlan:
+            progress: ProgressCallback | None, note: Callable[[str], None],
+            unsplit_last_stage: bool = False) -> MemoryPlan:
     """:func:`plan_memory` once its predictor is made."""
     scaling = predictor.scaling_note()
     if scaling is not None:
@@ -141,6 +144,9 @@ def _search(predictor: MemoryPredictor, db: str | Path, cluster: Cluster, *, mod
     note(f"searching plans of {L} {'merged ' if merged else ''}layers on {cluster.describe()} for the lowest predicted"
          f" peak memory; {held_fixed(predictor)}")
     tried: tuple[MeshAttempt, ...] = ()
+    if unsplit_last_stage and (fewest or mode != "exact"):
+        raise UsageError("a plan whose last stage has no tensor part (--engine megatron) is searched by the exact"
+                         " solver over the given mesh", fix="drop --fewest-devices and --mode")
     if fewest:
         capacity = cluster.memory_of(0)
         if capacity is None:
@@ -165,7 +171,7 @@ def _search(predictor: MemoryPredictor, db: str | Path, cluster: Cluster, *, mod
         result, cluster, tried = found.result, found.cluster, found.tried
     else:
         space = PlanSpace.for_cluster(cluster, L, pipeline_only=pipeline_only, composite=composite, zero=zero,
-                                      recompute=recompute, cross_node=cross_node)
+                                      recompute=recompute, cross_node=cross_node, unsplit_last_stage=unsplit_last_stage)
         if mode == "bayesian":
             result = solve_bayesian(model, space, seed=seed, progress=progress)
         elif mode == "exhaustive":

@@ -88,7 +88,8 @@ class SimulatedProfiles:
 def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, num_microbatches: int,
                        schedule: str = "1f1b", precision: str = "fp32", device_type: str = "cpu", zero: bool = True,
                        recompute: bool = True, cache_dir: str | Path | None = None,
-                       progress: Callable[[str], None] | None = None) -> Iterator[SimulatedProfiles]:
+                       progress: Callable[[str], None] | None = None,
+                       run_options: dict[str, Any] | None = None) -> Iterator[SimulatedProfiles]:
     """The simulated profiles of ``model`` on ``cluster``'s shape (module note), built where the cache lacks them.
 
     Args:
@@ -101,6 +102,8 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
         cache_dir: the cache folder (default :func:`default_cache_dir`); if it cannot be written, the work is done
             in a temporary folder and a line says so.
         progress: one line per event.
+        run_options: more RunConfig options of every simulated stage (an engine's: runtime/engines.py); they key
+            the profiles and the stages like the others.
 
     Raises:
         HybridPlanError: a bad model, batch or cluster (before anything is simulated).
@@ -113,8 +116,9 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     started = time.perf_counter()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     gpu = cluster.devices[0].gpu  # a named GPU's CUDA terms (plan/gpus.py): the simulated device's cuBLAS workspace
+    more = dict(run_options or {})
     question = _question(model, cluster, gpu, global_batch_size, num_microbatches, schedule, precision, device_type,
-                         zero, recompute)
+                         zero, recompute, more)
     answered = _answered(root, question)
     if answered is not None:  # asked before: the model need not even be built ([Note: the question index])
         for what, path in zip(("profile", "recomputed profile"), answered):
@@ -133,7 +137,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     memo = StageMemo(root / "stages", on_unusable=say)
     shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None,
                             gpu=gpu)
-    options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision}
+    options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision, **more}
     configs = [CampaignConfig(model=model, cluster=shape, global_batch_size=global_batch_size,
                               num_microbatches=num_microbatches, schedule=as_schedule(schedule), zero=zero, neighbors=_NEIGHBORS,
                               scenarios=scenarios,
@@ -177,7 +181,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
 
 
 def _question(model: str, cluster: Cluster, gpu: str | None, batch: int, microbatches: int, schedule: str,
-              precision: str, device_type: str, zero: bool, recompute: bool) -> str | None:
+              precision: str, device_type: str, zero: bool, recompute: bool, options: dict[str, Any]) -> str | None:
     """The SHA-256 of what a question's profiles depend on, computed without building the model: for a
     HuggingFace configuration, its checked ``config.json`` (models/hf_config.py, no torch); None for other
     models, whose code the name alone does not pin ([Note: the question index])."""
@@ -188,7 +192,8 @@ def _question(model: str, cluster: Cluster, gpu: str | None, batch: int, microba
         return None
     identity = {"code": code_digest(), "config": load_hf_config(model), "shape": cluster.shape, "gpu": gpu,
                 "batch": batch, "microbatches": microbatches, "schedule": schedule, "precision": precision,
-                "device": device_type, "zero": zero, "recompute": recompute, "neighbors": _NEIGHBORS}
+                "device": device_type, "zero": zero, "recompute": recompute, "neighbors": _NEIGHBORS,
+                **({"options": options} if options else {})}  # no key without options: earlier questions still hit
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 

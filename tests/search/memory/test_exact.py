@@ -115,3 +115,43 @@ def test_exact_equals_brute_force_many_more(instance: tuple[TableStageModel, Pla
     reference = brute_force(model, space)
     assume(reference is not None)
     assert stages_of(solve_exact(model, space)) == reference[0]
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.filter_too_much, HealthCheck.too_slow])
+@given(instances())
+def test_an_unsplit_last_stage_is_the_best_plan_without_tensor_at_the_end(
+        instance: tuple[TableStageModel, PlanSpace]) -> None:
+    """PlanSpace(unsplit_last_stage=True), Megatron-LM's plans (runtime/engines.py): the exact solver's answer is
+    brute force's best of the plans whose last stage is not tensor-parallel, and every stage before it may be."""
+    import dataclasses
+
+    model, space = instance
+    space = dataclasses.replace(space, unsplit_last_stage=True)
+    reference = brute_force(model, space, keep=lambda stages: stages[-1][2] != "tensor")
+    if reference is None:
+        with pytest.raises(PlanError):
+            solve_exact(model, space)
+        return
+    exact = solve_exact(model, space)
+    assert stages_of(exact) == reference[0]
+    assert sorted(exact.device_values, reverse=True) == reference[1]
+    assert exact.stages[-1].kind != "tensor"
+
+
+def test_tensor_everywhere_but_the_last_stage_where_tensor_is_cheapest() -> None:
+    """Tensor x2 holds nothing, every other config 5 bytes: unconstrained, both nodes' stages are tensor; with the
+    last stage unsplit, the last stage is not, a tensor stage still fills one node (two devices at 5 bytes, not
+    four)."""
+    import dataclasses
+
+    import numpy as np
+
+    base = TableStageModel.random(4, 2, horizon=2, seed=1)
+    values = {key: np.zeros_like(v) if key[0] == "tensor" else np.full_like(v, 5.0) for key, v in base.values.items()}
+    model = TableStageModel(values, {})
+    space = PlanSpace(4, 2, 2)
+    free = solve_exact(model, space)
+    assert [s.kind for s in free.stages] == ["tensor", "tensor"]
+    held = solve_exact(model, dataclasses.replace(space, unsplit_last_stage=True))
+    assert held.stages[-1].kind != "tensor" and any(s.kind == "tensor" for s in held.stages)
+    assert sorted(held.device_values) == [0.0, 0.0, 5.0, 5.0]

@@ -100,6 +100,8 @@ class StageTable:
         report = Progress.of(progress)
         self.space = space
         self.horizon = min(model_horizon(model), space.max_num_stages)
+        if space.unsplit_last_stage and space.max_num_stages > 1:
+            self.horizon = max(self.horizon, 2)  # the last stage (position 0) is then never another stage's position
         L, n = space.num_layers, len(space.configs)
         self.values = np.full((n, self.horizon, L, L + 1), np.inf)
         upper = np.triu(np.ones((L, L + 1), dtype=bool), 1)  # start < stop
@@ -133,6 +135,8 @@ class StageTable:
                 raise bad_prediction(self.values[ci, pos, start, stop], StageChoice(start, stop, ci), space, pos)
         for ci in range(n):
             self.values[ci][:, ~(allowed[ci] & upper)] = np.inf
+            if space.unsplit_last_stage and space.configs[ci].kind in ("tensor", "data+tensor"):
+                self.values[ci, 0] = np.inf  # position 0: no stage after it, the last
         self.seconds = time.perf_counter() - started
 
     @classmethod

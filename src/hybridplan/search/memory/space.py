@@ -56,6 +56,9 @@ class PlanSpace:
     cross_node: bool = False
     """Also data (and data x tensor) stages over 2, 4, ... whole nodes ([Note: stages across nodes] in
     search/memory/packing.py); without it a stage never spans nodes (CAPTURE's space)."""
+    unsplit_last_stage: bool = False
+    """The last stage has no tensor part (the plans an engine runs whose loss on vocabulary shards is not predicted:
+    Megatron-LM, runtime/engines.py); :class:`~hybridplan.search.memory.objective.StageTable` holds it."""
 
     def __post_init__(self) -> None:
         for name in ("num_layers", "num_nodes", "devices_per_node"):
@@ -92,10 +95,10 @@ class PlanSpace:
     @classmethod
     def for_cluster(cls, cluster: Cluster, num_layers: int, *, pipeline_only: bool = False,
                     max_stages: int | None = None, composite: bool = False, zero: bool = False,
-                    recompute: bool = False, cross_node: bool = False) -> PlanSpace:
+                    recompute: bool = False, cross_node: bool = False, unsplit_last_stage: bool = False) -> PlanSpace:
         """The space of a :class:`~hybridplan.plan.cluster.Cluster`'s mesh."""
         return cls(num_layers, cluster.num_nodes, cluster.devices_per_node, pipeline_only, max_stages, composite, zero,
-                   recompute, cross_node)
+                   recompute, cross_node, unsplit_last_stage)
 
     @property
     def num_devices(self) -> int:
