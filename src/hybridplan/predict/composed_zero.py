@@ -5,15 +5,14 @@ shards sharded again over its data group; no profile measures it. This module co
 unsharded stage's scaled tables and the shards' layout ([Note: ZeRO-3 composed from an unsharded stage] and, where
 the stage recomputes, [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py; ZeRO-2 replayed on them,
 predict/zero2_replay.py). predict/zero_stage.py asks it for a data x tensor stage's peaks; the scenario-based ZeRO
-of data stages stays there. A span's composition is kept per predictor (:func:`kept`): the search asks each span
+of data stages stays there. A span's composition is kept per predictor (``MemoryPredictor.kept``): the search asks each span
 with every later-stage count.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -41,17 +40,9 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
     backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
     under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
     profile does not predict the unsharded stage, its prefixes or its suffixes."""
-    q = kept(predictor, ("zero3", start, stop, kind, degree, layout, data),
+    q = predictor.kept(("zero3", start, stop, kind, degree, layout, data),
               lambda: _composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data))
     return None if q is None else q.copy()
-
-
-def kept(predictor: MemoryPredictor, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
-    """``make()`` once per ``predictor`` and ``key`` (``MemoryPredictor._composed``): a span's composition does not
-    depend on the later-stage count a search asks it with."""
-    if key not in predictor._composed:
-        predictor._composed[key] = make()
-    return predictor._composed[key]
 
 
 def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -238,7 +229,7 @@ def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
     scenario], each suffix's ZeRO-3 backward composed likewise, and at least ZeRO-3's where the stage recomputes or
     ends the model; None where not predicted."""
-    composed = kept(predictor, ("zero2", start, stop, kind, degree, layout, data),
+    composed = predictor.kept(("zero2", start, stop, kind, degree, layout, data),
                      lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
     if composed is None:
         return None
@@ -299,7 +290,7 @@ def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind
     its ``static`` and step; None where not predicted."""
     forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
                                                                                      stages_after + 1)
-    ranks = kept(predictor, ("zero3 ranks", start, stop, kind, degree, layout, data, forwards >= 2),
+    ranks = predictor.kept(("zero3 ranks", start, stop, kind, degree, layout, data, forwards >= 2),
                   lambda: _composed_zero3_ranks(predictor, start, stop, kind, degree, layout, data, forwards >= 2))
     if ranks is None:
         return None

@@ -36,7 +36,7 @@ uses (predict/unit_view.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,18 +46,15 @@ from hybridplan.errors import PlanError, ProfileError
 from hybridplan.plan import Plan
 from hybridplan.predict.batch_scaling import (EXTRAPOLATION_LIMIT, PEAK, extrapolation_note, loss_floor,
                                              scaled_to_batch, span_in_units, table_in_layers, with_replica_rows)
-from hybridplan.predict.plan_checks import check_same_campaign
 from hybridplan.predict.plan_prediction import predict_plan
 from hybridplan.predict.prediction import PlanPrediction
 from hybridplan.predict.span_tables import stage_memory_matrix
-from hybridplan.predict.reserved import ReservedExcess, reserved_excess
+from hybridplan.predict.reserved import ReservedExcess
 from hybridplan.predict.stash import StashAdjustment
 from hybridplan.predict.unit_view import UnitView
 from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.predict.zero_stage import zero_peaks, zero_tensor_peaks
-from hybridplan.profiling.loss_memory import HEAD_BACKWARD_META, LOSS_BACKWARD_META
 from hybridplan.profiling.schedule_memory import peak_terms
-from hybridplan.profiling.stage_memo import LAYER_CLASSES_META
 from hybridplan.profiling.statistics import SpanStatistics
 
 if TYPE_CHECKING:
@@ -157,9 +154,8 @@ class MemoryPredictor:
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
         self._replicas: dict[int, MemoryPredictor] = {}
-        self._composed: dict[tuple[Any, ...], Any] = {}
-        """Per span, what predict/zero_stage.py composes for a ZeRO-2/3 data x tensor stage before the later-stage
-        count enters (a search asks each span once per count: kept, not composed again)."""
+        self._kept: dict[tuple[Any, ...], Any] = {}
+        """What :meth:`kept` made, by key."""
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -174,7 +170,8 @@ class MemoryPredictor:
         method: str = "quantities",
         recompute_db: str | Path | None = None,
     ) -> MemoryPredictor:
-        """A predictor from a profile database file; unset targets default to the campaign's.
+        """A predictor from a profile database file; unset targets default to the campaign's
+        (predict/profile_loading.py).
 
         ``recompute_db``: a profile of the same model and cluster taken with recompute, which predicts the stages
         a plan recomputes ([Note: recompute chosen per stage]).
@@ -182,30 +179,11 @@ class MemoryPredictor:
         Raises:
             ProfileError: if ``recompute_db`` was not taken with recompute, or profiles another model or cluster.
         """
-        from hybridplan.profiling.database import ProfileDB
+        from hybridplan.predict.profile_loading import predictor_from_db
 
-        with ProfileDB(path) as db:
-            predictor = cls.from_profile(db, schedule=schedule, global_batch_size=global_batch_size,
-                                         num_microbatches=num_microbatches, degree_fit=degree_fit, method=method)
-            identity = db.identity
-        if recompute_db is None:
-            return predictor
-        with ProfileDB(recompute_db) as other:
-            recomputed = cls.from_profile(other, schedule=predictor.schedule,
-                                          global_batch_size=predictor.global_batch_size,
-                                          num_microbatches=predictor.num_microbatches, degree_fit=degree_fit,
-                                          method=method)
-            other_identity = other.identity
-        where = f"--recompute-db {str(recompute_db)!r}"
-        if not recomputed.recompute:
-            raise ProfileError(f"{where} was profiled without recompute",
-                               fix="give a profile taken with 'hybridplan profile ... --activation-checkpointing'")
-        if predictor.recompute:
-            raise ProfileError(f"{str(path)!r} was itself profiled with recompute; {where} adds nothing",
-                               fix="give the profile taken without recompute as --db")
-        check_same_campaign(where, str(path), identity, other_identity)
-        predictor.recomputed = recomputed
-        return predictor
+        return predictor_from_db(cls, path, schedule=schedule, global_batch_size=global_batch_size,
+                                 num_microbatches=num_microbatches, degree_fit=degree_fit, method=method,
+                                 recompute_db=recompute_db)
 
     @classmethod
     def from_profile(
@@ -218,35 +196,16 @@ class MemoryPredictor:
         degree_fit: str = "log",
         method: str = "quantities",
     ) -> MemoryPredictor:
-        """A predictor from an open profile database; unset targets default to the campaign's.
+        """A predictor from an open profile database; unset targets default to the campaign's
+        (predict/profile_loading.py).
 
         Raises:
             ProfileError: if the database holds no memory campaign.
         """
-        db.require_memory()
-        meta = db.meta
-        shapes = meta.get("parameter_shapes")
-        predictor = cls(
-            db.statistics,
-            num_layers=meta["num_layers"],
-            schedule=schedule or meta["schedule"],
-            global_batch_size=global_batch_size or meta["global_batch_size"],
-            num_microbatches=num_microbatches or meta["num_microbatches"],
-            degree_fit=degree_fit,
-            method=method,
-            profile_schedule=meta["schedule"],
-            stash=db.weight_stash,
-            recompute=bool(db.run_options.get("activation_checkpointing", False)),
-            device_type=db.run_options.get("device_type", "cpu"),
-            zero_layout=None if shapes is None else ZeroLayout(shapes, meta.get("tensor_shard_shapes"),
-                                                               precision=db.run_options.get("precision", "fp32")),
-            reserved=reserved_excess(db),
-            loss_backward=meta.get(LOSS_BACKWARD_META),
-            head_backward=meta.get(HEAD_BACKWARD_META),
-            layer_classes=meta.get(LAYER_CLASSES_META),
-        )
-        predictor.source = str(db.path)
-        return predictor
+        from hybridplan.predict.profile_loading import predictor_from_profile
+
+        return predictor_from_profile(cls, db, schedule=schedule, global_batch_size=global_batch_size,
+                                      num_microbatches=num_microbatches, degree_fit=degree_fit, method=method)
 
     @property
     def microbatch_size(self) -> int:
@@ -278,11 +237,16 @@ class MemoryPredictor:
         rows ([Note: a data replica's rows were profiled] in predict/batch_scaling.py) and a span that ends the model
         with its backward transients floored by the loss's (:meth:`_loss_floor`). Kept per span: a search asks each
         one at every position (a copy is returned, which the caller may change)."""
-        key = ("span quantities", start, stop, kind, degree, refined)
-        if key not in self._composed:
-            self._composed[key] = self._span_quantities(start, stop, kind, degree, refined)
-        q = self._composed[key]
+        q = self.kept(("span quantities", start, stop, kind, degree, refined),
+                      lambda: self._span_quantities(start, stop, kind, degree, refined))
         return None if q is None else q.copy()
+
+    def kept(self, key: tuple[Any, ...], make: Callable[[], Any]) -> Any:
+        """``make()`` once per predictor and ``key``: what a span's prediction needs before its position enters (a
+        search asks each span, or span class, at every position: made once, not again)."""
+        if key not in self._kept:
+            self._kept[key] = make()
+        return self._kept[key]
 
     def _span_quantities(self, start: int, stop: int, kind: str, degree: int, refined: bool) -> np.ndarray | None:
         """:meth:`span_quantities`, computed."""

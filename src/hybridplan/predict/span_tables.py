@@ -95,8 +95,7 @@ def _span_classes(predictor: MemoryPredictor, L: int) -> list[tuple[np.ndarray, 
     """The spans ``[start, stop)`` of ``L`` layers grouped by class ([Note: identical spans predict alike]): each
     group's starts and stops, in the order of the spans; one span a group where the profile records no layer
     classes. Grouped once per predictor (every config and position of a search asks it)."""
-    key = ("span classes", L)
-    if key not in predictor._composed:
+    def grouped() -> list[tuple[np.ndarray, np.ndarray]]:
         classes = predictor.layer_classes if predictor.layer_classes is not None and len(predictor.layer_classes) == L else None
         groups: dict[object, tuple[list[int], list[int]]] = {}
         for a in range(L):
@@ -105,5 +104,7 @@ def _span_classes(predictor: MemoryPredictor, L: int) -> list[tuple[np.ndarray, 
                                           ([], []))
                 group[0].append(a)
                 group[1].append(b)
-        predictor._composed[key] = [(np.array(rows), np.array(cols)) for rows, cols in groups.values()]
-    return predictor._composed[key]
+        return [(np.array(rows), np.array(cols)) for rows, cols in groups.values()]
+
+    groups: list[tuple[np.ndarray, np.ndarray]] = predictor.kept(("span classes", L), grouped)
+    return groups

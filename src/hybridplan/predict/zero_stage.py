@@ -24,7 +24,7 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
-from hybridplan.predict.composed_zero import kept, composed_zero2_peaks, composed_zero3_peaks
+from hybridplan.predict.composed_zero import composed_zero2_peaks, composed_zero3_peaks
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
                                                  sharded_forward_transient)
@@ -55,7 +55,7 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
         return _zero2_peaks(predictor, start, stop, degree, stages_after)
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
-        moved = kept(predictor, ("wider shifts", start, stop, profiled, degree),  # the same at every position
+        moved = predictor.kept(("wider shifts", start, stop, profiled, degree),  # the same at every position
                       lambda: [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)])
         return _shifted_peaks(narrow, start, stop, source, profiled, stages_after, moved,
                               partial(_wider_zero3_quantities, narrow, over=degree))
@@ -274,7 +274,7 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
 def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
     """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
     schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero3_transients.py)."""
-    return int(kept(predictor, ("unfetched", start, stop, degree),  # asked at every position: computed once
+    return int(predictor.kept(("unfetched", start, stop, degree),  # asked at every position: computed once
                      lambda: _unfetched_bytes(predictor, start, stop, degree)))
 
 
