@@ -413,7 +413,7 @@ class StorageTracker(TorchDispatchMode):
         out = func(*args, **kwargs)
         if not self._paused:
             written = kwargs.get("out")
-            for t in tree_flatten(written)[0]:
+            for t in (tree_flatten(written)[0] if written is not None else ()):
                 if isinstance(t, torch.Tensor):
                     self.track(t)  # at its size now: its owner may have resized it since it was last seen
                     for plain in storage_tensors(t):
@@ -422,9 +422,12 @@ class StorageTracker(TorchDispatchMode):
                             if self._events is not None and storage._cdata not in self._resizable:
                                 self._events.append(("w", self._ref(storage._cdata)))
                             self._resizable[storage._cdata] = weakref.ref(storage)
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor):
-                    self.track(t)
+            if isinstance(out, torch.Tensor):  # most ops: one tensor, nothing to flatten
+                self.track(out)
+            else:
+                for t in tree_flatten(out)[0]:
+                    if isinstance(t, torch.Tensor):
+                        self.track(t)
             if self.device is not None:
                 self._workspaces(func, args)
         return out

@@ -99,6 +99,8 @@ def _simulated_tensor_mode() -> Any:
 
     class SimulatedTensorMode(FakeTensorMode):
         def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            if args and isinstance(args[0], FakeTensor):  # nearly every op: faked, no need to flatten the arguments
+                return super().__torch_dispatch__(func, types, args, kwargs)
             tensors = [t for t in tree_leaves((args, kwargs or {})) if isinstance(t, torch.Tensor)]
             if tensors and func not in self.lift_fns and not any(isinstance(t, FakeTensor) for t in tensors):
                 with unset_fake_temporarily():
