@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import pkgutil
 import shutil
 import sqlite3
 import subprocess
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+import hybridplan.cli
 from hybridplan.models.hf_config import HF_CONFIGS
 from tests.cli.conftest import MIXED, MLP
 
@@ -299,15 +301,20 @@ def _setup(folder: Path, mlp_files: Path) -> None:
         {"device": 0, "stage": 0, "predicted": 100, "measured": 100, "relative_error": 0.0}]}))
 
 
-# A server that imports the CLI once (without torch: asserted) and forks a child per case; the child runs the
-# command line in the case's folder with its stderr in a file, then prints whether torch and ``this`` (the module
-# ``code.sqlite`` names) are in its ``sys.modules``. A fork starts from the server's modules, which hold neither, so
-# the markers say what the command itself imported, as a fresh interpreter would, without paying an interpreter
-# start and the CLI's imports 100 times over. One JSON request (folder, arguments) per line in, one answer out.
+# A server that imports the CLI once, and the modules its arguments name (without torch unless named: asserted),
+# and forks a child per case; the child runs the command line in the case's folder with its stderr in a file, then
+# prints whether torch and ``this`` (the module ``code.sqlite`` names) are in its ``sys.modules``. A fork starts
+# from the server's modules, which hold neither (the cases answered before torch are served by one that did not
+# import it), so the markers say what the command itself imported, as a fresh interpreter would, without paying an
+# interpreter start and the CLI's imports 100 times over. One JSON request (folder, arguments) per line in, one
+# answer out.
 _SERVER = """\
-import json, os, sys, tempfile, traceback
+import importlib, json, os, sys, tempfile, traceback
 from hybridplan.cli import main
-assert 'torch' not in sys.modules and 'this' not in sys.modules, 'the server must import neither'
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+assert 'torch' in sys.argv[1:] or 'torch' not in sys.modules, 'the server imported torch'
+assert 'this' not in sys.modules, 'the server imported the module code.sqlite names'
 for line in sys.stdin:
     folder, args = json.loads(line)
     with tempfile.TemporaryFile() as err:
@@ -344,12 +351,12 @@ class Outcome:
     zen: bool
 
 
-def _serve(cases: list[Case], folder: Path) -> list[Outcome]:
-    """Run ``cases`` in ``folder``, one after the other, through one server process."""
+def _serve(cases: list[Case], folder: Path, preload: list[str]) -> list[Outcome]:
+    """Run ``cases`` in ``folder``, one after the other, through one server process that imported ``preload``."""
     env = {**{k: v for k, v in os.environ.items() if not k.startswith("SLURM_")},  # as outside an allocation
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2])] + sys.path)}
     requests = "".join(json.dumps([str(folder), case.args.split()]) + "\n" for case in cases)
-    proc = subprocess.run([sys.executable, "-c", _SERVER], cwd=folder, input=requests, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", _SERVER, *preload], cwd=folder, input=requests, capture_output=True,
                           text=True, timeout=60 * len(cases), env=env)
     assert proc.returncode == 0, proc.stderr
     return [_outcome(*json.loads(line)) for line in proc.stdout.splitlines()]
@@ -368,10 +375,16 @@ def outcomes(mlp_files, tmp_path_factory) -> dict[str, Outcome]:
     folder = tmp_path_factory.mktemp("bad-input")
     _setup(folder, mlp_files)
     cases = [c for _, group in CASES for c in group]
-    halves = [cases[0::2], cases[1::2]]  # two servers at once, one per core
+    # Two servers at once, one per core. Every command's module and numpy are imported once, in the server (a
+    # case's own imports were most of its time): the CLI's modules import no torch (the server asserts it), and
+    # the few cases answered after torch is loaded are served by one that imported it too.
+    commands = [f"hybridplan.cli.{m.name}" for m in pkgutil.iter_modules(hybridplan.cli.__path__)
+                if m.name != "__main__"]
+    servers = [([c for c in cases if c.before_torch], ["numpy", *commands]),
+               ([c for c in cases if not c.before_torch], ["numpy", *commands, "torch"])]
     with ThreadPoolExecutor(max_workers=2) as pool:
-        answers = list(pool.map(lambda half: _serve(half, folder), halves))
-    return {c.args: o for half, got in zip(halves, answers) for c, o in zip(half, got, strict=True)}
+        answers = list(pool.map(lambda server: _serve(server[0], folder, server[1]), servers))
+    return {c.args: o for (group, _), got in zip(servers, answers) for c, o in zip(group, got, strict=True)}
 
 
 @pytest.mark.parametrize("case", [c for _, group in CASES for c in group], ids=lambda c: c.args[:60])
