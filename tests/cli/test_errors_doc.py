@@ -1,8 +1,9 @@
 """Bad input, as a new user types it: every case exits with code 2, one clear message and no traceback, and the
 cases marked so are answered before torch is imported. The table of docs/errors.md is this test's output.
 
-Each case runs the real command line in a process of its own, forked from one that imported the CLI and not torch (so
-``sys.modules`` tells whether the command imported torch), in a folder holding the files the commands name
+Each case runs the real command line in a process of its own, forked from one that imported the CLI's modules and
+not torch (so ``sys.modules`` tells whether the command imported torch; the few cases answered after torch is
+loaded fork from one that imported it), in a folder holding the files the commands name
 (``mlp_files`` of tests/cli/conftest.py and a few broken ones).
 Rewrite the doc after changing a message: ``HYBRIDPLAN_WRITE_DOCS=1 pytest tests/cli/test_errors_doc.py``.
 """
