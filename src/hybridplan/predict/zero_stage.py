@@ -60,7 +60,9 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
         return _shifted_peaks(narrow, start, stop, source, profiled, stages_after, moved,
                               partial(_wider_zero3_quantities, narrow, over=degree))
     shifts = layout.shifts(start, stop, zero, degree)
-    refine = partial(_zero3_quantities, predictor) if zero == 3 and _ruled(predictor, stop) else None
+    refine = None
+    if zero == 3:
+        refine = partial(_zero3_quantities if _ruled(predictor, stop) else _loss_floored, predictor)
     return _shifted_peaks(predictor, start, stop, source, degree, stages_after, shifts, refine)
 
 
@@ -136,6 +138,19 @@ def _ruled(predictor: MemoryPredictor, stop: int) -> bool:
     return layout is not None and (not layout.mixed or stop < predictor.num_layers)
 
 
+def _loss_floored(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+    """A ZeRO-3 span's scenario quantities ``q`` as they stand (a stage :func:`_ruled` leaves unruled), with the
+    loss's backward floor where the span ends the model: the loss runs outside every FSDP unit and holds what a data
+    device holds, so its backward's bytes at the replica's rows are under every backward there ([Note: the loss's
+    backward floor]). Without it (the floor was applied only inside the rules) Llama-2-7B's last decoder layer and
+    head as data x2 ZeRO-3 in bf16 were predicted 8.73% low: the scenario's line through 1 and 2 rows a replica, where
+    the head's phase and then the loss's set the later backward, extrapolated to 4 rows short of the loss's 2 GB
+    (benchmarks/instant_planning)."""
+    if stop != predictor.num_layers:
+        return q
+    return loss_floor(q, predictor.loss_backward, predictor._rows("data-zero3", degree))
+
+
 def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
     """A ZeRO-3 span's scenario quantities ``q`` with the rules applied: its forward transient from the
     data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
@@ -189,7 +204,8 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     first backward composed 38% high, hidden at x4 by the later backward that holds the gradients; at x8 the
     shards shrink and it sets the peak), not this composition's (docs/prediction.md)."""
     layout = predictor.zero_layout
-    out = _zero3_quantities(predictor, start, stop, degree, q) if _ruled(predictor, stop) else q.copy()
+    rules = _zero3_quantities if _ruled(predictor, stop) else _loss_floored
+    out = rules(predictor, start, stop, degree, q.copy())
     if layout is None:
         return out
     growth = max((wide - narrow for wide, narrow in zip(layout.gathered_bytes(start, stop, over),
@@ -350,4 +366,11 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
             for name in ("first_backward_transient", "backward_transient"):
                 v[INDEX[name]] += growth
         vectors.append(v)
+    if stop == predictor.num_layers and predictor.loss_backward is not None:  # every backward starts with the loss's,
+        # outside every FSDP unit: its floor ([Note: the loss's backward floor]; :func:`_loss_floored`)
+        rows = predictor._rows("data-zero3", degree)
+        vectors = [loss_floor(v, predictor.loss_backward, rows) for v in vectors]
+        floor = loss_floor(np.zeros(PEAK), predictor.loss_backward, rows)[INDEX["backward_transient"]]
+        transients = replace(transients, first_backward=max(transients.first_backward, floor),
+                             gathered_backward=max(transients.gathered_backward, floor))
     return zero2_peaks(vectors, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
