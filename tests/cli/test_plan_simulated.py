@@ -126,8 +126,9 @@ def test_a_mesh_too_small_names_the_smallest_that_fits(answered: tuple[Path, Pat
 
 @pytest.fixture(scope="module")
 def mlp_answers(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, str]]:
-    """The MLP's question (a few seconds cold, where the llama's takes a dozen), asked with an unwritable cache folder,
-    then with a writable one: each answer's plan and what it printed on stderr."""
+    """The MLP's question (a few seconds cold, where the llama's takes a dozen), in micro-batches of one sample,
+    asked with an unwritable cache folder, then with a writable one: each answer's plan and what it printed on
+    stderr."""
     import contextlib
     import io
 
@@ -140,7 +141,7 @@ def mlp_answers(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, st
     for name, cache in (("p.json", blocker / "cache"), ("q.json", root / "cache")):
         err = io.StringIO()
         with contextlib.redirect_stderr(err):
-            assert main(["plan", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "16", "--num-microbatches",
+            assert main(["plan", "--model", MLP, "--cluster", "1x2", "--global-batch-size", "2", "--num-microbatches",
                          "2", "--cache-dir", str(cache), "--out", str(root / name)]) == 0
         answers.append((root / name, err.getvalue()))
     return answers
@@ -148,6 +149,21 @@ def mlp_answers(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[Path, st
 
 def test_a_model_without_layer_names_says_nothing_is_shared(mlp_answers: list[tuple[Path, str]]) -> None:
     assert all("does not name what its layers are" in err for _, err in mlp_answers)
+
+
+def test_micro_batches_of_one_sample_are_profiled_at_one_and_two(mlp_answers: list[tuple[Path, str]]) -> None:
+    """[Note: the simulated profile] (workflows/simulated_profile.py): the target micro-batch and its half are
+    measured, or, where the half is no micro-batch (one sample), the target and twice it; a profile at half and a
+    quarter of the batch (before 29 Nov) could not be taken for micro-batches of one or two samples."""
+    from hybridplan.profiling.database import ProfileDB
+
+    plan = Plan.load(mlp_answers[1][0])
+    assert (plan.global_batch_size, plan.num_microbatches) == (2, 2)
+    profiles = sorted((mlp_answers[1][0].parent / "cache" / "profiles").glob("*.sqlite"))
+    assert len(profiles) == 2
+    for db in profiles:
+        with ProfileDB(db) as profile:
+            assert profile.meta["batch_sizes"] == [2, 4]
 
 
 def test_another_cluster_reuses_the_simulated_stages(answered: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,6 +14,14 @@ them, at every position, in every scenario. Here the campaign runs with
 - a :class:`~hybridplan.profiling.stage_memo.StageMemo` on disk, so a span is simulated once per distinct
   sequence of layer signatures (a Llama has six: embed, decoder, head, and their pairs), and its auxiliary
   tables once per model;
+- the target's micro-batch itself and its half (:func:`_profiled_batches`), where a measured profile takes half and
+  a quarter of it (CAPTURE's choice: the GPUs being profiled must not run out of memory). On fake tensors a
+  simulation costs the same whatever the batch, and a quantity measured at the target is not extrapolated: a
+  straight line through half and a quarter misses a transient whose phase changes above them (Llama-2-7B's layer 9
+  as data x2 ZeRO-3 recomputed: its later backward 1,045,479,424 / 1,473,822,720 / 2,451,652,608 bytes at
+  micro-batches of 2 / 4 / 8, the line through 2 and 4 121,143,296 short at 8). Over the 228 stages of
+  benchmarks/instant_planning's 21 Llama-2-7B plans on 2x8 the stages within 0.5% of their simulated devices went
+  from 208 to 217 (the measurement and the stage count: that benchmark's README);
 
 and writes an ordinary profile database (its runs, measurements and statistics the same as a campaign that
 simulated every stage: tests/profiling/test_stage_memo.py), which the predictor and every search read as
@@ -53,6 +61,16 @@ CACHE_ENV = "HYBRIDPLAN_CACHE_DIR"
 
 _NEIGHBORS = 1
 """Chain length of the simulated profile (module note)."""
+
+
+def _profiled_batches(batch: int, microbatches: int, granularity: int = 1) -> tuple[int, int]:
+    """The two global batches the simulated profile measures (module note): the target ``batch`` and its half, or
+    twice the target where the half does not split into ``microbatches`` micro-batches of a multiple of
+    ``granularity`` samples (a micro-batch of one sample: one and two are measured)."""
+    half = batch // 2
+    if batch % 2 == 0 and half % microbatches == 0 and (half // microbatches) % granularity == 0:
+        return batch, half
+    return 2 * batch, batch
 
 
 _PROFILE_NAME = re.compile(r"[0-9a-f]{32}\.sqlite")
@@ -133,14 +151,15 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
         why = (f"{model} does not name what its layers are (LayeredModel.layer_signature)" if None in signatures
                else f"no two layers of {model} are alike")
         say(f"note: {why}: every stage is simulated, none shared")
-    scenarios = _scenarios(layered, cluster.devices_per_node, global_batch_size, num_microbatches, zero)
+    batches = _profiled_batches(global_batch_size, num_microbatches, layered.sample_granularity)
+    scenarios = _scenarios(layered, cluster.devices_per_node, batches, num_microbatches, zero)
     memo = StageMemo(root / "stages", on_unusable=say)
     shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None,
                             gpu=gpu)
     options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision, **more}
     configs = [CampaignConfig(model=model, cluster=shape, global_batch_size=global_batch_size,
                               num_microbatches=num_microbatches, schedule=as_schedule(schedule), zero=zero, neighbors=_NEIGHBORS,
-                              scenarios=scenarios,
+                              batch_sizes=batches, scenarios=scenarios,
                               run_options={**options, **({"activation_checkpointing": True} if ac else {})})
                for ac in ((False, True) if recompute else (False,))]
     with tempfile.TemporaryDirectory(prefix="hybridplan-profile-") as scratch:
@@ -151,7 +170,8 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
             identity = {"code": code_digest(), "model": config, "shape": shape.shape,
                         "device": device_type, "batch": global_batch_size, "microbatches": num_microbatches,
                         "schedule": schedule, "options": cfg.run_options, "zero": zero, "neighbors": _NEIGHBORS,
-                        "scenarios": [s.name for s in scenarios], **({"gpu": gpu} if gpu is not None else {})}
+                        "scenarios": [s.name for s in scenarios], "batch_sizes": batches,
+                        **({"gpu": gpu} if gpu is not None else {})}
             key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
             path = folder / f"{key}.sqlite"
             what = "recomputed profile" if cfg.run_options.get("activation_checkpointing") else "profile"
@@ -193,6 +213,7 @@ def _question(model: str, cluster: Cluster, gpu: str | None, batch: int, microba
     identity = {"code": code_digest(), "config": load_hf_config(model), "shape": cluster.shape, "gpu": gpu,
                 "batch": batch, "microbatches": microbatches, "schedule": schedule, "precision": precision,
                 "device": device_type, "zero": zero, "recompute": recompute, "neighbors": _NEIGHBORS,
+                "profiled": "the target and its half",  # :func:`_profiled_batches` (a function of what is above)
                 **({"options": options} if options else {})}  # no key without options: earlier questions still hit
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
@@ -228,12 +249,13 @@ def _remember(root: Path, question: str, paths: list[Path]) -> None:
         tmp.unlink(missing_ok=True)
 
 
-def _scenarios(model: Any, per_node: int, batch: int, microbatches: int, zero: bool) -> tuple[Any, ...]:
-    """The campaign's default scenarios, and tensor-parallel ones at every power of two up to the node (module note)."""
+def _scenarios(model: Any, per_node: int, batches: tuple[int, int], microbatches: int, zero: bool) -> tuple[Any, ...]:
+    """The campaign's default scenarios at the profiled ``batches``, and tensor-parallel ones at every power of two up
+    to the node (module note)."""
     from hybridplan.profiling.campaign import default_scenarios
     from hybridplan.profiling.partitions import Scenario
 
-    micro = [b // microbatches for b in (batch // 2, batch // 4) if b >= microbatches]
+    micro = [b // microbatches for b in batches]
     shape = Cluster.uniform(1, per_node)
     out = list(default_scenarios(model, shape, micro, zero=zero))
     degree = 8
