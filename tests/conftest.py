@@ -28,7 +28,7 @@ HEAVY_FILES: dict[str, int] = {
     "predict/test_data_tensor.py": 29,
     "predict/test_memory_2bw.py": 8,
     "predict/test_wider_data.py": 8,
-    "predict/test_zero_stage.py": 24,
+    "predict/test_zero_stage.py": 42,
     "profiling/test_campaign.py": 18,
     "profiling/test_loss_memory.py": 6,
     "profiling/test_recomputed_spans.py": 13,

@@ -28,7 +28,7 @@ from hybridplan.profiling.schedule_memory import peak_terms
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["composed_zero3_quantities", "composed_zero3_peaks", "composed_zero2_peaks"]
+__all__ = ["composed_zero3_quantities", "composed_zero3_peaks", "composed_zero2_peaks", "recomputed_moments", "recomputed_floors"]
 
 
 def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -66,12 +66,12 @@ def _composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int
         ending = _ending_backwards(table, start, stop, layout, data, head, received,
                                    gpipe=predictor.schedule == "gpipe")
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        moments = _recomputed_moments(table, start, stop, layout, data)
+        moments = recomputed_moments(table, start, stop, layout, data)
         prefetch_later = predictor.schedule != "gpipe"
         if ending is not None and head is not None:  # [Note: the layers before the head], recomputed
             first, later = _recomputed_ending(table, moments, stop, gathered, head, ending, prefetch_later=prefetch_later)
         else:
-            first, later = _recomputed_floors(table, moments, start, stop, gathered, prefetch_later=prefetch_later)
+            first, later = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=prefetch_later)
             if ending is not None:  # and at least the layers before the head as not recomputed
                 first, later = max(first, ending["first_backward_transient"]), max(later, ending["backward_transient"])
         q[INDEX["first_backward_transient"]], q[INDEX["backward_transient"]] = first, later
@@ -182,7 +182,7 @@ def _ending_prefetch_floor(table: np.ndarray, start: int, stop: int, layout: Zer
         _head_input_held(gathered, layout.scatter_extra(start, stop, data))[1], again=gathered[-1])
 
 
-def _recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> RecomputedBackwards:
+def recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> RecomputedBackwards:
     """Each layer's backward moment of a recomputed ZeRO-3 span over ``data`` ranks, from the unsharded recomputed
     stage's scaled span ``table`` (:func:`recomputed_backwards`; its suffixes known: the caller checked)."""
     first, later = (table[start:stop, stop, INDEX[name]].tolist()
@@ -191,7 +191,7 @@ def _recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLa
                                 layout.shard_bytes(start, stop, data))
 
 
-def _recomputed_floors(table: np.ndarray, moments: RecomputedBackwards, start: int, stop: int, gathered: list[int], *,
+def recomputed_floors(table: np.ndarray, moments: RecomputedBackwards, start: int, stop: int, gathered: list[int], *,
                        prefetch_later: bool) -> tuple[float, float]:
     """A recomputed ZeRO-3 span's first and later backward transients ([Note: a recomputed ZeRO-3 stage] in
     predict/zero3_transients.py): the largest layer's moment, with the prefetched layer where the backward follows
@@ -264,12 +264,12 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
                    unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=layout.scatter_copies))
 
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        moments = _recomputed_moments(table, start, stop, layout, data)
+        moments = recomputed_moments(table, start, stop, layout, data)
         first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
         if first == -math.inf:  # no layer with parameters sets its suffix: the floor's, as not recomputed
             first = gathered_backward("first_backward_transient")
         later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))
-        q[INDEX["backward_transient"]] = _recomputed_floors(table, moments, start, stop, gathered,
+        q[INDEX["backward_transient"]] = recomputed_floors(table, moments, start, stop, gathered,
                                                             prefetch_later=False)[1]
     else:
         first, later = gathered_backward("first_backward_transient"), gathered_backward("backward_transient")
@@ -310,7 +310,7 @@ def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kin
         gathered = layout.gathered_bytes(start, stop, data)
         layers = [j for j, size in enumerate(gathered) if size]
         if len(layers) >= 2:  # the span's first layer with the previous micro-batch's last one gathered again
-            moment = _recomputed_moments(table, start, stop, layout, data).first[layers[0]]
+            moment = recomputed_moments(table, start, stop, layout, data).first[layers[0]]
             q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]),
                                                        moment + gathered[layers[-1]])
     elif several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py

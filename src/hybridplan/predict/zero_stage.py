@@ -24,7 +24,8 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
-from hybridplan.predict.composed_zero import composed_zero2_peaks, composed_zero3_peaks
+from hybridplan.predict.composed_zero import (composed_zero2_peaks, composed_zero3_peaks, recomputed_floors,
+                                             recomputed_moments)
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
                                                  sharded_forward_transient)
@@ -284,6 +285,17 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
         loss = _loss_phases(predictor, degree, name, 1) if stop == predictor.num_layers else None
         if not np.isnan(suffix).any():
             out[INDEX[name]] = max(out[INDEX[name]], sharded_backward_floor(suffix.tolist(), gathered, loss=loss))
+    suffixes = table[start:stop, stop, [INDEX["first_backward_transient"], INDEX["backward_transient"]]]
+    if predictor.recompute and stop < predictor.num_layers and not np.isnan(suffixes).any():
+        # [Note: a recomputed ZeRO-3 stage]: each layer's moment (its own phase, gathered bytes, the next layer's
+        # reduce-scatter input), as the data x tensor stages compose them (predict/composed_zero.py), under the
+        # profile's later backwards (after a forward: the layer before prefetched; GPipe's is taken off in
+        # :func:`_zero3_quantities`). Without it Llama-2-7B's layers 20-24 as data x2 ZeRO-3 recomputed were
+        # 3.59% low: the suffix floor misses the next layer's reduce-scatter input (benchmarks/instant_planning).
+        moments = recomputed_moments(table, start, stop, predictor.zero_layout, degree)
+        first, later = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=True)
+        out[INDEX["first_backward_transient"]] = max(out[INDEX["first_backward_transient"]], first)
+        out[INDEX["backward_transient"]] = max(out[INDEX["backward_transient"]], later)
     return out
 
 
