@@ -160,6 +160,36 @@ def run_microbatches(name: str, out: Path | None) -> dict[str, Any]:
     return outcome
 
 
+def compare_stored(name: str, stored: Path, cache_root: Path | None) -> dict[str, Any]:
+    """The stored plans of ``stored`` (a ``--case`` result) predicted again by this checkout, each device against
+    the simulated peak stored with it (the simulation does not change with the predictor), by stage kind."""
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.predict.memory import MemoryPredictor
+    from hybridplan.workflows.simulated_profile import simulated_profiles
+
+    model, shape, batch, micro = CASES[name]
+    result = json.loads(stored.read_text())
+    cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
+    with tempfile.TemporaryDirectory() as scratch:
+        with simulated_profiles(model, cluster, global_batch_size=batch, num_microbatches=micro, precision="bf16",
+                                device_type="cuda", cache_dir=cache_root or Path(scratch)) as profiles:
+            predictor = MemoryPredictor.from_db(profiles.db, recompute_db=profiles.recompute_db)
+    groups: dict[str, list[float]] = {}
+    for row in [result["chosen"], *result.get("random", {}).values()]:
+        plan = Plan.from_dict(row["plan"])
+        predicted = {d.device: d.peak_memory_bytes for d in predictor.predict(plan).devices}
+        for device in row["devices"]:
+            stage = next(s for s in plan.stages if device["device"] in s.devices)
+            kind = stage.kind + (f" ZeRO-{stage.zero}" if stage.zero else "") + (
+                " + recompute" if stage.recompute not in (None, "none") else "")
+            groups.setdefault(kind, []).append(100 * (predicted[device["device"]] - device["simulated"]) / device["simulated"])
+    every = [e for errors in groups.values() for e in errors]
+    table = {kind: {"devices": len(e), "within_0.5%": sum(abs(x) <= 0.5 for x in e), "min_pct": round(min(e), 2),
+                    "max_pct": round(max(e), 2)} for kind, e in sorted(groups.items())}
+    return {"kinds": table, "devices": len(every), "within_0.5%": sum(abs(x) <= 0.5 for x in every),
+            "below_-0.5%": sum(x < -0.5 for x in every), "min_pct": round(min(every), 2), "max_pct": round(max(every), 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=tuple(CASES))
@@ -167,8 +197,12 @@ def main() -> None:
     parser.add_argument("--random", type=int, default=0, help="random plans to compare as well")
     parser.add_argument("--cache", type=Path, help="a cache folder to keep (a rerun then times warm only)")
     parser.add_argument("--out", type=Path, help="the results JSON (written as rows finish; a rerun resumes)")
+    parser.add_argument("--compare-stored", type=Path, metavar="RESULTS",
+                        help="predict --case's stored plans again and compare with their stored simulated peaks")
     args = parser.parse_args()
-    if args.microbatches:
+    if args.compare_stored and args.case:
+        print(json.dumps(compare_stored(args.case, args.compare_stored, args.cache), indent=1))
+    elif args.microbatches:
         print(json.dumps(run_microbatches(args.microbatches, args.out), indent=1))
     elif args.case:
         print(json.dumps(run_case(args.case, args.random, args.out, args.cache)["summary"], indent=1))

@@ -256,7 +256,7 @@ def _memory(args: argparse.Namespace) -> int:
         _verify(args, answer, say)
     elif not args.db and any(stage.zero >= 2 for stage in answer.plan.stages):
         say("note: this plan's ZeRO-2/3 stages are composed from unsharded statistics, not measured (on Llama-2-7B"
-            " from 8.7% low to 3.7% high: benchmarks/instant_planning); --verify simulates them")
+            " from 0.45% low to 3.0% high: benchmarks/instant_planning); --verify simulates them")
     return 0
 
 
