@@ -161,10 +161,13 @@ class _Solver:
             if self.progress.due():
                 self.progress.update(f"exact search: pass 2/3 (useful states), layer {sp + 1}/{L}")
             for ci, _, src, dst in self.moves:
+                live = U[sp][:, dst].any(axis=1)  # per position: U[sp] is final here (the loop writes layers after sp)
+                if not live.any():
+                    continue
                 for j, jn, pos in self.steps:
-                    parent = U[sp, jn, dst]
-                    if not parent.any():
+                    if not live[jn]:
                         continue
+                    parent = U[sp, jn, dst]
                     rows = np.nonzero(V[ci, pos, sp, sp + 1:] <= peak)[0]
                     if rows.size == 0:
                         continue
