@@ -133,11 +133,14 @@ class _Solver:
                     continue
                 # A power-of-two mesh moves every state up by the degree: slices, not gathers.
                 contiguous = src[-1] - src[0] + 1 == src.size and dst[-1] - dst[0] + 1 == dst.size
+                spans = V[ci, :, sp, sp + 1:]  # every position's stages from sp, compared once
+                allowed = spans <= bound if bound < np.inf else spans < np.inf
+                some = allowed.any(axis=1)
                 for j, jn, pos in self.steps:
-                    vals = V[ci, pos, sp, sp + 1:]
-                    rows = np.nonzero(vals <= bound)[0] if bound < np.inf else np.nonzero(vals < np.inf)[0]
-                    if rows.size == 0:
+                    if not some[pos]:
                         continue
+                    vals = spans[pos]
+                    rows = np.nonzero(allowed[pos])[0]
                     if contiguous:
                         child = B[sp + 1 + rows, j, src[0]:src[-1] + 1]
                         cand = np.maximum(vals[rows, None], child).min(axis=0)
