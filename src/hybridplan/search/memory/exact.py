@@ -134,8 +134,8 @@ class _Solver:
                 # A power-of-two mesh moves every state up by the degree: slices, not gathers.
                 contiguous = src[-1] - src[0] + 1 == src.size and dst[-1] - dst[0] + 1 == dst.size
                 spans = V[ci, :, sp, sp + 1:]  # every position's stages from sp, compared once
-                allowed = spans <= bound if bound < np.inf else spans < np.inf
-                some = allowed.any(axis=1)
+                allowed: np.ndarray = np.less_equal(spans, bound) if bound < np.inf else np.less(spans, np.inf)
+                some = np.asarray(allowed.any(axis=1))
                 for j, jn, pos in self.steps:
                     if not some[pos]:
                         continue
