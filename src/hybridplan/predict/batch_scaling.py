@@ -20,7 +20,7 @@ import numpy as np
 from hybridplan.profiling.quantities import INDEX, QUANTITIES
 from hybridplan.profiling.statistics import SpanStatistics
 
-__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "loss_floor", "measured_at", "with_replica_rows",
+__all__ = ["PEAK", "span_in_units", "table_in_layers", "scaled_to_batch", "loss_floor", "loss_backward_bytes", "measured_at", "with_replica_rows",
            "EXTRAPOLATION_LIMIT", "extrapolation_note"]
 
 PEAK = len(QUANTITIES)  # column of the measured peak in SpanStatistics vectors
@@ -107,12 +107,18 @@ def loss_floor(values: np.ndarray, loss_backward: Mapping[str, Sequence[float]] 
     """
     if loss_backward is None:
         return values
-    (n1, n2), (b1, b2) = loss_backward["samples"], loss_backward["bytes"]
-    floor = b1 + (b2 - b1) * (rows - n1) / (n2 - n1)
+    floor = loss_backward_bytes(loss_backward, rows)
     out = values.copy()
     for q in (INDEX["first_backward_transient"], INDEX["backward_transient"]):
         out[..., q] = np.maximum(values[..., q], floor)  # NaN (unpredictable) stays NaN
     return out
+
+
+def loss_backward_bytes(loss_backward: Mapping[str, Sequence[float]], rows: float) -> float:
+    """The loss's backward bytes at ``rows`` rows per device: the profile's straight line through its two
+    measurements ([Note: the loss's backward floor]; :func:`loss_floor` raises the backwards to it)."""
+    (n1, n2), (b1, b2) = loss_backward["samples"], loss_backward["bytes"]
+    return b1 + (b2 - b1) * (rows - n1) / (n2 - n1)
 
 
 def measured_at(samples: Sequence[float], values: Sequence[float], rows: float) -> float:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hybridplan.plan import StagePlan
-from hybridplan.predict.batch_scaling import PEAK, loss_floor, span_in_units
+from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
 from hybridplan.predict.composed_zero import (composed_zero2_peaks, composed_zero3_peaks, recomputed_floors,
                                              recomputed_moments)
 from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
@@ -169,9 +169,7 @@ def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree:
     forward = _sharded_forward(predictor, start, stop, degree, keep=False, last_added=last_added)
     if forward is not None:
         q[INDEX["forward_transient"]] = forward
-    if stop == predictor.num_layers:  # the loss holds nothing gathered: [Note: the loss's backward floor]
-        q = loss_floor(q, predictor.loss_backward, predictor._rows("data-zero3", degree))
-    return q
+    return _loss_floored(predictor, start, stop, degree, q)  # the loss holds nothing gathered
 
 
 def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray, *,
@@ -380,9 +378,8 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
         vectors.append(v)
     if stop == predictor.num_layers and predictor.loss_backward is not None:  # every backward starts with the loss's,
         # outside every FSDP unit: its floor ([Note: the loss's backward floor]; :func:`_loss_floored`)
-        rows = predictor._rows("data-zero3", degree)
-        vectors = [loss_floor(v, predictor.loss_backward, rows) for v in vectors]
-        floor = loss_floor(np.zeros(PEAK), predictor.loss_backward, rows)[INDEX["backward_transient"]]
+        vectors = [_loss_floored(predictor, start, stop, degree, v) for v in vectors]
+        floor = loss_backward_bytes(predictor.loss_backward, predictor._rows("data-zero3", degree))
         transients = replace(transients, first_backward=max(transients.first_backward, floor),
                              gathered_backward=max(transients.gathered_backward, floor))
     return zero2_peaks(vectors, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
