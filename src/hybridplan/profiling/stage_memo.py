@@ -49,9 +49,9 @@ def code_digest(folders: tuple[str, ...] = _CODE_FOLDERS) -> str:
     """SHA-256 over torch's version and the source of hybridplan's ``folders`` (by default the runtime and the
     models, which make a simulated stage what it is; computed once a process)."""
     if folders not in _code_digests:
-        import torch
+        from importlib.metadata import version
 
-        h = hashlib.sha256(torch.__version__.encode())
+        h = hashlib.sha256(version("torch").encode())  # the installed torch's, without importing it (a second)
         root = Path(__file__).resolve().parent.parent
         for folder in folders:
             for path in sorted((root / folder).rglob("*.py")):

@@ -59,6 +59,7 @@ shared GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Hashable
 
 from hybridplan.errors import UsageError
@@ -66,7 +67,7 @@ from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.plan.gpus import CUBLASLT_WORKSPACE_BYTES, GPUS, MEASURED_CONTEXT_GPU, cuda_context_bytes, gpu_spec
 from hybridplan.runtime.cuda_allocator import AllocatorOutOfMemory, CachingAllocatorModel, round_size
-from hybridplan.runtime.routing import layout_of, route
+from hybridplan.runtime.routing import Layout, layout_of, route
 
 __all__ = [
     "CUDA_CONTEXT_BYTES",
@@ -258,16 +259,23 @@ def communicators_of(plan: Plan, rank: int) -> list[int]:
     if stage.data_degree > 1:
         sizes.append(stage.data_degree)
     here = layout_of(stage)
-    b = plan.microbatch_size
     peers: set[int] = set()
     for other in (index - 1, index + 1):
         if 0 <= other < plan.num_stages:
-            there = layout_of(plan.stages[other])
-            for t in route(there, here, b) + route(here, there, b):
-                if rank in (t.src, t.dst):
-                    peers.add(t.dst if t.src == rank else t.src)
+            peers |= _p2p_peers(layout_of(plan.stages[other]), here, plan.microbatch_size).get(rank, frozenset())
     sizes += [2] * len(peers - {rank})
     return sizes
+
+
+@functools.lru_cache(maxsize=64)
+def _p2p_peers(a: Layout, b: Layout, rows: int) -> dict[int, frozenset[int]]:
+    """Each rank's point-to-point peers between neighbouring stages ``a`` and ``b`` (both directions): kept, since
+    a plan's every rank asks for the same pair (a 128-rank stage routes 2,048 transfers each way)."""
+    peers: dict[int, set[int]] = {}
+    for t in route(a, b, rows) + route(b, a, rows):
+        peers.setdefault(t.src, set()).add(t.dst)
+        peers.setdefault(t.dst, set()).add(t.src)
+    return {rank: frozenset(others) for rank, others in peers.items()}
 
 
 def estimate_overhead_bytes(plan: Plan, rank: int, libraries: set[str] | frozenset[str] = frozenset(), *,

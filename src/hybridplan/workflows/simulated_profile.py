@@ -126,10 +126,6 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     Raises:
         HybridPlanError: a bad model, batch or cluster (before anything is simulated).
     """
-    from hybridplan.models.zoo import resolve_model
-    from hybridplan.profiling.campaign import CampaignConfig
-    from hybridplan.profiling.stage_memo import StageMemo, code_digest
-
     say = progress or (lambda _msg: None)
     started = time.perf_counter()
     root = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -144,6 +140,10 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
         yield SimulatedProfiles(db=answered[0], recompute_db=answered[1] if recompute else None, simulated=0, reused=0,
                                 seconds=time.perf_counter() - started, cached=True, tables=root / "tables")
         return
+    from hybridplan.models.zoo import resolve_model  # torch: only when the question was not answered before
+    from hybridplan.profiling.campaign import CampaignConfig
+    from hybridplan.profiling.stage_memo import StageMemo, code_digest
+
     layered = resolve_model(model)
     config = layered.config()
     signatures = [layered.layer_signature(i) for i in range(layered.num_layers)]

@@ -95,6 +95,8 @@ class _Solver:
         # Position transitions: (child j, parent j, the table's position index).
         self.steps = [(j, j + 1 if self.bounded else min(j + 1, self.P - 1), min(j, self.H - 1))
                       for j in range(self.P) if not (self.bounded and j + 1 >= self.P)]
+        self.step_parent = np.array([jn for _, jn, _ in self.steps], dtype=np.intp)
+        self.step_pos = np.array([pos for _, _, pos in self.steps], dtype=np.intp)
         self.ptr: dict[State, tuple[int, int, int, int]] = {}  # best suffix: state -> (s, config, child j, r)
         self.survivors = 0  # candidates compared by full key in pass 3
 
@@ -136,9 +138,8 @@ class _Solver:
                 spans = V[ci, :, sp, sp + 1:]  # every position's stages from sp, compared once
                 allowed: np.ndarray = np.less_equal(spans, bound) if bound < np.inf else np.less(spans, np.inf)
                 some = np.asarray(allowed.any(axis=1))
-                for j, jn, pos in self.steps:
-                    if not some[pos]:
-                        continue
+                for step in np.nonzero(some[self.step_pos])[0].tolist():  # the steps with a stage to take
+                    j, jn, pos = self.steps[step]
                     vals = spans[pos]
                     rows = np.nonzero(allowed[pos])[0]
                     if contiguous:
@@ -240,14 +241,15 @@ class _Solver:
         R, V = self.pk.num_states, self.values
         blocks = []
         for ci, degree, src, dst in self.moves:
-            for j, jn, pos in self.steps:
-                parent = U[sp, jn, dst]
-                if not parent.any():
-                    continue
-                vals = V[ci, pos, sp, sp + 1:]
-                rows = np.nonzero(vals <= peak)[0]
-                if rows.size == 0:
-                    continue
+            parents = U[sp][:, dst]  # every position's useful parents, asked once
+            spans = V[ci, :, sp, sp + 1:]
+            fits: np.ndarray = np.less_equal(spans, peak)
+            live = np.asarray(parents.any(axis=1))[self.step_parent] & np.asarray(fits.any(axis=1))[self.step_pos]
+            for step in np.nonzero(live)[0].tolist():
+                j, jn, pos = self.steps[step]
+                parent = parents[jn]
+                vals = spans[pos]
+                rows = np.nonzero(fits[pos])[0]
                 srcs, dsts = src[parent], dst[parent]
                 hit_rows, hit_cols = np.nonzero(U[sp + 1 + rows[:, None], j, srcs[None, :]])
                 if hit_rows.size:
