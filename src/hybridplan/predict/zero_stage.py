@@ -56,15 +56,14 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
         return _zero2_peaks(predictor, start, stop, degree, stages_after)
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
-        moved = predictor.kept(("wider shifts", start, stop, profiled, degree),  # the same at every position
-                      lambda: [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)])
-        return _shifted_peaks(narrow, start, stop, source, profiled, stages_after, moved,
-                              partial(_wider_zero3_quantities, narrow, over=degree))
-    shifts = layout.shifts(start, stop, zero, degree)
+        return _shifted_peaks(narrow, start, stop, source, profiled, stages_after,
+                              lambda: [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)],
+                              partial(_wider_zero3_quantities, narrow, over=degree), key=("wider", degree))
     refine = None
     if zero == 3:
         refine = partial(_zero3_quantities if _ruled(predictor, stop) else _loss_floored, predictor)
-    return _shifted_peaks(predictor, start, stop, source, degree, stages_after, shifts, refine)
+    return _shifted_peaks(predictor, start, stop, source, degree, stages_after,
+                          lambda: layout.shifts(start, stop, zero, degree), refine, key=("zero", zero))
 
 
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
@@ -81,8 +80,8 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
     if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py
         composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
         return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
-    shifts = layout.shifts(start, stop, zero, data)
-    return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after, shifts)
+    return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after,
+                          lambda: layout.shifts(start, stop, zero, data), key=("tensor shards", zero, data))
 
 
 def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout | None:
@@ -92,29 +91,37 @@ def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout 
 
 
 def _shifted_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, stages_after: int,
-                   shifts: Sequence[tuple[int, ...]],
-                   refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None) -> list[float] | None:
+                   shifts: Callable[[], Sequence[tuple[int, ...]]],
+                   refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None, *,
+                   key: tuple[object, ...]) -> list[float] | None:
     """The peaks of the profiled stage ``kind`` x ``degree`` with its ``static``, step transient and (a third
-    element, if any) ``gradient`` moved by each shift (one per device): its quantities replayed with them; a
+    element, if any) ``gradient`` moved by each of ``shifts()`` (one per device): its quantities replayed with them; a
     fitted degree (or CAPTURE's peak statistic) moves the peak by the static shift alone. ``refine`` (ZeRO-3's
-    rules) rewrites the quantities before the replay. None if the stage is not predicted."""
+    rules) rewrites the quantities before the replay. None if the stage is not predicted. What comes before the
+    replay is the same at every position: made once per span and ``key`` (what, besides the span, ``kind`` and
+    ``degree``, decides the shifts and the rules), which a search asks at each of up to 64 positions."""
     measured = (kind, degree) in predictor.stats or predictor._wider_data(kind, degree) is not None
     q = predictor.span_quantities(start, stop, kind, degree) if measured else None
     if q is None or predictor.method == "capture":
         base = predictor.stage_memory(start, stop, kind, degree, stages_after)
         if not math.isfinite(base):
             return None
-        return [base + shift[0] for shift in shifts]
+        return [base + shift[0] for shift in shifts()]
+
+    def shifted() -> tuple[np.ndarray, np.ndarray]:
+        moved = shifts()
+        refined = q if refine is None else refine(start, stop, degree, q)
+        distinct = list(dict.fromkeys(moved))  # a stage's ranks mostly hold equal shares: each distinct one replayed once
+        vectors = np.tile(refined[:PEAK], (len(distinct), 1))
+        for r, shift in enumerate(distinct):
+            for name, by in zip(("static", "step_transient", "gradient"), shift):
+                vectors[r, INDEX[name]] += by
+        row = {shift: r for r, shift in enumerate(distinct)}
+        return vectors, np.array([row[shift] for shift in moved])
+
+    vectors, rows = predictor.kept(("shifted", start, stop, kind, degree, *key), shifted)
     terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
-    if refine is not None:
-        q = refine(start, stop, degree, q)
-    distinct = list(dict.fromkeys(shifts))  # a stage's ranks mostly hold equal shares: each distinct one replayed once
-    vectors = np.tile(q[:PEAK], (len(distinct), 1))
-    for r, shift in enumerate(distinct):
-        for name, moved in zip(("static", "step_transient", "gradient"), shift):
-            vectors[r, INDEX[name]] += moved
-    peaks = dict(zip(distinct, np.max(vectors @ terms.T, axis=1).tolist()))
-    return [peaks[shift] for shift in shifts]
+    return np.max(vectors @ terms.T, axis=1)[rows].tolist()
 
 
 def zero_ranks(predictor: MemoryPredictor, stage: StagePlan) -> tuple[ZeroLayout | None, int, Callable[[int], int]]:
@@ -322,6 +329,19 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
     ``over``: the stage's ranks where more than ``degree`` ([Note: a ZeRO-3 stage wider than the profiled ones]:
     ``predictor`` is then at the replica's batch, each rank's shards, AdamW state and step moved to ``over`` ranks,
     the layers gathered over them)."""
+    inputs = predictor.kept(("zero2 replay", start, stop, degree, over),  # the same at every position
+                            lambda: _zero2_inputs(predictor, start, stop, degree, over))
+    if inputs is None:
+        return None
+    vectors, rows, transients, total = inputs
+    peaks = zero2_peaks(vectors, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
+    return [peaks[r] for r in rows]
+
+
+def _zero2_inputs(predictor: MemoryPredictor, start: int, stop: int, degree: int, over: int | None
+                  ) -> tuple[list[np.ndarray], list[int], Zero2Transients, float] | None:
+    """What :func:`_zero2_peaks` replays, whatever the position: each distinct rank's quantities, each rank's row
+    among them, the ZeRO-2 transients and the gathered bytes; None where not predicted."""
     layout = predictor.zero_layout
     if (layout is None or predictor.method == "capture"
             or not {("data-zero3", degree), ("data", degree)} <= set(predictor.stats)):
@@ -382,4 +402,7 @@ def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int,
         floor = loss_backward_bytes(predictor.loss_backward, predictor._rows("data-zero3", degree))
         transients = replace(transients, first_backward=max(transients.first_backward, floor),
                              gathered_backward=max(transients.gathered_backward, floor))
-    return zero2_peaks(vectors, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
+    row: dict[bytes, int] = {}  # a stage's ranks mostly hold equal shares: each distinct one replayed once
+    rows = [row.setdefault(v.tobytes(), len(row)) for v in vectors]
+    distinct = {r: v for v, r in zip(vectors, rows)}
+    return [distinct[r] for r in range(len(row))], rows, transients, total
