@@ -17,18 +17,18 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK, measured_at
-from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
+from hybridplan.predict.rank_replay import RankReplay
+from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_rows
 from hybridplan.predict.zero3_transients import (RecomputedBackwards, first_backward_prefetch_floor, prefetched_bytes,
                                                  recomputed_backwards, reduce_scatter_floor, sharded_backward_floor,
                                                  sharded_forward_transient)
 from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.profiling.quantities import INDEX
-from hybridplan.profiling.schedule_memory import peak_terms
 
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["composed_zero3_quantities", "composed_zero3_peaks", "composed_zero2_peaks", "recomputed_moments", "recomputed_floors"]
+__all__ = ["composed_zero3_quantities", "composed_zero3_replay", "composed_zero2_replay", "recomputed_moments", "recomputed_floors"]
 
 
 def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -222,24 +222,24 @@ def _recomputed_ending(table: np.ndarray, moments: RecomputedBackwards, stop: in
     return out[0], out[1]
 
 
-def composed_zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
-    """Each rank's peak of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
+def composed_zero2_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                          layout: ZeroLayout, data: int, several: bool) -> RankReplay | None:
+    """The ranks of a ZeRO-2 stage over ``data`` ranks composed from an unsharded stage ([Note: ZeRO-3
     composed from an unsharded stage] in predict/zero3_transients.py): :func:`zero2_peak`'s replay of the composed ZeRO-3
     quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
     scenario], each suffix's ZeRO-3 backward composed likewise, and at least ZeRO-3's where the stage recomputes or
-    ends the model; None where not predicted."""
-    composed = predictor.kept(("zero2", start, stop, kind, degree, layout, data),
-                     lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
+    ends the model (``several``: as :func:`composed_zero3_replay`); None where not predicted."""
+    composed = predictor.kept(("zero2", start, stop, kind, degree, layout, data),  # with and without ``several``
+                              lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
     if composed is None:
         return None
     ranks, transients, total = composed
-    peaks = zero2_peaks(ranks, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
+    replay = RankReplay.of(zero2=list(zero2_rows(ranks, transients, total)))
     if predictor.recompute or stop == predictor.num_layers:  # at least ZeRO-3's: [Note: a recomputed ZeRO-3
         # stage], [Note: the layers before the head] in predict/zero3_transients.py
-        sharded = composed_zero3_peaks(predictor, start, stop, kind, degree, layout, data, stages_after)
-        peaks = peaks if sharded is None else [max(a, b) for a, b in zip(peaks, sharded)]
-    return peaks
+        sharded = composed_zero3_replay(predictor, start, stop, kind, degree, layout, data, several)
+        replay = replay if sharded is None else replay.with_plain(sharded)
+    return replay
 
 
 def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
@@ -282,20 +282,15 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
     return _per_rank(q, layout, start, stop, data), transients, total
 
 
-def composed_zero3_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
-                         layout: ZeroLayout, data: int, stages_after: int) -> list[float] | None:
-    """Each rank's peak of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
+def composed_zero3_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+                          layout: ZeroLayout, data: int, several: bool) -> RankReplay | None:
+    """The ranks of a ZeRO-3 stage over ``data`` ranks composed from an unsharded stage
     (:func:`composed_zero3_quantities`), its first backward raised to FSDP2's spurious prefetch where it follows two
-    forwards or more ([Note: a first backward after several forwards] in predict/zero3_transients.py), each rank's chunks moving
-    its ``static`` and step; None where not predicted."""
-    forwards = predictor.num_microbatches if predictor.schedule == "gpipe" else min(predictor.num_microbatches,
-                                                                                     stages_after + 1)
-    ranks = predictor.kept(("zero3 ranks", start, stop, kind, degree, layout, data, forwards >= 2),
-                  lambda: _composed_zero3_ranks(predictor, start, stop, kind, degree, layout, data, forwards >= 2))
-    if ranks is None:
-        return None
-    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
-    return np.max(np.asarray(ranks) @ terms.T, axis=1).tolist()
+    forwards or more (``several``: :func:`~hybridplan.predict.rank_replay.several_forwards`; [Note: a first backward
+    after several forwards] in predict/zero3_transients.py), each rank's chunks moving its ``static`` and step; None
+    where not predicted."""
+    ranks = _composed_zero3_ranks(predictor, start, stop, kind, degree, layout, data, several)
+    return None if ranks is None else RankReplay.of(plain=ranks)
 
 
 def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK
+from hybridplan.predict.rank_replay import RankReplay, replay_rows, several_forwards
+from hybridplan.predict.zero_stage import zero_replay
 from hybridplan.profiling.schedule_memory import peak_terms
 
 if TYPE_CHECKING:
@@ -52,13 +54,10 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
             return out
         base = predictor.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
         finite = np.isfinite(base)
-        for rows, cols in _span_classes(predictor, L):
-            where = finite[rows, cols]
-            if where.any():  # the class's first predictable span stands for all of it
-                first = int(np.argmax(where))
-                out[rows[where], cols[where]] = predictor.stage_memory(
-                    int(rows[first]), int(cols[first]), kind, degree, stages_after, tensor_degree=tensor_degree, zero=zero)
-        return out
+        several = several_forwards(predictor.schedule, stages_after, predictor.num_microbatches)
+        classes = predictor.kept(("zero classes", kind, degree, tensor_degree, zero, several, L, finite.tobytes()),
+                                 lambda: _ZeroClasses(predictor, L, finite, kind, degree, tensor_degree, zero, several))
+        return classes.matrix(predictor, stages_after, out)
     if kind == "data+tensor":
         replica = predictor._replica(degree, tensor_degree)
         return out if replica is None else replica.stage_memory_matrix("tensor", tensor_degree, stages_after, L)
@@ -89,6 +88,64 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
     else:
         values = np.max(table[..., :PEAK] @ peak_terms(predictor.schedule, stages_after, predictor.num_microbatches).T, axis=-1)
     return np.where(np.isnan(values), math.inf, values)
+
+
+class _ZeroClasses:
+    """One ZeRO config's span classes, each class's ranks as rows (predict/rank_replay.py), stacked: the matrix
+    at a position is two products and a maximum per class ([Note: a ZeRO stage's rows are the same at every
+    position] in predict/rank_replay.py), where asking each class at each position took the Llama-3-70B on 32x8
+    search's stage table most of its minute."""
+
+    def __init__(self, predictor: MemoryPredictor, L: int, finite: np.ndarray, kind: str, degree: int,
+                 tensor_degree: int, zero: int, several: bool) -> None:
+        plain: list[np.ndarray] = []
+        zero2: list[np.ndarray] = []
+        self.plain_starts: list[int] = []  # where each class's rows start in the stacks, and which class
+        self.plain_class: list[int] = []
+        self.zero2_starts: list[int] = []
+        self.zero2_class: list[int] = []
+        self.positional: list[tuple[int, RankReplay]] = []  # classes predicted by a peak statistic alone
+        spans: list[tuple[np.ndarray, np.ndarray]] = []
+        for rows, cols in _span_classes(predictor, L):
+            where = finite[rows, cols]
+            if not where.any():
+                continue
+            first = int(np.argmax(where))  # the class's first predictable span stands for all of it
+            replay = zero_replay(predictor, int(rows[first]), int(cols[first]), kind, zero, degree, tensor_degree,
+                                 several=several)
+            if replay is None:
+                continue  # not predicted: inf
+            c = len(spans)
+            spans.append((rows[where], cols[where]))
+            if replay.base is not None:
+                self.positional.append((c, replay))
+            for stack, starts, owner, part in ((plain, self.plain_starts, self.plain_class, replay.plain),
+                                               (zero2, self.zero2_starts, self.zero2_class, replay.zero2)):
+                if len(part):
+                    starts.append(sum(len(block) for block in stack))
+                    owner.append(c)
+                    stack.append(part)
+        self.plain = np.concatenate(plain) if plain else np.empty((0, PEAK))
+        self.zero2 = np.concatenate(zero2) if zero2 else np.empty((0, PEAK + 5))
+        self.classes = len(spans)
+        self.rows = np.concatenate([r for r, _ in spans]) if spans else np.empty(0, dtype=np.intp)
+        self.cols = np.concatenate([c for _, c in spans]) if spans else np.empty(0, dtype=np.intp)
+        self.owner = np.repeat(np.arange(len(spans)), [len(r) for r, _ in spans])
+
+    def matrix(self, predictor: MemoryPredictor, stages_after: int, out: np.ndarray) -> np.ndarray:
+        """``out`` with every predicted span's value at ``stages_after``: its class's largest rank."""
+        value = np.full(self.classes, -math.inf)
+        schedule, m = predictor.schedule, predictor.num_microbatches
+        plain, zero2 = replay_rows(self.plain, self.zero2, schedule, stages_after, m)
+        for peaks, starts, owner in ((plain, self.plain_starts, self.plain_class),
+                                     (zero2, self.zero2_starts, self.zero2_class)):
+            if peaks is not None:
+                value[owner] = np.maximum(value[owner], np.maximum.reduceat(peaks, starts))
+        for c, replay in self.positional:
+            ranks = replay.peaks(schedule, stages_after, m)
+            value[c] = math.inf if ranks is None else max(ranks)
+        out[self.rows, self.cols] = value[self.owner]
+        return out
 
 
 def _span_classes(predictor: MemoryPredictor, L: int) -> list[tuple[np.ndarray, np.ndarray]]:

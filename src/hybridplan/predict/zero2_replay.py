@@ -41,7 +41,7 @@ from hybridplan.plan.schedule import stage_actions
 from hybridplan.predict.batch_scaling import PEAK
 from hybridplan.profiling.quantities import INDEX
 
-__all__ = ["Zero2Transients", "zero2_peak", "zero2_peaks", "zero2_terms", "gathered_backward_transient", "unsharded_backward_bound"]
+__all__ = ["Zero2Transients", "zero2_peak", "zero2_peaks", "zero2_rows", "zero2_values", "zero2_terms", "gathered_backward_transient", "unsharded_backward_bound"]
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,21 @@ def zero2_peak(q: np.ndarray, transients: Zero2Transients, gathered: float, sche
 def zero2_peaks(qs: Sequence[np.ndarray], transients: Zero2Transients, gathered: float, schedule: str,
                 stages_after: int, num_microbatches: int) -> list[float]:
     """:func:`zero2_peak` of each rank's quantity vector in ``qs`` (one product for all ranks)."""
+    return zero2_values(zero2_rows(qs, transients, gathered), schedule, stages_after, num_microbatches).tolist()
+
+
+def zero2_rows(qs: Sequence[np.ndarray], transients: Zero2Transients, gathered: float) -> np.ndarray:
+    """The rows :func:`zero2_values` replays: each rank's quantities ``q[:PEAK]``, then the transients and the
+    gathered bytes."""
     x = np.empty((len(qs), PEAK + 5))
     x[:, :PEAK] = [np.asarray(q[:PEAK], dtype=float) for q in qs]
     x[:, PEAK:] = [transients.gathering_forward, transients.gathered_forward, transients.first_backward,
                    transients.gathered_backward, gathered]
+    return x
+
+
+def zero2_values(x: np.ndarray, schedule: str, stages_after: int, num_microbatches: int) -> np.ndarray:
+    """The ZeRO-2 peak of each row of ``x`` (:func:`zero2_rows`), rows of any stages at once."""
     terms = zero2_terms(schedule, stages_after, num_microbatches)
     finite = np.isfinite(x)
     values = np.where(finite, x, 0.0) @ terms.T
@@ -94,7 +105,8 @@ def zero2_peaks(qs: Sequence[np.ndarray], transients: Zero2Transients, gathered:
             for r, j in zip(*np.nonzero(~finite)):
                 values[r, used[:, j]] += x[r, j] * terms[used[:, j], j]
         values[np.isnan(values)] = -math.inf
-    return np.max(values, axis=1).tolist()
+    out: np.ndarray = np.max(values, axis=1)
+    return out
 
 
 @lru_cache(maxsize=1024)

@@ -24,20 +24,20 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
-from hybridplan.predict.composed_zero import (composed_zero2_peaks, composed_zero3_peaks, recomputed_floors,
+from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, recomputed_floors,
                                              recomputed_moments)
-from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_peaks
+from hybridplan.predict.rank_replay import RankReplay, several_forwards
+from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_rows
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
                                                  sharded_forward_transient)
 from hybridplan.predict.zero_layout import ZeroLayout
 from hybridplan.profiling.quantities import INDEX
-from hybridplan.profiling.schedule_memory import peak_terms
 from hybridplan.profiling.statistics import SpanStatistics
 
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "tensor_shards", "zero_ranks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "zero_replay", "tensor_shards", "zero_ranks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -45,25 +45,7 @@ def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zer
     """Each rank's predicted peak of a ZeRO stage (None if the profile cannot say; [Note: predicting ZeRO from a
     profile] in predict/zero_layout.py): the profiled stage's quantities with the rank's ``static`` and step transient,
     replayed; a fitted degree moves the fitted peak by the static difference alone."""
-    source, layout = predictor._zero_source(kind, zero), predictor.zero_layout
-    if source is None or layout is None:
-        return None
-    wider = predictor._wider_data("data-zero3", degree) if zero in (2, 3) else None
-    if zero == 2:
-        if wider is not None and predictor._wider_data("data", degree) is not None:  # the same Note, ZeRO-2's replay
-            narrow, profiled = wider
-            return _zero2_peaks(narrow, start, stop, profiled, stages_after, over=degree)
-        return _zero2_peaks(predictor, start, stop, degree, stages_after)
-    if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
-        narrow, profiled = wider
-        return _shifted_peaks(narrow, start, stop, source, profiled, stages_after,
-                              lambda: [layout.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)],
-                              partial(_wider_zero3_quantities, narrow, over=degree), key=("wider", degree))
-    refine = None
-    if zero == 3:
-        refine = partial(_zero3_quantities if _ruled(predictor, stop) else _loss_floored, predictor)
-    return _shifted_peaks(predictor, start, stop, source, degree, stages_after,
-                          lambda: layout.shifts(start, stop, zero, degree), refine, key=("zero", zero))
+    return _replayed(predictor, start, stop, kind, zero, degree, 0, stages_after)
 
 
 def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: int, degree: int, tensor_degree: int,
@@ -73,15 +55,58 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
     from an unsharded stage] and, recomputed, [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py), or
     None where the profile cannot say: no shard shapes recorded at ``tensor_degree``, or a batch the replicas cannot
     split."""
-    layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
-    if zero not in (1, 2, 3) or layout is None or replica is None:
+    return _replayed(predictor, start, stop, "data+tensor", zero, degree, tensor_degree, stages_after)
+
+
+def _replayed(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
+              tensor_degree: int, stages_after: int) -> list[float] | None:
+    """:func:`zero_replay`'s ranks replayed at a position, the replay kept for the span's other positions."""
+    several = several_forwards(predictor.schedule, stages_after, predictor.num_microbatches)
+    replay = predictor.kept(("zero replay", start, stop, kind, zero, degree, tensor_degree, _depends(kind, zero) and several),
+                            lambda: zero_replay(predictor, start, stop, kind, zero, degree, tensor_degree, several=several))
+    return None if replay is None else replay.peaks(predictor.schedule, stages_after, predictor.num_microbatches)
+
+
+def _depends(kind: str, zero: int) -> bool:
+    """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (a composed ZeRO-2/3 stage's first
+    backward: :func:`~hybridplan.predict.rank_replay.several_forwards`)."""
+    return kind == "data+tensor" and zero in (2, 3)
+
+
+def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
+                tensor_degree: int = 0, *, several: bool = True) -> RankReplay | None:
+    """The ranks of a ZeRO stage as rows to replay at any position ([Note: a ZeRO stage's rows are the same at every
+    position] in predict/rank_replay.py): a data stage's from its ZeRO scenarios (:func:`zero_peaks`), a data x
+    tensor stage's (``kind="data+tensor"``, ``degree`` devices of ``tensor_degree``) composed from its tensor stage
+    (:func:`zero_tensor_peaks`); ``several``: its first backward follows two forwards or more. None where the profile
+    cannot say."""
+    if kind == "data+tensor":
+        layout, replica = tensor_shards(predictor, tensor_degree), predictor._replica(degree, tensor_degree)
+        if zero not in (1, 2, 3) or layout is None or replica is None:
+            return None
+        data = degree // tensor_degree
+        if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py
+            composed = composed_zero2_replay if zero == 2 else composed_zero3_replay
+            return composed(replica, start, stop, "tensor", tensor_degree, layout, data, several)
+        return _shifted(replica, start, stop, "tensor", tensor_degree, layout.shifts(start, stop, zero, data))
+    source, whole = predictor._zero_source(kind, zero), predictor.zero_layout
+    if source is None or whole is None:
         return None
-    data = degree // tensor_degree
-    if zero in (2, 3):  # [Note: ZeRO-3 composed from an unsharded stage] in predict/zero3_transients.py
-        composed = composed_zero2_peaks if zero == 2 else composed_zero3_peaks
-        return composed(replica, start, stop, "tensor", tensor_degree, layout, data, stages_after)
-    return _shifted_peaks(replica, start, stop, "tensor", tensor_degree, stages_after,
-                          lambda: layout.shifts(start, stop, zero, data), key=("tensor shards", zero, data))
+    wider = predictor._wider_data("data-zero3", degree) if zero in (2, 3) else None
+    if zero == 2:
+        if wider is not None and predictor._wider_data("data", degree) is not None:  # the same Note, ZeRO-2's replay
+            narrow, profiled = wider
+            return _zero2_replay(narrow, start, stop, profiled, over=degree)
+        return _zero2_replay(predictor, start, stop, degree)
+    if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
+        narrow, profiled = wider
+        return _shifted(narrow, start, stop, source, profiled,
+                        [whole.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)],
+                        partial(_wider_zero3_quantities, narrow, over=degree))
+    refine = None
+    if zero == 3:
+        refine = partial(_zero3_quantities if _ruled(predictor, stop) else _loss_floored, predictor)
+    return _shifted(predictor, start, stop, source, degree, whole.shifts(start, stop, zero, degree), refine)
 
 
 def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout | None:
@@ -90,38 +115,26 @@ def tensor_shards(predictor: MemoryPredictor, tensor_degree: int) -> ZeroLayout 
     return None if predictor.zero_layout is None else predictor.zero_layout.of_tensor_shards(tensor_degree)
 
 
-def _shifted_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, stages_after: int,
-                   shifts: Callable[[], Sequence[tuple[int, ...]]],
-                   refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None, *,
-                   key: tuple[object, ...]) -> list[float] | None:
-    """The peaks of the profiled stage ``kind`` x ``degree`` with its ``static``, step transient and (a third
-    element, if any) ``gradient`` moved by each of ``shifts()`` (one per device): its quantities replayed with them; a
+def _shifted(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
+             shifts: Sequence[tuple[int, ...]],
+             refine: Callable[[int, int, int, np.ndarray], np.ndarray] | None = None) -> RankReplay | None:
+    """The ranks of the profiled stage ``kind`` x ``degree`` with its ``static``, step transient and (a third
+    element, if any) ``gradient`` moved by each shift (one per device): its quantities, replayed with them; a
     fitted degree (or CAPTURE's peak statistic) moves the peak by the static shift alone. ``refine`` (ZeRO-3's
-    rules) rewrites the quantities before the replay. None if the stage is not predicted. What comes before the
-    replay is the same at every position: made once per span and ``key`` (what, besides the span, ``kind`` and
-    ``degree``, decides the shifts and the rules), which a search asks at each of up to 64 positions."""
+    rules) rewrites the quantities before the replay."""
     measured = (kind, degree) in predictor.stats or predictor._wider_data(kind, degree) is not None
     q = predictor.span_quantities(start, stop, kind, degree) if measured else None
     if q is None or predictor.method == "capture":
-        base = predictor.stage_memory(start, stop, kind, degree, stages_after)
-        if not math.isfinite(base):
-            return None
-        return [base + shift[0] for shift in shifts()]
-
-    def shifted() -> tuple[np.ndarray, np.ndarray]:
-        moved = shifts()
-        refined = q if refine is None else refine(start, stop, degree, q)
-        distinct = list(dict.fromkeys(moved))  # a stage's ranks mostly hold equal shares: each distinct one replayed once
-        vectors = np.tile(refined[:PEAK], (len(distinct), 1))
-        for r, shift in enumerate(distinct):
-            for name, by in zip(("static", "step_transient", "gradient"), shift):
-                vectors[r, INDEX[name]] += by
-        row = {shift: r for r, shift in enumerate(distinct)}
-        return vectors, np.array([row[shift] for shift in moved])
-
-    vectors, rows = predictor.kept(("shifted", start, stop, kind, degree, *key), shifted)
-    terms = peak_terms(predictor.schedule, stages_after, predictor.num_microbatches)
-    return np.max(vectors @ terms.T, axis=1)[rows].tolist()
+        return RankReplay.positional(lambda after: predictor.stage_memory(start, stop, kind, degree, after),
+                                     [shift[0] for shift in shifts])
+    if refine is not None:
+        q = refine(start, stop, degree, q)
+    rows: dict[tuple[int, ...], np.ndarray] = {}  # a stage's ranks mostly hold equal shares
+    for shift in dict.fromkeys(shifts):
+        rows[shift] = v = np.array(q[:PEAK], dtype=float)
+        for name, moved in zip(("static", "step_transient", "gradient"), shift):
+            v[INDEX[name]] += moved
+    return RankReplay.of(plain=[rows[shift] for shift in shifts])
 
 
 def zero_ranks(predictor: MemoryPredictor, stage: StagePlan) -> tuple[ZeroLayout | None, int, Callable[[int], int]]:
@@ -321,27 +334,14 @@ def _unfetched_bytes(predictor: MemoryPredictor, start: int, stop: int, degree: 
                             predictor.zero_layout.gathered_bytes(start, stop, degree))
 
 
-def _zero2_peaks(predictor: MemoryPredictor, start: int, stop: int, degree: int, stages_after: int, *,
-                 over: int | None = None) -> list[float] | None:
-    """Each rank's ZeRO-2 peak ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero2_replay.py): the
+def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int, *,
+                  over: int | None = None) -> RankReplay | None:
+    """Each rank's ZeRO-2 row ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero2_replay.py): the
     ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
-    forward transient and the gathered parameter bytes, replayed; None without both scenarios at ``degree``.
+    forward transient and the gathered parameter bytes; None without both scenarios at ``degree``.
     ``over``: the stage's ranks where more than ``degree`` ([Note: a ZeRO-3 stage wider than the profiled ones]:
     ``predictor`` is then at the replica's batch, each rank's shards, AdamW state and step moved to ``over`` ranks,
     the layers gathered over them)."""
-    inputs = predictor.kept(("zero2 replay", start, stop, degree, over),  # the same at every position
-                            lambda: _zero2_inputs(predictor, start, stop, degree, over))
-    if inputs is None:
-        return None
-    vectors, rows, transients, total = inputs
-    peaks = zero2_peaks(vectors, transients, total, predictor.schedule, stages_after, predictor.num_microbatches)
-    return [peaks[r] for r in rows]
-
-
-def _zero2_inputs(predictor: MemoryPredictor, start: int, stop: int, degree: int, over: int | None
-                  ) -> tuple[list[np.ndarray], list[int], Zero2Transients, float] | None:
-    """What :func:`_zero2_peaks` replays, whatever the position: each distinct rank's quantities, each rank's row
-    among them, the ZeRO-2 transients and the gathered bytes; None where not predicted."""
     layout = predictor.zero_layout
     if (layout is None or predictor.method == "capture"
             or not {("data-zero3", degree), ("data", degree)} <= set(predictor.stats)):
@@ -402,7 +402,4 @@ def _zero2_inputs(predictor: MemoryPredictor, start: int, stop: int, degree: int
         floor = loss_backward_bytes(predictor.loss_backward, predictor._rows("data-zero3", degree))
         transients = replace(transients, first_backward=max(transients.first_backward, floor),
                              gathered_backward=max(transients.gathered_backward, floor))
-    row: dict[bytes, int] = {}  # a stage's ranks mostly hold equal shares: each distinct one replayed once
-    rows = [row.setdefault(v.tobytes(), len(row)) for v in vectors]
-    distinct = {r: v for v, r in zip(vectors, rows)}
-    return [distinct[r] for r in range(len(row))], rows, transients, total
+    return RankReplay.of(zero2=list(zero2_rows(vectors, transients, total)))
