@@ -78,3 +78,40 @@ def test_pipeline_runs_at_most_description_1(L, devices):
 def test_packing_measures_several_spans_per_run():
     runs, _ = all_runs(34, Scenario("none", 1), 16, 16)  # GPT-3 2.6B's 34 layers on a 4x4 mesh
     assert len(runs) <= math.ceil(35 / 4)  # far fewer than Description 1's 35
+
+
+def _brute_force_best(pending, L, degree, devices, max_groups, fillers):
+    """(spans, devices used) of the best packing by enumeration: the most disjoint pending spans whose stages and
+    gap fillers fit, fewest devices on ties."""
+    from itertools import combinations
+
+    best = (0, 0)
+    spans = sorted(pending)
+    for k in range(1, len(spans) + 1):
+        for chosen in combinations(spans, k):
+            if any(a.stop > b.start for a, b in zip(chosen, chosen[1:])) or k > max_groups:
+                continue
+            bounds = [0] + [x for s in chosen for x in (s.start, s.stop)] + [L]
+            gaps = [b - a for a, b in zip(bounds[::2], bounds[1::2]) if b > a]
+            used = degree * k + sum(min(fillers, g) for g in gaps)
+            if used <= devices and (k, -used) > (best[0], -best[1]):
+                best = (k, used)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(L=st.integers(2, 9), devices=st.integers(1, 10), degree=st.sampled_from([1, 2, 3]),
+       fillers=st.integers(1, 3), data=st.data())
+def test_packing_measures_the_most_spans_on_the_fewest_devices(L, devices, degree, fillers, data):
+    """pack_run's dynamic program against every subset of the pending spans (small models)."""
+    every = [Span(a, b) for a in range(L) for b in range(a + 1, L + 1)]
+    pending = set(data.draw(st.lists(st.sampled_from(every), max_size=8)))
+    groups = data.draw(st.integers(1, 4))
+    run = pack_run(pending, num_layers=L, scenario=Scenario("none" if degree == 1 else "data", degree),
+                   devices=devices, max_groups=groups, fillers_per_gap=fillers)
+    count, used = _brute_force_best(pending, L, degree, devices, groups, fillers)
+    if count == 0:
+        assert run is None
+    else:
+        assert run is not None and set(run.measured) <= pending and len(run.measured) == count
+        assert run.devices == used

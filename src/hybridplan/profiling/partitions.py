@@ -19,9 +19,11 @@ number of stages in a run do not change what a measured stage tells us.
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import TypeAlias
 
 from hybridplan.errors import ProfileError
 from hybridplan.plan import Parallelism, Plan, StagePlan, as_schedule
@@ -135,6 +137,10 @@ def _gaps(chosen: Sequence[Span], num_layers: int) -> list[Span]:
     return gaps
 
 
+_Chain: TypeAlias = "tuple[Span, _Chain] | None"
+"""Spans chosen so far, the last first: (span, the chain before it)."""
+
+
 def _most_spans(
     pending: Sequence[Span], num_layers: int, degree: int, devices: int, max_groups: int, fillers_per_gap: int
 ) -> list[Span]:
@@ -142,37 +148,47 @@ def _most_spans(
 
     Dynamic program over layer positions: ``best[pos, used, groups, after_filler]`` is the largest
     count of spans covering ``[0, pos)`` with ``used`` devices; a step places a pending span starting
-    at ``pos`` or a filler gap (never two gaps in a row: they would be one).
+    at ``pos`` or a filler gap (never two gaps in a row: they would be one). The states are kept per
+    position, each with its spans as a chain back to the first, and a gap ends only where a pending
+    span starts or at the model's end (a state after a gap anywhere else cannot go on): a campaign
+    packs a run this way for each scenario, batch size and estimate, and Llama-3-70B's 82 layers on
+    256 devices took about a second a run when every state was looked for among all positions.
     """
     starting: dict[int, list[Span]] = {}
     for span in pending:
         starting.setdefault(span.start, []).append(span)
-    # state -> (count, -used, chosen spans); explored in order of position
-    frontier: dict[tuple[int, int, int, bool], tuple[int, list[Span]]] = {(0, 0, 0, True): (0, [])}
-    finals: list[tuple[int, int, list[Span]]] = []
-    for pos in range(num_layers + 1):
-        here = {k: v for k, v in frontier.items() if k[0] == pos}
-        for (_, used, groups, after_filler), (count, chosen) in here.items():
-            if pos == num_layers:
-                finals.append((count, -used, chosen))
-                continue
-            moves: list[tuple[int, int, int, bool, list[Span]]] = []
-            for span in starting.get(pos, []):
-                moves.append((span.stop, used + degree, groups + 1, False, chosen + [span]))
+    ends = sorted(set(starting) | {num_layers})  # where a gap may end
+    # per position: (used, groups, after_filler) -> (count, chosen spans), explored in order of position; a state
+    # reached again keeps the first of equally many spans
+    frontier: list[dict[tuple[int, int, bool], tuple[int, _Chain]]] = [{} for _ in range(num_layers + 1)]
+    frontier[0][(0, 0, True)] = (0, None)
+    for pos in range(num_layers):
+        gap_ends = ends[bisect.bisect_right(ends, pos):]
+        for (used, groups, after_filler), (count, chosen) in frontier[pos].items():
+            if used + degree <= devices and groups + 1 <= max_groups:
+                for span in starting.get(pos, ()):
+                    key, bucket = (used + degree, groups + 1, False), frontier[span.stop]
+                    kept = bucket.get(key)
+                    if kept is None or count + 1 > kept[0]:
+                        bucket[key] = (count + 1, (span, chosen))
             if not after_filler or pos == 0:
-                for stop in range(pos + 1, num_layers + 1):
-                    moves.append((stop, used + min(fillers_per_gap, stop - pos), groups, True, chosen))
-            for stop, u, g, filler, ch in moves:
-                if u > devices or g > max_groups:
-                    continue
-                key = (stop, u, g, filler)
-                value = (len(ch), ch)
-                if key not in frontier or value[0] > frontier[key][0]:
-                    frontier[key] = value
+                for stop in gap_ends:
+                    u = used + min(fillers_per_gap, stop - pos)
+                    if u > devices:
+                        continue
+                    key, bucket = (u, groups, True), frontier[stop]
+                    kept = bucket.get(key)
+                    if kept is None or count > kept[0]:
+                        bucket[key] = (count, chosen)
+    finals = [(count, -used, chosen) for (used, _, _), (count, chosen) in frontier[num_layers].items()]
     if not finals:
         return []
-    count, _, chosen = max(finals, key=lambda f: (f[0], f[1]))
-    return chosen if count else []
+    count, _, chain = max(finals, key=lambda f: (f[0], f[1]))
+    spans: list[Span] = []
+    while chain is not None:
+        spans.append(chain[0])
+        chain = chain[1]
+    return spans[::-1] if count else []
 
 
 def pack_run(
