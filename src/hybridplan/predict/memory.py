@@ -477,3 +477,11 @@ class MemoryPredictor:
         if plan is None:
             return CUDA_CONTEXT_BYTES + sum(LIBRARY_BYTES.values())
         return estimate_overhead_bytes(plan, device, set(LIBRARY_BYTES))
+
+    def outside_bytes_by_device(self, plan: Plan) -> dict[int, int] | None:
+        """:meth:`outside_bytes` of every device of ``plan`` at once (None for a CPU profile)."""
+        if self.device_type != "cuda":
+            return None
+        from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, overhead_bytes_by_device
+
+        return overhead_bytes_by_device(plan, set(LIBRARY_BYTES))

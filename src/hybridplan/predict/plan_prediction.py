@@ -41,6 +41,7 @@ def predict_plan(predictor: MemoryPredictor, plan: Plan) -> PlanPrediction:
                                     num_microbatches=plan.num_microbatches).predict(plan)
     check_measured_kinds(predictor, plan)
     devices = []
+    outside_of = predictor.outside_bytes_by_device(plan)
     for i, stage in enumerate(plan.stages):
         after = plan.num_stages - 1 - i
         # [Note: a data x tensor stage is a tensor stage at a smaller batch] Each of the d replicas of a
@@ -84,6 +85,8 @@ def predict_plan(predictor: MemoryPredictor, plan: Plan) -> PlanPrediction:
             raise ProfileError(f"stage {i} ({stage.describe()}) cannot be predicted: ZeRO-{stage.zero} needs the"
                                f" data{degree} and data{degree}-zero3 scenarios' quantities",
                                fix="predict with the default method (quantities), or profile with --zero")
+        excess = None if outside_of is None or source.reserved is None else source.reserved.excess(
+            stage.start, stage.stop, kind, degree, source.microbatch_size)  # the stage's, every device alike
         for d in stage.devices:
             mine, peak = breakdown, value
             if peaks is not None and layout is not None:
@@ -100,9 +103,7 @@ def predict_plan(predictor: MemoryPredictor, plan: Plan) -> PlanPrediction:
                             "gradient": breakdown["gradient"] + gradient,
                             "step_transient": breakdown["step_transient"] + step}
             rounded = int(round(peak))
-            outside = predictor.outside_bytes(plan, d)
-            excess = None if outside is None or source.reserved is None else source.reserved.excess(
-                stage.start, stage.stop, kind, degree, source.microbatch_size)
+            outside = None if outside_of is None else outside_of[d]
             reserved = None if excess is None else reserved_peak_from(rounded, excess)
             held = rounded if reserved is None else reserved  # what the allocator holds, at least
             devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,

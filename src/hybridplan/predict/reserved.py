@@ -78,6 +78,7 @@ class ReservedExcess:
 
     def __init__(self, rows: Iterable[PeakRow]) -> None:
         self._excess: dict[tuple[str, int], dict[int, dict[tuple[int, int], int]]] = {}
+        self._asked: dict[tuple[int, int, str, int, int], float | None] = {}
         for kind, degree, _batch, micro, start, stop, tensor, reserved in rows:
             nbytes = max(0, reserved - reserved_peak_from(tensor, 0))
             key = ("none", 1) if degree == 1 else (kind, degree)
@@ -105,11 +106,15 @@ class ReservedExcess:
         """Predicted excess (bytes reserved beyond the tensor peak rounded up to 2 MiB) of a ``kind`` x ``degree``
         stage of layers ``[start, stop)`` at ``microbatch_size`` samples per micro-batch (None: the scenario was not
         measured)."""
-        key = self._key(kind, degree)
-        if key is None:
-            return None
-        _, spans = min(self._excess[key].items(), key=lambda kv: (abs(kv[0] - microbatch_size), -kv[0]))
-        return float(self._nearest(spans, start, stop))
+        asked = (start, stop, kind, degree, microbatch_size)
+        if asked not in self._asked:  # a search asks each stage of many plans, every device alike
+            key = self._key(kind, degree)
+            if key is None:
+                self._asked[asked] = None
+            else:
+                _, spans = min(self._excess[key].items(), key=lambda kv: (abs(kv[0] - microbatch_size), -kv[0]))
+                self._asked[asked] = float(self._nearest(spans, start, stop))
+        return self._asked[asked]
 
 
 def reserved_excess(db: ProfileDB) -> ReservedExcess | None:

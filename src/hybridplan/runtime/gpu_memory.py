@@ -60,7 +60,7 @@ shared GPU.
 from __future__ import annotations
 
 import functools
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 
 from hybridplan.errors import UsageError
 from hybridplan.plan import Plan
@@ -251,20 +251,36 @@ def communicators_of(plan: Plan, rank: int) -> list[int]:
     all-reduce), and one 2-rank communicator per point-to-point peer (send/receive pairs get their own
     communicator, keyed by the pair).
     """
-    sizes = [plan.num_devices] if plan.num_devices > 1 else []
-    index = plan.stage_of_device(rank)
+    return _stage_communicators(plan, plan.stage_of_device(rank), (rank,))[rank]
+
+
+def communicators_by_device(plan: Plan) -> dict[int, list[int]]:
+    """:func:`communicators_of` every device of ``plan``, each stage's neighbours routed once (a prediction of a
+    256-device plan asks for all of them)."""
+    out: dict[int, list[int]] = {}
+    for index, stage in enumerate(plan.stages):
+        out.update(_stage_communicators(plan, index, stage.devices))
+    return out
+
+
+def _stage_communicators(plan: Plan, index: int, ranks: Sequence[int]) -> dict[int, list[int]]:
+    """:func:`communicators_of` each of ``ranks``, all of stage ``index``."""
     stage = plan.stages[index]
+    sizes = [plan.num_devices] if plan.num_devices > 1 else []
     if stage.tensor_degree > 1:
         sizes.append(stage.tensor_degree)
     if stage.data_degree > 1:
         sizes.append(stage.data_degree)
     here = layout_of(stage)
-    peers: set[int] = set()
-    for other in (index - 1, index + 1):
-        if 0 <= other < plan.num_stages:
-            peers |= _p2p_peers(layout_of(plan.stages[other]), here, plan.microbatch_size).get(rank, frozenset())
-    sizes += [2] * len(peers - {rank})
-    return sizes
+    neighbours = [_p2p_peers(layout_of(plan.stages[other]), here, plan.microbatch_size)
+                  for other in (index - 1, index + 1) if 0 <= other < plan.num_stages]
+    out = {}
+    for rank in ranks:
+        peers: set[int] = set()
+        for pairs in neighbours:
+            peers |= pairs.get(rank, frozenset())
+        out[rank] = sizes + [2] * len(peers - {rank})
+    return out
 
 
 @functools.lru_cache(maxsize=64)
@@ -276,6 +292,13 @@ def _p2p_peers(a: Layout, b: Layout, rows: int) -> dict[int, frozenset[int]]:
         peers.setdefault(t.src, set()).add(t.dst)
         peers.setdefault(t.dst, set()).add(t.src)
     return {rank: frozenset(others) for rank, others in peers.items()}
+
+
+def overhead_bytes_by_device(plan: Plan, libraries: set[str] | frozenset[str] = frozenset(), *,
+                             gpu: str | None = None) -> dict[int, int]:
+    """:func:`estimate_overhead_bytes` of every device of ``plan``."""
+    base = cuda_context_bytes(gpu) + sum(LIBRARY_BYTES[lib] for lib in libraries)
+    return {rank: base + len(sizes) * NCCL_COMMUNICATOR_BYTES for rank, sizes in communicators_by_device(plan).items()}
 
 
 def estimate_overhead_bytes(plan: Plan, rank: int, libraries: set[str] | frozenset[str] = frozenset(), *,

@@ -195,6 +195,7 @@ class Feasibility:
         predictor = self._targets[target]
         L = predictor.num_layers
         out = []
+        outside = predictor.outside_bytes_by_device(plan) or {}
         for j, stage in enumerate(plan.stages):
             after = min(plan.num_stages - 1 - j, predictor.position_horizon - 1)
             recompute = stage.recompute == "full"
@@ -204,7 +205,7 @@ class Feasibility:
                     stage.kind, stage.degree, after, L, tensor_degree=stage.tensor_degree, zero=stage.zero,
                     recompute=recompute)
             room = [math.inf if (c := self.cluster.memory_of(d)) is None
-                    else c - (predictor.outside_bytes(plan, d) or 0) for d in stage.devices]
+                    else c - outside.get(d, 0) for d in stage.devices]
             fits = self._matrices[key] <= (max(room) if stage.zero else min(room)) + 1
             if self.model is not None and stage.tensor_degree > 1:
                 bad = np.concatenate(([0], np.cumsum([self.model.tensor_parallel_problem(i, stage.tensor_degree)
