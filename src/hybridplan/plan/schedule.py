@@ -25,6 +25,7 @@ This module imports no torch: plans, predictions and searches use it without the
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -147,8 +148,10 @@ def stage_actions(schedule: str, num_stages: int, stage: int, num_microbatches: 
     return actions
 
 
+@functools.lru_cache(maxsize=65536)
 def in_flight_count(schedule: str, num_stages: int, stage: int, num_microbatches: int) -> int:
-    """Micro-batches whose activations are alive at once on ``stage`` (the schedule's memory driver)."""
+    """Micro-batches whose activations are alive at once on ``stage`` (the schedule's memory driver; counted once
+    per arguments: a search asks for every stage of thousands of plans, each a walk over the stage's actions)."""
     return max_in_flight(stage_actions(schedule, num_stages, stage, num_microbatches))
 
 

@@ -86,6 +86,7 @@ class TimeProfile:
     _index: dict[tuple[str, int], list[tuple[int, np.ndarray, np.ndarray]]] = field(
         init=False, repr=False, compare=False, default_factory=dict
     )
+    _types: list[str] = field(init=False, repr=False, compare=False, default_factory=list)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -94,6 +95,7 @@ class TimeProfile:
             self._index.setdefault((t.device_type, t.tensor_degree), []).append(entry)
         for entries in self._index.values():
             entries.sort(key=lambda e: e[0])
+        self._types.extend(dict.fromkeys(t.device_type for t in self.timings))
 
     # ------------------------------------------------------------------ queries
     @property
@@ -103,8 +105,9 @@ class TimeProfile:
 
     @property
     def device_types(self) -> tuple[str, ...]:
-        """Profiled device types, the reference (first listed) first."""
-        return tuple(dict.fromkeys(t.device_type for t in self.timings))
+        """Profiled device types, the reference (first listed) first (listed once: a throughput search asks millions
+        of times)."""
+        return tuple(self._types)
 
     @property
     def reference_device_type(self) -> str:
