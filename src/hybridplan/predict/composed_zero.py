@@ -244,7 +244,7 @@ def composed_zero2_replay(predictor: MemoryPredictor, start: int, stop: int, kin
 
 def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int, layout: ZeroLayout,
                     data: int) -> tuple[list[np.ndarray], Zero2Transients, int] | None:
-    """What :func:`composed_zero2_peaks` replays, whatever the later-stage count: each rank's quantities, the ZeRO-2
+    """What :func:`composed_zero2_replay` replays, whatever the later-stage count: each rank's quantities, the ZeRO-2
     transients and the stage's gathered bytes."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
     plain = predictor.span_quantities(start, stop, kind, degree)
@@ -295,7 +295,7 @@ def composed_zero3_replay(predictor: MemoryPredictor, start: int, stop: int, kin
 
 def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
                           layout: ZeroLayout, data: int, several: bool) -> list[np.ndarray] | None:
-    """Each rank's quantities of :func:`composed_zero3_peaks`' stage; ``several``: its first backward follows two
+    """Each rank's quantities of :func:`composed_zero3_replay`'s stage; ``several``: its first backward follows two
     forwards or more."""
     q = composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data)
     table = predictor._scaled_table(kind, degree)

@@ -29,7 +29,7 @@ import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK
 from hybridplan.predict.rank_replay import RankReplay, replay_rows, several_forwards
-from hybridplan.predict.zero_stage import zero_replay
+from hybridplan.predict.zero_stage import depends_on_forwards, zero_replay
 from hybridplan.profiling.schedule_memory import peak_terms
 
 if TYPE_CHECKING:
@@ -54,7 +54,8 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
             return out
         base = predictor.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
         finite = np.isfinite(base)
-        several = several_forwards(predictor.schedule, stages_after, predictor.num_microbatches)
+        several = (depends_on_forwards(kind, zero)  # else the same rows at every position
+                   and several_forwards(predictor.schedule, stages_after, predictor.num_microbatches))
         classes = predictor.kept(("zero classes", kind, degree, tensor_degree, zero, several, L, finite.tobytes()),
                                  lambda: _ZeroClasses(predictor, L, finite, kind, degree, tensor_degree, zero, several))
         return classes.matrix(predictor, stages_after, out)

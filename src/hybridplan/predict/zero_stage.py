@@ -37,7 +37,7 @@ from hybridplan.profiling.statistics import SpanStatistics
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "zero_replay", "tensor_shards", "zero_ranks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "zero_replay", "depends_on_forwards", "tensor_shards", "zero_ranks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -62,12 +62,13 @@ def _replayed(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero
               tensor_degree: int, stages_after: int) -> list[float] | None:
     """:func:`zero_replay`'s ranks replayed at a position, the replay kept for the span's other positions."""
     several = several_forwards(predictor.schedule, stages_after, predictor.num_microbatches)
-    replay = predictor.kept(("zero replay", start, stop, kind, zero, degree, tensor_degree, _depends(kind, zero) and several),
-                            lambda: zero_replay(predictor, start, stop, kind, zero, degree, tensor_degree, several=several))
+    key = ("zero replay", start, stop, kind, zero, degree, tensor_degree, depends_on_forwards(kind, zero) and several)
+    replay = predictor.kept(key, lambda: zero_replay(predictor, start, stop, kind, zero, degree, tensor_degree,
+                                                     several=several))
     return None if replay is None else replay.peaks(predictor.schedule, stages_after, predictor.num_microbatches)
 
 
-def _depends(kind: str, zero: int) -> bool:
+def depends_on_forwards(kind: str, zero: int) -> bool:
     """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (a composed ZeRO-2/3 stage's first
     backward: :func:`~hybridplan.predict.rank_replay.several_forwards`)."""
     return kind == "data+tensor" and zero in (2, 3)
