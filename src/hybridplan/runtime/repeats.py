@@ -22,7 +22,11 @@ SEEN, never assumed:
   renumbered micro-batches; every micro-batch has the same shape).
 
 Replaying costs the allocator's bookkeeping, not the operators' dispatch. Where the structure never repeats
-(GPipe's forwards grow the stash; a warm-up, a drain) everything is traced. The result (peaks, breakdown at the
+(GPipe's forwards grow the stash; a warm-up, a drain) everything is traced. Only blocks that backward as many
+micro-batches as they forward are replayed: a run of forwards can leave the memory's structure as it was (a
+recomputed first stage holding only the embedding stashes views of the batch, no storage of its own), yet its
+stash grows, and renumbering after it sent Llama-3-8B's first stage, [0, 1) recomputed ahead of 17 stages with
+16 micro-batches, to a backward of micro-batch -8 (a KeyError, benchmarks/instant_planning's random plans). The result (peaks, breakdown at the
 peak, reserved peak, per-action timeline) equals a run that traced every action, byte for byte:
 tests/runtime/test_repeats.py checks both on 1F1B, GPipe and 2BW plans, tensor, data and ZeRO stages,
 recompute, CPU and CUDA terms.
@@ -62,6 +66,14 @@ def _form(actions: Sequence[Action], start: int, block: int) -> tuple[Any, ...] 
     return (step, tuple((a.kind, a.microbatch - base) for a in actions[start:start + block]))
 
 
+def _stationary(form: tuple[Any, ...]) -> bool:
+    """Whether a block of ``form`` backwards as many micro-batches as it forwards: only then is the stage after it
+    the stage before it with its micro-batches renumbered, which a replay assumes of the program's state (the
+    stash) beside the memory it replays (module note)."""
+    kinds = [kind for kind, _ in form[1]]
+    return kinds.count("F") == kinds.count("B")
+
+
 def run_actions(
     actions: Sequence[Action],
     execute: Callable[[Action], tuple[int, int, int]],
@@ -86,7 +98,7 @@ def run_actions(
     i = 0
     while i < len(actions):
         form = _form(actions, i, block) if meter is not None else None
-        if meter is None or form is None or form != _form(actions, i - block, block):
+        if meter is None or form is None or not _stationary(form) or form != _form(actions, i - block, block):
             traced.clear()
             action = actions[i]
             levels.append(execute(Action(action.kind, action.microbatch - shift) if shift else action))
