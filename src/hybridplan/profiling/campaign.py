@@ -318,17 +318,8 @@ class Campaign:
         With layer merging, the parallel scenarios are counted on the original layers (the merged ones
         are only known after the pipeline scenario ran).
         """
-        out = []
-        for scenario in sorted(self.scenarios, key=lambda s: s.degree > 1):
-            for batch in self.batch_sizes:
-                pending = self._requests(scenario)
-                while pending:
-                    run = self._pack(pending, scenario, 1)
-                    if run is None:
-                        break
-                    pending -= set(run.measured)
-                    out.append((batch, scenario, run))
-        return out
+        return [(batch, scenario, run) for scenario in sorted(self.scenarios, key=lambda s: s.degree > 1)
+                for batch in self.batch_sizes for run in self._planned_runs(scenario)]
 
     def _merge(self) -> None:
         stats = statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))
@@ -341,14 +332,15 @@ class Campaign:
         self.say(f"merged {self.L} layers into {self.groups.num_groups}: groups start at layers {self.groups.bounds[:-1]}")
 
     def _estimate_runs(self, scenario: Scenario) -> int:
-        pending, n = self._requests(scenario), 0
-        while pending:
-            run = self._pack(pending, scenario, 1)
-            if run is None:
-                break
+        return len(self._planned_runs(scenario))
+
+    def _planned_runs(self, scenario: Scenario) -> list[ProfilingRun]:
+        """The runs of one batch size of ``scenario`` if every run succeeded."""
+        pending, runs = self._requests(scenario), []
+        while pending and (run := self._pack(pending, scenario, 1)) is not None:
             pending -= set(run.measured)
-            n += 1
-        return n
+            runs.append(run)
+        return runs
 
     def _pack(self, pending: set[Span], scenario: Scenario, fillers: int) -> ProfilingRun | None:
         """The next run of ``scenario`` for ``pending`` (:func:`~hybridplan.profiling.partitions.pack_run`), packed
