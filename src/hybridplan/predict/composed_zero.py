@@ -40,7 +40,7 @@ def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int,
     backward's floor] (``static``, ``gradient`` and the step are each rank's: :meth:`ZeroLayout.unsharded_shift`),
     under GPipe the later one without the prefetched layer ([Note: a backward after a backward]). None where the
     profile does not predict the unsharded stage, its prefixes or its suffixes."""
-    q = predictor.kept(("zero3", start, stop, kind, degree, layout, data),
+    q = predictor.kept(("zero3", predictor.span_class(start, stop), kind, degree, layout, data),
               lambda: _composed_zero3_quantities(predictor, start, stop, kind, degree, layout, data))
     return None if q is None else q.copy()
 
@@ -229,7 +229,7 @@ def composed_zero2_replay(predictor: MemoryPredictor, start: int, stop: int, kin
     quantities (:func:`composed_zero3_quantities`) with the transients of [Note: predicting ZeRO-2 from the ZeRO-3
     scenario], each suffix's ZeRO-3 backward composed likewise, and at least ZeRO-3's where the stage recomputes or
     ends the model (``several``: as :func:`composed_zero3_replay`); None where not predicted."""
-    composed = predictor.kept(("zero2", start, stop, kind, degree, layout, data),  # with and without ``several``
+    composed = predictor.kept(("zero2", predictor.span_class(start, stop), kind, degree, layout, data),  # with and without ``several``
                               lambda: _composed_zero2(predictor, start, stop, kind, degree, layout, data))
     if composed is None:
         return None

@@ -153,7 +153,7 @@ class MemoryPredictor:
         """The profile database it was read from (:meth:`from_profile`), named by errors about what it lacks."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
         self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
-        self._replicas: dict[int, MemoryPredictor] = {}
+        self._targets: dict[tuple[str, int, int], MemoryPredictor] = {}
         self._kept: dict[tuple[Any, ...], Any] = {}
         """What :meth:`kept` made, by key."""
 
@@ -247,6 +247,15 @@ class MemoryPredictor:
         if key not in self._kept:
             self._kept[key] = make()
         return self._kept[key]
+
+    def span_class(self, start: int, stop: int) -> tuple[Any, ...]:
+        """What the prediction of the span ``[start, stop)`` is a function of, to key what is :meth:`kept` for it:
+        its layers' classes and whether it starts or ends the model where the profile records classes ([Note:
+        identical spans predict alike] in predict/span_tables.py: a plan's stages of 2 decoder layers are one
+        class wherever they sit), else the span itself."""
+        if self.layer_classes is None:
+            return (start, stop)
+        return (tuple(self.layer_classes[start:stop]), start == 0, stop == self.num_layers)
 
     def _span_quantities(self, start: int, stop: int, kind: str, degree: int, refined: bool) -> np.ndarray | None:
         """:meth:`span_quantities`, computed."""
@@ -357,9 +366,7 @@ class MemoryPredictor:
 
     def _at_batch(self, global_batch_size: int) -> MemoryPredictor:
         """This predictor at another global batch (same micro-batch count), kept for the next stage that asks."""
-        if global_batch_size not in self._replicas:
-            self._replicas[global_batch_size] = self.retargeted(global_batch_size=global_batch_size)
-        return self._replicas[global_batch_size]
+        return self.retargeted(global_batch_size=global_batch_size)
 
     def _wider_data(self, kind: str, degree: int) -> tuple[MemoryPredictor, int] | None:
         """A data stage of ``degree`` above every profiled data degree, as ``(predictor, d)``: the largest profiled
@@ -430,27 +437,35 @@ class MemoryPredictor:
 
     def retargeted(self, *, schedule: str | None = None, global_batch_size: int | None = None,
                    num_microbatches: int | None = None) -> MemoryPredictor:
-        """This predictor's profile at other targets (unset ones kept)."""
-        return MemoryPredictor(
-            self.stats,
-            num_layers=self.num_layers,
-            schedule=schedule or self.schedule,
-            global_batch_size=global_batch_size or self.global_batch_size,
-            num_microbatches=num_microbatches or self.num_microbatches,
-            degree_fit=self.degree_fit,
-            method=self.method,
-            profile_schedule=self.profile_schedule,
-            stash=self.stash,
-            recompute=self.recompute,
-            recomputed=None if self.recomputed is None else self.recomputed.retargeted(
-                schedule=schedule, global_batch_size=global_batch_size, num_microbatches=num_microbatches),
-            device_type=self.device_type,
-            zero_layout=self.zero_layout,
-            reserved=self.reserved,
-            loss_backward=self.loss_backward,
-            head_backward=self.head_backward,
-            layer_classes=self.layer_classes,
-        )
+        """This predictor's profile at other targets (unset ones kept). Kept per target: a search predicts many
+        plans at each micro-batch size, and what a predictor made for one (:meth:`kept`, its stage matrices) serves
+        the next."""
+        target = (schedule or self.schedule, global_batch_size or self.global_batch_size,
+                  num_microbatches or self.num_microbatches)
+        if target == (self.schedule, self.global_batch_size, self.num_microbatches):
+            return self
+        if target not in self._targets:
+            self._targets[target] = MemoryPredictor(
+                self.stats,
+                num_layers=self.num_layers,
+                schedule=target[0],
+                global_batch_size=target[1],
+                num_microbatches=target[2],
+                degree_fit=self.degree_fit,
+                method=self.method,
+                profile_schedule=self.profile_schedule,
+                stash=self.stash,
+                recompute=self.recompute,
+                recomputed=None if self.recomputed is None else self.recomputed.retargeted(
+                    schedule=target[0], global_batch_size=target[1], num_microbatches=target[2]),
+                device_type=self.device_type,
+                zero_layout=self.zero_layout,
+                reserved=self.reserved,
+                loss_backward=self.loss_backward,
+                head_backward=self.head_backward,
+                layer_classes=self.layer_classes,
+            )
+        return self._targets[target]
 
     def on_units(self, bounds: list[int]) -> UnitView:
         """This predictor seen on merged layers (for the search; see profiling/merger.py)."""

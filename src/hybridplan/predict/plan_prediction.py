@@ -87,24 +87,27 @@ def predict_plan(predictor: MemoryPredictor, plan: Plan) -> PlanPrediction:
                                fix="predict with the default method (quantities), or profile with --zero")
         excess = None if outside_of is None or source.reserved is None else source.reserved.excess(
             stage.start, stage.stop, kind, degree, source.microbatch_size)  # the stage's, every device alike
+        ranks: dict[int, tuple[dict[str, int], int, int | None]] = {}  # a rank's devices (its tensor ranks) alike
         for d in stage.devices:
-            mine, peak = breakdown, value
-            if peaks is not None and layout is not None:
-                r = rank_of(d)
-                peak = peaks[r]
-                if breakdown:
-                    static, step = layout.shift(stage.start, stage.stop, stage.zero, world, r)
-                    gradient = 0
-                    if composed:  # the unsharded stage's static, gradient and step, moved to the rank's chunks
-                        static, gradient, step = layout.unsharded_shift(stage.start, stage.stop, world, r)
-                    elif wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones] (zero_stage.py)
-                        static, step, gradient = layout.wider_zero3_shift(stage.start, stage.stop, wider[1], world, r)
-                    mine = {**breakdown, "static": breakdown["static"] + static,
-                            "gradient": breakdown["gradient"] + gradient,
-                            "step_transient": breakdown["step_transient"] + step}
-            rounded = int(round(peak))
+            r = rank_of(d) if peaks is not None and layout is not None else -1
+            if r not in ranks:
+                mine, peak = breakdown, value
+                if r >= 0 and peaks is not None and layout is not None:
+                    peak = peaks[r]
+                    if breakdown:
+                        static, step = layout.shift(stage.start, stage.stop, stage.zero, world, r)
+                        gradient = 0
+                        if composed:  # the unsharded stage's static, gradient and step, moved to the rank's chunks
+                            static, gradient, step = layout.unsharded_shift(stage.start, stage.stop, world, r)
+                        elif wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones] (zero_stage.py)
+                            static, step, gradient = layout.wider_zero3_shift(stage.start, stage.stop, wider[1], world, r)
+                        mine = {**breakdown, "static": breakdown["static"] + static,
+                                "gradient": breakdown["gradient"] + gradient,
+                                "step_transient": breakdown["step_transient"] + step}
+                rounded = int(round(peak))
+                ranks[r] = mine, rounded, None if excess is None else reserved_peak_from(rounded, excess)
+            mine, rounded, reserved = ranks[r]
             outside = None if outside_of is None else outside_of[d]
-            reserved = None if excess is None else reserved_peak_from(rounded, excess)
             held = rounded if reserved is None else reserved  # what the allocator holds, at least
             devices.append(DevicePrediction(d, i, rounded, flight, mine, overhead_bytes=outside,
                                             reserved_peak_bytes=reserved,

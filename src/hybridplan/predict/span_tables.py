@@ -29,7 +29,7 @@ import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK
 from hybridplan.predict.rank_replay import RankReplay, replay_rows, several_forwards
-from hybridplan.predict.zero_stage import depends_on_forwards, zero_replay
+from hybridplan.predict.zero_stage import depends_on_forwards, kept_replay
 from hybridplan.profiling.schedule_memory import peak_terms
 
 if TYPE_CHECKING:
@@ -112,8 +112,8 @@ class _ZeroClasses:
             if not where.any():
                 continue
             first = int(np.argmax(where))  # the class's first predictable span stands for all of it
-            replay = zero_replay(predictor, int(rows[first]), int(cols[first]), kind, zero, degree, tensor_degree,
-                                 several=several)
+            replay = kept_replay(predictor, int(rows[first]), int(cols[first]), kind, zero, degree, tensor_degree,
+                                 several)
             if replay is None:
                 continue  # not predicted: inf
             c = len(spans)

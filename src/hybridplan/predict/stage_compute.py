@@ -67,6 +67,20 @@ def stage_layer_costs(
     Raises:
         ProfileError: if the profile lacks the stage's tensor degree for the devices' type.
     """
+    # kept in the profile: a search asks each stage configuration again under every cut and stage option (its
+    # layers and options do not enter); the cluster is kept beside its id, so that a new one is never mistaken
+    key = ("layer costs", id(cluster), tuple(group.devices), group.data_degree, group.tensor_degree, microbatch_size,
+           sharing)
+    held = profile.kept.get(key)
+    if held is None or held[0] is not cluster:
+        held = profile.kept[key] = (cluster, _stage_layer_costs(profile, cluster, group, microbatch_size, sharing))
+    costs: LayerCosts = held[1]
+    return costs
+
+
+def _stage_layer_costs(profile: TimeProfile, cluster: Cluster, group: StagePlan, microbatch_size: int,
+                       sharing: float) -> LayerCosts:
+    """:func:`stage_layer_costs`, computed (read only)."""
     samples = microbatch_size / group.data_degree
     representatives: dict[tuple[str, float], int] = {}
     for d in group.devices:
@@ -83,6 +97,8 @@ def stage_layer_costs(
         alpha = max(link_latency(profile, cluster, g, "allreduce") for g in groups)
         counts = np.array([sum(layer.tensor_parallel_allreduces) for layer in profile.layers], dtype=float)
         comm = counts * (allreduce_seconds(1.0, t, bandwidth) * samples * profile.activation_bytes() + 2 * (t - 1) * alpha)
+    for array in (fwd, bwd, comm):
+        array.flags.writeable = False
     return LayerCosts(fwd, bwd, comm)
 
 

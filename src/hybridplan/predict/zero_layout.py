@@ -60,7 +60,7 @@ replicas, P = 836,608 parameter bytes over n = 66 tensors, AdamW in fp32):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 __all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
 
@@ -128,6 +128,7 @@ class ZeroLayout:
         self._zero1: dict[tuple[int, int, int], list[list[int]]] = {}
         self._layer_values: dict[tuple[object, ...], tuple[list[int], list[int]]] = {}
         self._span_params: dict[tuple[int, int], tuple[list[tuple[int, tuple[int, ...]]], list[int]]] = {}
+        self._rank_shifts: dict[tuple[object, ...], tuple[int, int, int]] = {}
 
     def _per_layer(self, key: tuple[object, ...], value: object) -> tuple[list[int], list[int]]:
         """A per-layer quantity ``value(layer)`` for every layer, and its prefix sums, computed once per ``key``: the
@@ -292,6 +293,13 @@ class ZeroLayout:
         prefix = self._padded(degree)[1]
         return (prefix[stop] - prefix[start]) // degree
 
+    def _kept_shift(self, key: tuple[object, ...], make: Callable[[], tuple[int, int, int]]) -> tuple[int, int, int]:
+        """A rank's shift, made once per ``key``: a search asks it for every rank of a span at each micro-batch size
+        (the shifts do not depend on the batch), and at every plan that has the stage."""
+        if key not in self._rank_shifts:
+            self._rank_shifts[key] = make()
+        return self._rank_shifts[key]
+
     def unsharded_shift(self, start: int, stop: int, degree: int, rank: int) -> tuple[int, int, int]:
         """How ``rank`` of a ZeRO-3 stage over ``degree`` ranks differs from the same stage unsharded, in ``static``,
         ``gradient`` and the step transient ([Note: ZeRO-3 composed from an unsharded stage]): it stores padded
@@ -299,6 +307,11 @@ class ZeroLayout:
         steps its largest chunk, where the unsharded stage holds and steps whole parameters (in mixed precision
         low-precision parameters and gradients beside fp32 masters and moments, and a step with an fp32 copy of
         the gradient besides AdamW's two temporaries: runtime/precision.py)."""
+        return self._kept_shift(("unsharded", start, stop, degree, rank),
+                                lambda: self._unsharded_shift(start, stop, degree, rank))
+
+    def _unsharded_shift(self, start: int, stop: int, degree: int, rank: int) -> tuple[int, int, int]:
+        """:meth:`unsharded_shift`, computed."""
         whole = sum(self.layer_bytes(start, stop))
         stored = self.stored_bytes(start, stop, degree)
         static = stored - whole + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
@@ -314,6 +327,11 @@ class ZeroLayout:
         the profiled ones] in predict/zero_stage.py): its stored parameter chunks and their reduce-scattered
         gradients (:meth:`stored_bytes`), the AdamW state of its own chunks, and the two step temporaries of its
         largest chunk, each at ``degree`` ranks instead of ``profiled``."""
+        return self._kept_shift(("wider", start, stop, profiled, degree, rank),
+                                lambda: self._wider_zero3_shift(start, stop, profiled, degree, rank))
+
+    def _wider_zero3_shift(self, start: int, stop: int, profiled: int, degree: int, rank: int) -> tuple[int, int, int]:
+        """:meth:`wider_zero3_shift`, computed."""
         stored = self.stored_bytes(start, stop, degree) - self.stored_bytes(start, stop, profiled)
         static = stored + self.optimizer_bytes(start, stop, 3, degree, rank) - self.optimizer_bytes(
             start, stop, 3, profiled, 0)

@@ -37,7 +37,8 @@ from hybridplan.profiling.statistics import SpanStatistics
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["zero_peaks", "zero_tensor_peaks", "zero_replay", "depends_on_forwards", "tensor_shards", "zero_ranks"]
+__all__ = ["zero_peaks", "zero_tensor_peaks", "zero_replay", "kept_replay", "depends_on_forwards", "tensor_shards",
+           "zero_ranks"]
 
 
 def zero_peaks(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -62,10 +63,19 @@ def _replayed(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero
               tensor_degree: int, stages_after: int) -> list[float] | None:
     """:func:`zero_replay`'s ranks replayed at a position, the replay kept for the span's other positions."""
     several = several_forwards(predictor.schedule, stages_after, predictor.num_microbatches)
-    key = ("zero replay", start, stop, kind, zero, degree, tensor_degree, depends_on_forwards(kind, zero) and several)
-    replay = predictor.kept(key, lambda: zero_replay(predictor, start, stop, kind, zero, degree, tensor_degree,
-                                                     several=several))
+    replay = kept_replay(predictor, start, stop, kind, zero, degree, tensor_degree, several)
     return None if replay is None else replay.peaks(predictor.schedule, stages_after, predictor.num_microbatches)
+
+
+def kept_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
+                tensor_degree: int, several: bool) -> RankReplay | None:
+    """:func:`zero_replay`, made once per predictor and span class (:meth:`MemoryPredictor.span_class`): the
+    positions of a span, the spans of a class, and a search's stage tables and plan predictions all ask it."""
+    key = ("zero replay", predictor.span_class(start, stop), kind, zero, degree, tensor_degree,
+           depends_on_forwards(kind, zero) and several)
+    replay: RankReplay | None = predictor.kept(key, lambda: zero_replay(
+        predictor, start, stop, kind, zero, degree, tensor_degree, several=several))
+    return replay
 
 
 def depends_on_forwards(kind: str, zero: int) -> bool:

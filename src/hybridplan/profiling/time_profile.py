@@ -87,6 +87,9 @@ class TimeProfile:
         init=False, repr=False, compare=False, default_factory=dict
     )
     _types: list[str] = field(init=False, repr=False, compare=False, default_factory=list)
+    kept: dict[tuple[Any, ...], Any] = field(init=False, repr=False, compare=False, default_factory=dict)
+    """What the time model derived from this profile, by key (predict/stage_compute.py: a throughput search times
+    the same stage configurations under every cut and stage option)."""
 
     def __post_init__(self) -> None:
         self.validate()

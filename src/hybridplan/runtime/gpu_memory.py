@@ -251,35 +251,38 @@ def communicators_of(plan: Plan, rank: int) -> list[int]:
     all-reduce), and one 2-rank communicator per point-to-point peer (send/receive pairs get their own
     communicator, keyed by the pair).
     """
-    return _stage_communicators(plan, plan.stage_of_device(rank), (rank,))[rank]
+    return list(_communicators(*_layouts(plan))[rank])
 
 
 def communicators_by_device(plan: Plan) -> dict[int, list[int]]:
-    """:func:`communicators_of` every device of ``plan``, each stage's neighbours routed once (a prediction of a
-    256-device plan asks for all of them)."""
-    out: dict[int, list[int]] = {}
-    for index, stage in enumerate(plan.stages):
-        out.update(_stage_communicators(plan, index, stage.devices))
-    return out
+    """:func:`communicators_of` every device of ``plan``."""
+    return {rank: list(sizes) for rank, sizes in _communicators(*_layouts(plan)).items()}
 
 
-def _stage_communicators(plan: Plan, index: int, ranks: Sequence[int]) -> dict[int, list[int]]:
-    """:func:`communicators_of` each of ``ranks``, all of stage ``index``."""
-    stage = plan.stages[index]
-    sizes = [plan.num_devices] if plan.num_devices > 1 else []
-    if stage.tensor_degree > 1:
-        sizes.append(stage.tensor_degree)
-    if stage.data_degree > 1:
-        sizes.append(stage.data_degree)
-    here = layout_of(stage)
-    neighbours = [_p2p_peers(layout_of(plan.stages[other]), here, plan.microbatch_size)
-                  for other in (index - 1, index + 1) if 0 <= other < plan.num_stages]
-    out = {}
-    for rank in ranks:
-        peers: set[int] = set()
-        for pairs in neighbours:
-            peers |= pairs.get(rank, frozenset())
-        out[rank] = sizes + [2] * len(peers - {rank})
+def _layouts(plan: Plan) -> tuple[int, int, tuple[Layout, ...]]:
+    """What a plan's communicators depend on: its device count, micro-batch rows and stage layouts (not its
+    layers, ZeRO or recompute: a search asks for the same layout under each of its cuts and stage options)."""
+    return plan.num_devices, plan.microbatch_size, tuple(layout_of(stage) for stage in plan.stages)
+
+
+@functools.lru_cache(maxsize=256)
+def _communicators(num_devices: int, rows: int, layouts: tuple[Layout, ...]) -> dict[int, tuple[int, ...]]:
+    """:func:`communicators_of` every device of a plan of these ``layouts``, each stage's neighbours routed once (a
+    prediction of a 256-device plan asks for all of them); kept per layout (read only)."""
+    out: dict[int, tuple[int, ...]] = {}
+    for index, here in enumerate(layouts):
+        sizes = [num_devices] if num_devices > 1 else []
+        if here.replica_size > 1:  # the tensor group
+            sizes.append(here.replica_size)
+        if here.replicas > 1:  # the data group
+            sizes.append(here.replicas)
+        neighbours = [_p2p_peers(layouts[other], here, rows) for other in (index - 1, index + 1)
+                      if 0 <= other < len(layouts)]
+        for rank in here.ranks:
+            peers: set[int] = set()
+            for pairs in neighbours:
+                peers |= pairs.get(rank, frozenset())
+            out[rank] = tuple(sizes + [2] * len(peers - {rank}))
     return out
 
 
@@ -298,7 +301,7 @@ def overhead_bytes_by_device(plan: Plan, libraries: set[str] | frozenset[str] = 
                              gpu: str | None = None) -> dict[int, int]:
     """:func:`estimate_overhead_bytes` of every device of ``plan``."""
     base = cuda_context_bytes(gpu) + sum(LIBRARY_BYTES[lib] for lib in libraries)
-    return {rank: base + len(sizes) * NCCL_COMMUNICATOR_BYTES for rank, sizes in communicators_by_device(plan).items()}
+    return {rank: base + len(sizes) * NCCL_COMMUNICATOR_BYTES for rank, sizes in _communicators(*_layouts(plan)).items()}
 
 
 def estimate_overhead_bytes(plan: Plan, rank: int, libraries: set[str] | frozenset[str] = frozenset(), *,
