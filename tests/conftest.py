@@ -38,6 +38,7 @@ HEAVY_FILES: dict[str, int] = {
     "runtime/test_composite_stages.py": 43,
     "runtime/test_engines.py": 9,
     "runtime/test_executor.py": 29,
+    "runtime/test_fused_adamw.py": 22,
     "runtime/test_grad_buffers.py": 33,
     "runtime/test_multinode.py": 17,
     "runtime/test_orphans.py": 34,

@@ -247,12 +247,13 @@ def test_plan_for_megatron_keeps_to_its_plans_and_simulates_its_gradient_buffers
     plan = Plan.load(out)
     assert plan.schedule == "1f1b" and not any(s.zero for s in plan.stages)
     assert plan.stages[-1].tensor_degree <= 1
-    assert engine_run_options("megatron", plan=plan, precision="bf16") == {"grad_accumulation": "fp32-buffer"}
+    assert engine_run_options("megatron", plan=plan, precision="bf16") == {"grad_accumulation": "fp32-buffer",
+                                                                           "adamw": "fused"}
     profiles = list((cache / "profiles").glob("*.sqlite"))
     assert len(profiles) == 2
     for db in profiles:
         with ProfileDB(db) as profile:
-            assert profile.run_options["grad_accumulation"] == "fp32-buffer"
+            assert profile.run_options["grad_accumulation"] == "fp32-buffer" and profile.run_options["adamw"] == "fused"
     errors = [word for line in printed.out.splitlines() for word in line.split() if word.endswith("%")]
     assert len(errors) == plan.num_devices and all(e in ("+0.00%", "-0.00%") for e in errors), printed.out
     assert "engine megatron" in printed.err

@@ -39,12 +39,15 @@ def test_hybridplan_sets_nothing_and_its_estimate_is_unchanged():
 
 def test_megatron_profile_holds_megatrons_18_bytes_per_parameter_in_bf16():
     options = engine_run_options("megatron", plan=PLAN, precision="bf16")
-    assert options == {"grad_accumulation": "fp32-buffer"}
+    assert options == {"grad_accumulation": "fp32-buffer", "adamw": "fused"}
     model = get_model("gpt-tiny")
     n = sum(p.numel() for i in range(5, 10) for p in model.build_layer(i).parameters())
     cfg = RunConfig(model="gpt-tiny", plan=PLAN, cluster=Cluster.parse("1x3"), backend="sim", precision="bf16", **options)
-    parts = simulate_stage(cfg, 1).breakdowns[-1]
+    stage = simulate_stage(cfg, 1)
+    parts = stage.breakdowns[-1]
     assert parts["parameters"] + parts["gradients"] + parts["optimizer"] == MEGATRON_BF16_FP32_GRADS * n
+    # its fused Adam steps in place from the fp32 buffers: the step holds nothing beyond the training state
+    assert [a["peak"] for a in stage.timeline if a["action"] == "step"][-1] == stage.static[-1]
 
 
 def test_engines_refuse_what_is_not_modelled_with_the_reason():
@@ -59,7 +62,8 @@ def test_engines_refuse_what_is_not_modelled_with_the_reason():
         with pytest.raises(UsageError, match=f"schedule is {schedule}: Megatron-LM runs 1F1B"):
             engine_run_options("megatron", plan=Plan.from_dict({**PLAN.to_dict(), "schedule": schedule}), precision="bf16")
     assert engine_run_options("megatron", plan=Plan.from_dict({**PLAN.to_dict(), "schedule": "flush"}),
-                              precision="bf16") == {"grad_accumulation": "fp32-buffer"}
+                              precision="bf16") == {"grad_accumulation": "fp32-buffer",
+                                                         "adamw": "fused"}
     for engine in ("deepspeed", "torchtitan"):
         with pytest.raises(UsageError, match=f"the {engine} engine's memory is not modelled yet: .*section"):
             engine_run_options(engine, plan=PLAN, precision="bf16")
@@ -67,4 +71,5 @@ def test_engines_refuse_what_is_not_modelled_with_the_reason():
     with pytest.raises(UsageError, match="engine 'nemo' is not known"):
         engine_run_options("nemo", plan=PLAN, precision="bf16")
     assert ENGINES == ("hybridplan", "megatron", "deepspeed", "torchtitan")
-    assert engine_run_options("megatron", plan=PLAN, precision="fp32") == {"grad_accumulation": "fp32-buffer"}
+    assert engine_run_options("megatron", plan=PLAN, precision="fp32") == {"grad_accumulation": "fp32-buffer",
+                                                                           "adamw": "fused"}

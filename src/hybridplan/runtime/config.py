@@ -20,7 +20,7 @@ from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.gpu_memory import check_cuda_capacity
 from hybridplan.runtime.grad_buffers import GRAD_ACCUMULATIONS, GradAccumulation
-from hybridplan.runtime.precision import Precision, check_precision
+from hybridplan.runtime.precision import ADAMW_STEPS, AdamWStep, Precision, check_precision
 
 __all__ = [
     "RunConfig",
@@ -108,6 +108,11 @@ class RunConfig:
     the data-parallel all-reduce sums and the optimizer steps from, as Megatron-LM's ``main_grad`` and DeepSpeed's
     BF16_Optimizer hold them (runtime/grad_buffers.py). Not on ZeRO-2/3 stages (FSDP2 already accumulates its
     gradient shards in the fp32 of its sharded parameters) nor under PipeDream-2BW."""
+    adamw: AdamWStep = "default"
+    """AdamW's implementation: "default", the one torch picks for ``device_type`` (multi-tensor for "cuda" in fp32:
+    its step holds whole-list temporaries), or "fused", torch's single-kernel AdamW, in place, as Megatron-LM's,
+    DeepSpeed's and torchtitan's fused Adam step ([Note: the AdamW step, multi-tensor or fused] in
+    runtime/precision.py)."""
 
     def __post_init__(self) -> None:
         # The closed sets are checked here, not only by mypy: configurations also come from JSON files
@@ -116,6 +121,7 @@ class RunConfig:
         _check_choice("device type", self.device_type, DEVICE_TYPES)
         check_precision(self.precision, self.loss_scale)
         _check_choice("gradient accumulation", self.grad_accumulation, GRAD_ACCUMULATIONS)
+        _check_choice("AdamW implementation", self.adamw, ADAMW_STEPS)
         if self.grad_accumulation != "autograd":
             _check_grad_buffers(self.plan)
         if self.iterations < 1:
@@ -153,6 +159,7 @@ class RunConfig:
             "share_gpu": self.share_gpu,
             # only when set: the settings of every run made before the option stay as they were written
             **({"grad_accumulation": self.grad_accumulation} if self.grad_accumulation != "autograd" else {}),
+            **({"adamw": self.adamw} if self.adamw != "default" else {}),
         }
 
 
@@ -219,6 +226,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "layer_timing": cfg.layer_timing,
         "share_gpu": cfg.share_gpu,
         "grad_accumulation": cfg.grad_accumulation,
+        "adamw": cfg.adamw,
     }
     return json.dumps(data, indent=1)
 

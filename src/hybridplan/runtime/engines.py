@@ -8,8 +8,9 @@ yet AND it changes the memory of the plan asked about, :func:`engine_run_options
 instead of predicting this runtime's memory under the engine's name. "hybridplan" is the runtime's own way: no
 option set, every prediction as it was.
 
-Today the profiles set one option, ``grad_accumulation``: Megatron-LM keeps fp32 gradient buffers
-(``main_grad``) by default with bf16, and in fp32 training (docs/engines.md, section 1).
+Today the Megatron-LM profile sets two options: ``grad_accumulation``, its fp32 gradient buffers (``main_grad``),
+kept by default with bf16 and in fp32 training (docs/engines.md, section 1), and ``adamw``, its fused Adam step,
+in place without temporaries (section 3).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ ENGINES: tuple[Engine, ...] = get_args(Engine)
 
 _NOT_MODELLED: dict[Engine, tuple[str, ...]] = {
     "hybridplan": (),
-    "megatron": ("fused AdamW's step (section 3)", "attention backend and dropout 0.1 (section 5)",
+    "megatron": ("attention backend and dropout 0.1 (section 5)",
                  "tied embeddings' copy on the last stage (section 6)"),
     "deepspeed": ("ZeRO's flat, evenly split partition (section 2)",
                   "BF16_Optimizer's gradient buffer in the model dtype without ZeRO (section 1)",
@@ -58,7 +59,7 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
         >>> plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 8, "num_microbatches": 2, "stages": [
         ...     {"layers": [0, 10], "parallelism": "none", "degree": 1, "devices": [0]}]})
         >>> engine_run_options("megatron", plan=plan, precision="bf16")
-        {'grad_accumulation': 'fp32-buffer'}
+        {'grad_accumulation': 'fp32-buffer', 'adamw': 'fused'}
         >>> engine_run_options("hybridplan", plan=plan, precision="bf16")
         {}
     """
@@ -87,7 +88,7 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
             raise UsageError(f"stage {i} ({s.describe()}) is ZeRO-{s.zero}: Megatron-LM's distributed optimizer"
                              " splits one flat buffer evenly (docs/engines.md section 2), which is not modelled yet",
                              fix="drop \"zero\" from the stage, or predict hybridplan's runtime (--engine hybridplan)")
-    return {"grad_accumulation": "fp32-buffer"}
+    return {"grad_accumulation": "fp32-buffer", "adamw": "fused"}
 
 
 def _check_engine(engine: str) -> None:

@@ -23,6 +23,15 @@ memory is one parameter's fp32 gradient plus AdamW's own temporaries, not a full
 A gradient accumulated in a persistent fp32 buffer (runtime/grad_buffers.py, Megatron's ``main_grad``) is
 stepped from that buffer, without a copy.
 
+[Note: the AdamW step, multi-tensor or fused] The step's temporaries depend on AdamW's implementation. By default
+the runtime runs the one torch picks for the device it models: in fp32 the multi-tensor ("foreach") AdamW for
+"cuda", whose step allocates whole-list temporaries (``torch._foreach_sqrt(exp_avg_sqs)``: a copy of every
+second moment of the group; torch/optim/adam.py ``_multi_tensor_adam``), the per-tensor loop for "cpu"; in mixed
+precision the per-parameter loop above. ``adamw="fused"`` (``RunConfig.adamw``) steps with torch's single-kernel
+AdamW (``fused=True``: ``torch._fused_adamw_``, in place, no temporaries), as Megatron-LM's and DeepSpeed's
+``FusedAdam`` and torchtitan's default ``implementation="fused"`` do (docs/engines.md, section 3); in mixed
+precision the fp32 copy of a gradient is still made where no fp32 buffer holds it.
+
 A tensor-parallel parameter is an ``nn.Parameter(DTensor)``; its master copy and moments are DTensors
 with the same placements (the step runs DTensor's pointwise rules, on the local shard).
 """
@@ -50,6 +59,8 @@ __all__ = [
     "check_precision",
     "MixedPrecisionAdamW",
     "build_optimizer",
+    "AdamWStep",
+    "ADAMW_STEPS",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -57,6 +68,13 @@ Precision = Literal["fp32", "bf16", "fp16"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 """Training precisions ``RunConfig.precision`` accepts."""
+
+AdamWStep = Literal["default", "fused"]
+"""AdamW's implementation ([Note: the AdamW step, multi-tensor or fused]): "default", the one torch picks for the
+modelled device, or "fused", the single kernel the engines step with."""
+
+ADAMW_STEPS: tuple[AdamWStep, ...] = get_args(AdamWStep)
+"""The choices ``RunConfig.adamw`` accepts."""
 
 DEFAULT_FP16_LOSS_SCALE = 128.0
 """Static loss scale of fp16 runs: fairseq's default FP16 loss scale (``fp16_init_scale = 2**7``,
@@ -134,6 +152,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         lr: learning rate.
         weight_decay: decoupled weight decay, applied to the master.
         loss_scale: the gradients are divided by it before the update (1 for bf16).
+        fused: step each master with torch's fused AdamW kernel ([Note: the AdamW step, multi-tensor or fused]).
     """
 
     def __init__(
@@ -143,6 +162,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         lr: float,
         weight_decay: float,
         loss_scale: float = 1.0,
+        fused: bool = False,
     ) -> None:
         pairs = list(pairs)
         for p, master in pairs:
@@ -153,6 +173,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
         group = {"params": [p for p, _ in pairs]}
         super().__init__([group], {"lr": lr, "weight_decay": weight_decay, "betas": ADAMW_BETAS, "eps": ADAMW_EPS})
         self.loss_scale = loss_scale
+        self.fused = fused
         for p, master in pairs:
             self.state[p]["master"] = master
 
@@ -183,6 +204,7 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
                     [],
                     [state["step"]],
                     foreach=False,
+                    fused=self.fused,
                     amsgrad=False,
                     beta1=beta1,
                     beta2=beta2,
@@ -203,6 +225,7 @@ def build_optimizer(
     weight_decay: float,
     loss_scale: float | None,
     device_type: str,
+    adamw: str = "default",
 ) -> torch.optim.Optimizer:
     """The stage's optimizer; for mixed precision, also casts ``module`` (built in fp32) to the low dtype.
 
@@ -212,7 +235,8 @@ def build_optimizer(
     the per-tensor loop for "cpu". A simulated CUDA run (fake CPU tensors) thus allocates the same
     temporaries as the real CUDA run. The multi-tensor kernels cannot mix DTensor and plain tensors in
     one call (``aten._foreach_mul_ got mixed torch.Tensor and DTensor``), so for "cuda" a
-    tensor-parallel stage's sharded and replicated parameters form two parameter groups.
+    tensor-parallel stage's sharded and replicated parameters form two parameter groups. ``adamw="fused"``: torch's
+    fused AdamW in either precision ([Note: the AdamW step, multi-tensor or fused]), with the same two groups.
 
     Example:
         >>> m = nn.Linear(4, 4)
@@ -224,16 +248,25 @@ def build_optimizer(
     check_precision(precision, loss_scale)
     if not any(p.requires_grad for p in module.parameters()):
         return NoParameters()  # e.g. a VGG stage of ReLU and pooling layers only
+    _check_adamw(adamw)
+    fused = adamw == "fused"
     if precision == "fp32":
         params: Any = list(module.parameters())
-        if device_type == "cuda":
+        if device_type == "cuda" or fused:
             kinds = [[p for p in params if is_sharded_parameter(p)], [p for p in params if not is_sharded_parameter(p)]]
             params = [{"params": group} for group in kinds if group]
+        if fused:
+            return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, fused=True)
         return torch.optim.AdamW(params, lr=learning_rate, weight_decay=weight_decay, foreach=device_type == "cuda")
     pairs = cast_module(module, compute_dtype(precision))
     return MixedPrecisionAdamW(
-        pairs, lr=learning_rate, weight_decay=weight_decay, loss_scale=loss_scale_of(precision, loss_scale)
+        pairs, lr=learning_rate, weight_decay=weight_decay, loss_scale=loss_scale_of(precision, loss_scale), fused=fused
     )
+
+
+def _check_adamw(adamw: str) -> None:
+    if adamw not in ADAMW_STEPS:
+        raise UsageError(f"AdamW implementation {adamw!r} is not supported", fix=f"use one of {list(ADAMW_STEPS)}")
 
 
 def cast_module(module: nn.Module, dtype: torch.dtype) -> list[tuple[nn.Parameter, torch.Tensor]]:

@@ -128,7 +128,7 @@ def run_rank(
             if stage.zero == 1:
                 optimizer = zero1_optimizer(module, dp_group, learning_rate=cfg.learning_rate,
                                             weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda",
-                                            precision=cfg.precision, loss_scale=cfg.loss_scale)
+                                            precision=cfg.precision, loss_scale=cfg.loss_scale, adamw=cfg.adamw)
             else:
                 optimizer = build_optimizer(
                     module,
@@ -137,6 +137,7 @@ def run_rank(
                     weight_decay=cfg.weight_decay,
                     loss_scale=cfg.loss_scale,
                     device_type=cfg.device_type,
+                    adamw=cfg.adamw,
                 )
             if cfg.grad_accumulation == "fp32-buffer" and not isinstance(optimizer, NoParameters):
                 optimizer = Fp32GradBuffers(optimizer, [p for p in module.parameters() if p.requires_grad], meter)

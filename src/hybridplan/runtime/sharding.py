@@ -202,20 +202,23 @@ class ZeroOneOptimizer(torch.optim.Optimizer):
     """
 
     def __init__(self, params: list[torch.Tensor], dp_group: Any, *, learning_rate: float, weight_decay: float,
-                 foreach: bool, masters: list[torch.Tensor] | None = None, loss_scale: float = 1.0) -> None:
+                 foreach: bool, masters: list[torch.Tensor] | None = None, loss_scale: float = 1.0,
+                 fused: bool = False) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         self._params = params
         self._views = [_local(p).detach() for p in params]
         super().__init__(self._views, {"lr": learning_rate})
         if masters is None:
+            how = {"fused": True} if fused else {"foreach": foreach}  # runtime/precision.py: [Note: the AdamW step,
+            # multi-tensor or fused]
             self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=torch.optim.AdamW, process_group=dp_group,
-                                                 lr=learning_rate, weight_decay=weight_decay, foreach=foreach)
+                                                 lr=learning_rate, weight_decay=weight_decay, **how)
             return
         by_view = {id(v): _local(m) for v, m in zip(self._views, masters, strict=True)}
         self.optim = ZeroRedundancyOptimizer(self._views, optimizer_class=_adamw_over_masters(by_view),
                                              process_group=dp_group, lr=learning_rate, weight_decay=weight_decay,
-                                             loss_scale=loss_scale)
+                                             loss_scale=loss_scale, fused=fused)
         by_view.clear()  # the local optimizer holds its share's masters; the others' are freed
 
     def zero_grad(self, set_to_none: bool = True) -> None:
@@ -247,21 +250,24 @@ def _adamw_over_masters(masters: dict[int, torch.Tensor]) -> Any:
 
 
 def zero1_optimizer(module: nn.Module, dp_group: Any, *, learning_rate: float, weight_decay: float,
-                    foreach: bool, precision: str = "fp32", loss_scale: float | None = None) -> torch.optim.Optimizer:
+                    foreach: bool, precision: str = "fp32", loss_scale: float | None = None,
+                    adamw: str = "default") -> torch.optim.Optimizer:
     """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`).
 
     In mixed precision it casts ``module`` (built in fp32) to the low dtype as runtime/precision.py does, and the
     fp32 master copies, which ZeRO counts as optimizer state (Rajbhandari et al., section 3.1), are sharded with
     the moments: each replica keeps the masters of its share only, steps them and broadcasts the low-precision
-    parameters (DeepSpeed's ZeRO-1 does the same)."""
+    parameters (DeepSpeed's ZeRO-1 does the same). ``adamw="fused"``: each share steps with torch's fused AdamW."""
     from hybridplan.runtime.precision import cast_module, compute_dtype, loss_scale_of
 
+    fused = adamw == "fused"
     if precision == "fp32":
         return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
-                                learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach)
+                                learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach, fused=fused)
     pairs = [(p, m) for p, m in cast_module(module, compute_dtype(precision)) if p.requires_grad]
     return ZeroOneOptimizer([p for p, _ in pairs], dp_group, learning_rate=learning_rate, weight_decay=weight_decay,
-                            foreach=False, masters=[m for _, m in pairs], loss_scale=loss_scale_of(precision, loss_scale))
+                            foreach=False, masters=[m for _, m in pairs], loss_scale=loss_scale_of(precision, loss_scale),
+                            fused=fused)
 
 
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict[Any, dict[str, Any]]:
