@@ -45,7 +45,7 @@ HEAVY_FILES: dict[str, int] = {
     "runtime/test_precision.py": 16,
     "runtime/test_processes.py": 57,
     "runtime/test_repeats.py": 41,
-    "runtime/test_sharding.py": 188,
+    "runtime/test_sharding.py": 102,
     "runtime/test_shared_gpu.py": 30,
     "runtime/test_sim.py": 26,
     "runtime/test_sim_agreement.py": 25,

@@ -41,7 +41,7 @@ def _fail(*args: object, **kwargs: object) -> None:
 
 def _break_every_table(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr("hybridplan.profiling.stash_sizes.layer_stash_bytes", _fail)
-    monkeypatch.setattr("hybridplan.profiling.split_layers.layer_shard_shapes", _fail)
+    monkeypatch.setattr("hybridplan.runtime.split_layers.layer_shard_shapes", _fail)
     monkeypatch.setattr("hybridplan.profiling.loss_memory.loss_backward_bytes", _fail)
     monkeypatch.setattr("hybridplan.profiling.loss_memory.head_backward_bytes", _fail)
 

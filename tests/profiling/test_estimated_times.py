@@ -22,7 +22,7 @@ from hybridplan.profiling.estimated_times import (
     estimated_time_profile,
     peak_rates,
 )
-from hybridplan.profiling.split_layers import split_layers
+from hybridplan.runtime.split_layers import split_layers
 from hybridplan.profiling.stage_memo import StageMemo
 
 H100_BF16 = 989.5e12  # NVIDIA H100 SXM datasheet: 1,979 TFLOP/s bf16 with sparsity, dense half (plan/gpus.py)

@@ -62,6 +62,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 
+from hybridplan.runtime.zero_shares import fsdp_rows
+
 __all__ = ["ZeroLayout", "zero1_shares", "fsdp_rows", "STEP_COUNTER_BYTES"]
 
 STEP_COUNTER_BYTES = 4
@@ -96,20 +98,13 @@ def zero1_shares(numels: Sequence[int], world: int) -> list[list[int]]:
     return [sorted(s) for s in shares]
 
 
-def fsdp_rows(dim0: int, world: int, rank: int) -> int:
-    """Rows of a parameter's dim 0 that FSDP2 gives ``rank`` of ``world``: ``torch.chunk``'s chunks of
-    ``ceil(dim0 / world)`` rows, the last ones smaller or empty (``_chunk_with_empty``)."""
-    chunk = math.ceil(dim0 / world)
-    return max(0, min(chunk, dim0 - rank * chunk))
-
-
 class ZeroLayout:
     """The trained parameters of every layer, as a profile records them: ``[bytes per element, *shape]``.
 
     Args:
         shapes: per layer, per parameter (``parameters()`` order), ``[element bytes, *shape]``.
         tensor_shards: per tensor degree (a JSON key: its decimal string), the same for the parameter shards a
-            tensor rank holds (profiling/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
+            tensor rank holds (runtime/split_layers.py ``layer_shard_shapes``; ``None`` for a layer that does not
             split at that degree); empty for a profile that did not record them.
         precision: the profiled runs' precision. In mixed precision ZeRO-1 shards the fp32 master copies with
             the moments (runtime/sharding.py) and its step holds an fp32 copy of one gradient besides AdamW's two

@@ -3,7 +3,7 @@
 A campaign measures spans of layers; what the predictor needs beyond that follows from the model's shapes and is
 computed without running it: the per-layer bytes of a PipeDream-2BW weight stash in each scenario
 (profiling/stash_sizes.py), the parameter shards a tensor rank holds at each profiled tensor degree
-(profiling/split_layers.py), the loss's backward bytes and the head's (profiling/loss_memory.py). Each is recorded once (a
+(runtime/split_layers.py), the loss's backward bytes and the head's (profiling/loss_memory.py). Each is recorded once (a
 resumed campaign finds it in the database) and none may stop the memory campaign: a model fake tensors cannot build
 gets a line saying which predictions the profile will then refuse, and the table is left out.
 """
@@ -75,7 +75,7 @@ def _record_shard_shapes(store: ProfileStore, model: LayeredModel, scenarios: Se
     """Per tensor degree profiled, the parameter shards of a tensor rank, layer by layer (on fake tensors, once):
     what ZeRO-1 partitions over the data group of a data x tensor stage ([Note: predicting ZeRO from a
     profile] in predict/zero_layout.py)."""
-    from hybridplan.profiling.split_layers import layer_shard_shapes
+    from hybridplan.runtime.split_layers import layer_shard_shapes
 
     have = dict(store.get_meta("tensor_shard_shapes") or {})
     degrees = sorted({s.degree for s in scenarios if s.kind == "tensor" and s.degree > 1} - {int(d) for d in have})

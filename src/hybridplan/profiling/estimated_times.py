@@ -7,7 +7,7 @@ gives (:class:`~hybridplan.profiling.time_profile.TimeProfile`: per device type,
 every layer's forward and backward seconds), so the search runs unchanged on estimated times.
 
 [Note: the roofline estimate] Each distinct layer (``LayeredModel.layer_signature``: a Llama's decoder layers are
-one) is built as rank 0 of a ``tensor`` x ``t`` stage builds it (profiling/split_layers.py: the runtime's own
+one) is built as rank 0 of a ``tensor`` x ``t`` stage builds it (runtime/split_layers.py: the runtime's own
 tensor-parallel split, on a fake process group), cast to the training precision, and run forward and backward on
 ``FakeTensor`` inputs of ``b`` samples (the last layer with the model's loss, computed in fp32 as the runtime
 does: runtime/executor.py). A dispatch mode sees every ATen operator the pass runs and counts, per operator:
@@ -272,7 +272,7 @@ def count_pass(run: Callable[[], Any]) -> tuple[Any, PassCounts]:
 
 def count_layer(model: LayeredModel, index: int, module: torch.nn.Module, micro_batch_size: int,
                 precision: str) -> LayerCounts:
-    """Layer ``index`` of ``model``, built as ``module`` (inside a ``FakeTensorMode``, profiling/split_layers.py),
+    """Layer ``index`` of ``model``, built as ``module`` (inside a ``FakeTensorMode``, runtime/split_layers.py),
     run forward and backward on ``micro_batch_size`` samples in ``precision``; the last layer with the loss."""
     from hybridplan.models.boundaries import boundary_specs
     from hybridplan.runtime.precision import cast_module, compute_dtype
@@ -373,7 +373,7 @@ def _representatives(model: LayeredModel) -> dict[int, int]:
 def _counts(model: LayeredModel, layers: Iterable[int], degree: int, sizes: Sequence[int], precision: str,
             memo: StageMemo) -> tuple[dict[tuple[int, int], LayerCounts], int]:
     """Counts of ``layers`` at ``degree`` for every size, from the memo or counted; and how many were counted."""
-    from hybridplan.profiling.split_layers import split_layers
+    from hybridplan.runtime.split_layers import split_layers
 
     out: dict[tuple[int, int], LayerCounts] = {}
     counted = 0
@@ -399,7 +399,7 @@ def _counts(model: LayeredModel, layers: Iterable[int], degree: int, sizes: Sequ
 def _optimizer_rate(model: LayeredModel, index: int, precision: str, device_type: str, rates: PeakRates,
                     memo: StageMemo) -> float:
     """Seconds of the optimizer step per parameter byte, from the step over layer ``index`` counted."""
-    from hybridplan.profiling.split_layers import split_layers
+    from hybridplan.runtime.split_layers import split_layers
 
     def count() -> dict[str, Any]:
         for module in split_layers(model, "none", 1, [index]):

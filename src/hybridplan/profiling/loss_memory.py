@@ -30,7 +30,7 @@ allocator's blocks (at most 512 bytes per tensor fewer): the floor stays a floor
 profiled suffix, and a ZeRO-3 stage that ends the model needs the head's: only there does FSDP add the head's
 gathered bytes and the layer before it prefetched ([Note: the layers before the head] in
 predict/zero3_transients.py). So :func:`head_backward_bytes` measures it alone too, on fake tensors, with the last
-layer built as a rank of a tensor stage of each profiled degree builds it (profiling/split_layers.py) in the run's
+layer built as a rank of a tensor stage of each profiled degree builds it (runtime/split_layers.py) in the run's
 precision: the peak above the forward's end from the moment the loss's backward has produced the layer's output
 gradient to the backward's end, fresh gradients (ZeRO-3 allocates them afresh each backward). Its bytes are not a
 straight line in the rows (gpt-tiny's head split 2 ways: 16,384 bytes at 1, 2 and 4 samples, then 4,096 per
@@ -120,7 +120,7 @@ def head_backward_bytes(model: LayeredModel, degree: int, *, precision: str = "f
     import torch
 
     from hybridplan.models.boundaries import boundary_specs
-    from hybridplan.profiling.split_layers import split_layers
+    from hybridplan.runtime.split_layers import split_layers
     from hybridplan.runtime.precision import cast_module, compute_dtype
 
     last, specs = model.num_layers - 1, boundary_specs(model)

@@ -4,7 +4,7 @@ A 2BW stage keeps an older copy of its trainable parameters (runtime/weight_stas
 versions]): one plain tensor per parameter storage, in the compute dtype. The memory predictor adds those
 bytes to profiles taken under another schedule ([Note: predicting PipeDream-2BW] in predict/stash.py),
 so the profiling campaign records them per layer, per stage kind and degree (profiling/auxiliary_tables.py). They
-are counted by building every layer exactly as the runtime does (profiling/split_layers.py: tensor-parallel
+are counted by building every layer exactly as the runtime does (runtime/split_layers.py: tensor-parallel
 shards on a fake process group; then the mixed-precision cast) on fake tensors: no device memory, no compute.
 """
 
@@ -45,7 +45,7 @@ def layer_stash_bytes(
         >>> len(sizes), sizes[1] < layer_stash_bytes(get_model("gpt-tiny"), "none", 1)[1]
         (10, True)
     """
-    from hybridplan.profiling.split_layers import per_layer
+    from hybridplan.runtime.split_layers import per_layer
     from hybridplan.runtime.gpu_memory import cuda_block_bytes
     from hybridplan.runtime.memory import storage_tensors
     from hybridplan.runtime.precision import cast_module, compute_dtype

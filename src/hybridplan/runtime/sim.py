@@ -26,9 +26,11 @@ parameters; the ranks of a tensor-parallel stage hold equal-sized shards (a spli
 degree divides the dimension) and all rows; every rank of a stage runs the same action list; a
 receive allocates one buffer of the rank's rows however many peers fill it, and a send allocates
 nothing (it sends views of the detached output). ``simulate(..., distinct_only=False)`` simulates
-every device instead (the tests check both agree). A ZeRO-sharded stage is the exception, and all its
-devices are simulated: ZeRO-1 gives each replica the optimizer state of whole parameters (an uneven
-share), and FSDP's last shard of a dimension that ``d`` does not divide is shorter (runtime/sharding.py).
+every device instead (the tests check both agree). A ZeRO-sharded stage is the exception: ZeRO-1 gives each
+replica the optimizer state of whole parameters (an uneven share), and FSDP's last shard of a dimension that
+``d`` does not divide is shorter (runtime/sharding.py); so one device is simulated per distinct share, which the
+parameters' shapes tell ([Note: equal ZeRO shares] in runtime/zero_shares.py): one per replica under ZeRO-1, and
+under ZeRO-2/3 one for the whole stage where ``d`` divides every dimension it shards.
 
 Example::
 
@@ -41,46 +43,25 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from hybridplan.errors import UsageError
 from hybridplan.models.boundaries import BoundarySpec, boundary_specs
 from hybridplan.models.zoo import resolve_model
 from hybridplan.runtime.config import RunConfig, validate_config
+from hybridplan.runtime.fake_group import fake_process_group
 from hybridplan.runtime.gpu_memory import NCCL_COMMUNICATOR_BYTES, communicators_of
 from hybridplan.runtime.heap import frozen_heap
 from hybridplan.runtime.memory import DeviceOutOfMemory
 from hybridplan.runtime.rank import run_rank
 from hybridplan.runtime.result import RankReport, RunResult, aggregate, failed_result
+from hybridplan.runtime.zero_shares import zero_representatives
 
 __all__ = ["simulate", "simulate_stage", "fake_process_group", "frozen_heap"]
-
-
-@contextmanager
-def fake_process_group(rank: int, world: int) -> Iterator[None]:
-    """This process as ``rank`` of ``world`` in torch's fake process group, for the block's duration.
-
-    Raises:
-        UsageError: if a default process group already exists in this process.
-    """
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    if dist.is_initialized():
-        raise UsageError(
-            "cannot simulate devices: this process already has a torch.distributed process group",
-            fix="simulate from a process that has not called init_process_group (or destroy it first)",
-        )
-    dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _simulated_tensor_mode() -> Any:
@@ -174,9 +155,9 @@ def simulate(
 
     Devices are simulated one after the other in this process; with ``distinct_only`` one device per
     stage (see [Note: simulating one device per stage]) and, in a ZeRO stage, one per device of ``same_as``'s
-    values: ``same_as[r]`` names a device of r's stage that holds r's shares to the byte (the caller knows the
-    parameters' shapes: workflows/estimate_memory.py ``zero_representatives``); a ZeRO device it does not name is
-    simulated. A device whose tensors exceed its capacity
+    values: ``same_as[r]`` names a device of r's stage that holds r's shares to the byte (default: from the
+    parameters' shapes, runtime/zero_shares.py ``zero_representatives``: a ZeRO-2/3 stage of a model whose
+    dimensions its data degree divides is one device); a ZeRO device it does not name is simulated. A device whose tensors exceed its capacity
     ends the simulation with status "oom", as it ends a real run; any other exception gives "failed".
 
     Returns:
@@ -187,6 +168,8 @@ def simulate(
     plan = cfg.plan
     specs = boundary_specs(resolve_model(cfg.model))
     started = time.perf_counter()
+    if distinct_only and same_as is None and any(stage.zero for stage in plan.stages):
+        same_as = zero_representatives(cfg.model, plan)
     reports: dict[int, RankReport] = {}
     for index, stage in enumerate(plan.stages):
         if not distinct_only:

@@ -42,7 +42,7 @@ from hybridplan.units import format_bytes
 from hybridplan.workflows.validate import DeviceMemory
 
 __all__ = ["DeviceEstimate", "PlanEstimate", "candidate_plans", "engine_candidates", "estimate_plans",
-           "zero_representatives", "DIFFERS_FROM_PROFILE"]
+           "DIFFERS_FROM_PROFILE"]
 
 DIFFERS_FROM_PROFILE = (
     "simulated on fake tensors: the exact tensor bytes of hybridplan's runtime, without a profile; on GPUs the "
@@ -215,7 +215,7 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
                 plan, t0 = plans[i], time.perf_counter()
                 if any(s.zero for s in plan.stages):  # shares per replica: each distinct one (runtime/sim.py)
                     result = simulate(RunConfig(model=model, plan=plan, cluster=free, iterations=2, backend="sim",
-                                                **options), same_as=zero_representatives(model, plan))
+                                                **options))
                     if not result.ok:
                         raise UsageError(f"the simulation of plan {i + 1} ended {result.status}: {result.reason}")
                     measured = [DeviceMemory(d.device, d.stage, None, d.peak_memory_bytes) for d in result.devices]
@@ -232,43 +232,4 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
                     f" ({time.perf_counter() - t0:.1f} s)")
     return [out[i] for i in range(len(plans))]
 
-
-def zero_representatives(model: str, plan: Plan) -> dict[int, int]:
-    """For each device of a ZeRO stage, the device of its stage whose memory it holds to the byte.
-
-    [Note: equal ZeRO shares] A ZeRO stage's devices differ only in their shares of the parameters, which the
-    parameters' shapes fix (predict/zero_layout.py): the ranks of one replica hold equal tensor shards (a split needs
-    the degree to divide the dimension), and over the data group ZeRO-2/3 give each rank ``torch.chunk``'s rows of
-    every local shard's dim 0 (``fsdp_rows``: only where ``d`` does not divide a dimension do the last ranks get
-    fewer), while ZeRO-1 gives each a different set of whole shards (``zero1_shares``). So: one device per replica
-    under ZeRO-1; under ZeRO-2/3 one per distinct tuple of rows, which for a model whose dimensions the data degree
-    divides (a Llama's, d a power of two) is one device for the whole stage.
-    """
-    from hybridplan.models.base import parameter_shapes
-    from hybridplan.models.zoo import resolve_model
-    from hybridplan.predict.zero_layout import fsdp_rows
-    from hybridplan.profiling.split_layers import layer_shard_shapes
-
-    layered = resolve_model(model)
-    same: dict[int, int] = {}
-    shards: dict[int, list[list[list[int]] | None]] = {}
-    for stage in plan.stages:
-        if not stage.zero:
-            continue
-        t = stage.tensor_degree if stage.parallelism == "data+tensor" else 1
-        d = stage.data_degree
-        replicas = [stage.devices[r * t:(r + 1) * t] for r in range(d)]
-        if stage.zero == 1:
-            firsts = list(range(d))
-        else:
-            if t not in shards:  # [element bytes, *shape] of each trained parameter (shard), per layer
-                shards[t] = layer_shard_shapes(layered, t) if t > 1 else list(parameter_shapes(layered))
-            dims = [shape[1] if len(shape) > 1 else 1 for layer in shards[t][stage.start:stage.stop]
-                    for shape in (layer or [])]
-            seen: dict[tuple[int, ...], int] = {}
-            firsts = [seen.setdefault(tuple(fsdp_rows(n, d, r) for n in dims), r) for r in range(d)]
-        for r, devices in enumerate(replicas):
-            for device in devices:
-                same[device] = replicas[firsts[r]][0]
-    return same
 

@@ -15,7 +15,8 @@ A ZeRO-sharded stage's devices differ (ZeRO-1's shares of whole parameters are u
 smaller: predict/zero_layout.py), but what each holds is fixed by its place in the stage's data group, which is its
 place in the stage's device list (plans list devices ascending; ``dist.new_group`` orders a group by global
 rank), not by which devices they are. So a ZeRO stage is cached too, as the list of its devices' peaks in
-device-list order, every device simulated once (``simulate`` simulates every device of a ZeRO stage as well).
+device-list order, every device simulated once (``simulate`` simulates one device per distinct share instead,
+runtime/zero_shares.py).
 
 This is an argument about the runtime, so :class:`StageCache` is checked against whole-plan simulations
 (``simulate``) by the benchmark that uses it (benchmarks/prediction_error: byte-identical peaks on every

@@ -1,10 +1,10 @@
-"""profiling/split_layers.py: the parameter shards a tensor rank holds, read off the layers split on fake tensors as
+"""runtime/split_layers.py: the parameter shards a tensor rank holds, read off the layers split on fake tensors as
 the runtime splits them (what ZeRO-1 of a data x tensor stage partitions: predict/zero_layout.py)."""
 
 from __future__ import annotations
 
 from hybridplan.models import get_model
-from hybridplan.profiling.split_layers import layer_shard_shapes
+from hybridplan.runtime.split_layers import layer_shard_shapes
 
 
 def test_a_gpt_block_splits_as_megatron_says():
@@ -26,7 +26,7 @@ def test_a_layer_that_does_not_split_is_none():
 def test_each_distinct_layer_is_built_once_and_every_layer_gets_its_own_answer(monkeypatch):
     """per_layer builds one layer per signature (llama-tiny: embed, its decoders, head), and each layer's answer
     equals the one of that layer built alone, as a copy (editing one never edits another)."""
-    import hybridplan.profiling.split_layers as split
+    import hybridplan.runtime.split_layers as split
     from hybridplan.models.zoo import resolve_model
     from hybridplan.profiling.stash_sizes import layer_stash_bytes
 

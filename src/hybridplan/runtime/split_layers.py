@@ -39,7 +39,7 @@ def split_layers(model: LayeredModel, kind: str, degree: int,
     from torch.distributed.device_mesh import DeviceMesh
 
     from hybridplan.models.tensor_parallel import TensorParallelGroup
-    from hybridplan.runtime.sim import fake_process_group
+    from hybridplan.runtime.fake_group import fake_process_group
     from hybridplan.runtime.stage import build_stage_module
 
     tensor = kind == "tensor" and degree > 1
