@@ -4,6 +4,7 @@ Run from the repository root (about 3 minutes on a 2-core CPU)::
 
     .venv/bin/python -m benchmarks.sim_speed.run            # every case
     .venv/bin/python -m benchmarks.sim_speed.run --case gpt3-1.3b-stage0-fp32
+    .venv/bin/python -m benchmarks.sim_speed.run --zero-shares   # a ZeRO stage: every device against one per share
 
 Each case runs in a fresh Python process (so its peak RSS is its own): ``simulate_stage`` for one device,
 or ``launch(backend="sim")`` for a whole plan. Printed as a markdown table: *setup s* is the time from
@@ -96,11 +97,46 @@ def run_case(name: str, iterations: int) -> dict[str, Any]:
     return {"case": name, "setup_s": setup, "sim_s": sim, "rss": rss, "peak": peak}
 
 
+def zero_shares() -> None:
+    """A whole plan with a ZeRO-2/3 stage of 8 devices, simulated device by device (``same_as`` naming each device
+    itself) and as ``simulate`` does by default (one device per distinct share: runtime/zero_shares.py); prints
+    both times and whether every device's report is equal."""
+    from dataclasses import replace
+
+    from hybridplan.models.zoo import get_model
+    from hybridplan.plan import Plan
+    from hybridplan.plan.cluster import Cluster
+    from hybridplan.runtime.config import RunConfig
+    from hybridplan.runtime.sim import simulate
+
+    n = get_model("gpt3-1.3b").num_layers
+    print("| plan (gpt3-1.3b, bf16, cuda, B=16 in 2) | every device s | one per share s | reports equal |")
+    print("|---|---:|---:|---|")
+    for zero in (3, 2):
+        plan = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 2, "stages": [
+            {"layers": [0, 5], "parallelism": "data", "degree": 8, "devices": list(range(8)), "zero": zero},
+            {"layers": [5, n], "parallelism": "none", "degree": 1, "devices": [8]}]})  # fmt: skip
+        cfg = RunConfig(model="gpt3-1.3b", plan=plan, cluster=Cluster.parse("1x9", device_memory="80GiB"), iterations=2,
+                        backend="sim", device_type="cuda", precision="bf16")  # fmt: skip
+        t0 = time.perf_counter()
+        every = simulate(cfg, same_as={d: d for d in range(plan.num_devices)})
+        t1 = time.perf_counter()
+        fewer = simulate(cfg)
+        t2 = time.perf_counter()
+        equal = ([replace(d, iteration_seconds=[]) for d in every.devices]
+                 == [replace(d, iteration_seconds=[]) for d in fewer.devices])  # fmt: skip
+        print(f"| [0, 5) data x8 ZeRO-{zero}, [5, {n}) one device | {t1 - t0:.1f} | {t2 - t1:.1f} | {equal} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", choices=list(CASES), help="run one case in this process and print it as JSON")
     parser.add_argument("--iterations", type=int, default=2, help="simulated iterations (default 2: warm-up + measured)")
+    parser.add_argument("--zero-shares", action="store_true", help="a ZeRO stage: every device against one per share")
     args = parser.parse_args()
+    if args.zero_shares:
+        zero_shares()
+        return
     if args.case:
         print(json.dumps(run_case(args.case, args.iterations)))
         return
