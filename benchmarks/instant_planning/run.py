@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import subprocess
 import sys
 import tempfile
@@ -190,6 +191,50 @@ def compare_stored(name: str, stored: Path, cache_root: Path | None) -> dict[str
             "below_-0.5%": sum(x < -0.5 for x in every), "min_pct": round(min(every), 2), "max_pct": round(max(every), 2)}
 
 
+def fit_calls(name: str, stored: Path, cache_root: Path | None) -> dict[str, Any]:
+    """Whether each stored plan of ``stored`` (a ``--case`` result) fits the GPU, as predicted (every device's
+    predicted need, the reserved peak and what lies outside the allocator: what the search checks,
+    search/time/feasibility.py) and as simulated (the same from the simulated devices, simulated without a capacity
+    so that every device is measured); written into ``stored`` plan by plan (a rerun resumes), with a summary: an "it
+    fits" that the simulation refutes is the error the issue's target forbids."""
+    from hybridplan.plan import Cluster, Plan
+    from hybridplan.predict.memory import MemoryPredictor
+    from hybridplan.workflows.estimate_memory import estimate_plans
+    from hybridplan.workflows.simulated_profile import simulated_profiles
+
+    model, shape, batch, micro = CASES[name]
+    result = json.loads(stored.read_text())
+    cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
+    with tempfile.TemporaryDirectory() as scratch:
+        with simulated_profiles(model, cluster, global_batch_size=batch, num_microbatches=micro, precision="bf16",
+                                device_type="cuda", cache_dir=cache_root or Path(scratch)) as profiles:
+            predictor = MemoryPredictor.from_db(profiles.db, recompute_db=profiles.recompute_db)
+    rows = {"chosen": result["chosen"], **result.get("random", {})}
+    for key, row in rows.items():
+        if "fits_simulated" in row:
+            continue
+        plan = Plan.from_dict(row["plan"])
+        needed = {d.device: d.needed_bytes for d in predictor.predict(plan).devices}
+        [estimate] = estimate_plans(model, cluster, [plan], run_options={"device_type": "cuda", "precision": "bf16"})
+        simulated = {d.device: d.total_bytes for d in estimate.devices}
+        capacity = {d: cluster.memory_of(d) for d in needed}
+        row["fits_predicted"] = all(needed[d] <= (capacity[d] or math.inf) for d in needed)
+        row["fits_simulated"] = estimate.fits(cluster)
+        row["needed"] = [{"device": d, "predicted": needed[d], "simulated": simulated[d]} for d in sorted(needed)]
+        print(f"{name}: {key}: fits predicted {row['fits_predicted']}, simulated {row['fits_simulated']}; largest need"
+              f" {max(needed.values()) / 2**30:.2f} GiB predicted, {max(simulated.values()) / 2**30:.2f} GiB simulated",
+              flush=True)
+        _save(stored, result)
+    calls = [(r["fits_predicted"], r["fits_simulated"]) for r in rows.values() if "fits_simulated" in r]
+    errors = [100 * (d["predicted"] - d["simulated"]) / d["simulated"] for r in rows.values() for d in r.get("needed", [])]
+    result.setdefault("summary", {})["fit_calls"] = {
+        "plans": len(calls), "fit": sum(s for _, s in calls), "agree": sum(p == s for p, s in calls),
+        "fits_refuted": sum(p and not s for p, s in calls), "does_not_fit_refuted": sum(s and not p for p, s in calls),
+        "needed_error_pct": [round(min(errors), 2), round(max(errors), 2)] if errors else None}
+    _save(stored, result)
+    return dict(result["summary"]["fit_calls"])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--case", choices=tuple(CASES))
@@ -199,8 +244,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, help="the results JSON (written as rows finish; a rerun resumes)")
     parser.add_argument("--compare-stored", type=Path, metavar="RESULTS",
                         help="predict --case's stored plans again and compare with their stored simulated peaks")
+    parser.add_argument("--fit-calls", type=Path, metavar="RESULTS",
+                        help="simulate --case's stored plans again and record whether each fits, predicted and simulated")
     args = parser.parse_args()
-    if args.compare_stored and args.case:
+    if args.fit_calls and args.case:
+        print(json.dumps(fit_calls(args.case, args.fit_calls, args.cache), indent=1))
+    elif args.compare_stored and args.case:
         print(json.dumps(compare_stored(args.case, args.compare_stored, args.cache), indent=1))
     elif args.microbatches:
         print(json.dumps(run_microbatches(args.microbatches, args.out), indent=1))
