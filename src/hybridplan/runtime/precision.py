@@ -189,7 +189,9 @@ class MixedPrecisionAdamW(torch.optim.Optimizer):
                 state = self.state[p]
                 master = state["master"]
                 if "step" not in state:
-                    state["step"] = torch.tensor(0.0)
+                    # the fused kernel takes its step counts on the parameters' device, as torch.optim.AdamW(fused=True)
+                    # makes them; the loop's is a host scalar
+                    state["step"] = torch.zeros((), device=master.device) if self.fused else torch.tensor(0.0)
                     state["exp_avg"] = torch.zeros_like(master)
                     state["exp_avg_sq"] = torch.zeros_like(master)
                 # The buffer is already fp32 and is unscaled in place, as Megatron unscales its main grads.
