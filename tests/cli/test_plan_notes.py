@@ -21,7 +21,7 @@ def _device(device: int, need: int, *, cuda: bool = True) -> DevicePrediction:
 
 def test_the_closest_device_within_the_margin_is_named():
     cluster = Cluster.parse("1x3", device_memory="80GiB")
-    prediction = PlanPrediction([_device(0, 60 * GiB), _device(1, 75 * GiB), _device(2, 72 * GiB)], "quantities")
+    prediction = PlanPrediction([_device(0, 50 * GiB), _device(1, 75 * GiB), _device(2, 72 * GiB)], "quantities")
     note = near_capacity(prediction, cluster)
     assert note is not None and note.startswith("note: device 1 is predicted to need 75.00 GiB of its 80.00 GiB (93.8%)")
     assert "--verify" in note
@@ -32,7 +32,7 @@ def test_the_margin_is_the_measured_under_prediction():
     edge = int(80 * GiB / (1 + RESERVED_MARGIN))  # need x (1 + margin) == capacity: not within it
     assert near_capacity(PlanPrediction([_device(0, edge)], "quantities"), cluster) is None
     assert near_capacity(PlanPrediction([_device(0, edge + 1)], "quantities"), cluster) is not None
-    assert RESERVED_MARGIN * 100 > 13.77  # the largest per-device under-prediction measured (benchmark README)
+    assert RESERVED_MARGIN * 100 > 20.78  # the largest per-device under-prediction measured (benchmark README)
 
 
 def test_no_note_without_a_reserved_term_or_a_capacity():
