@@ -161,20 +161,27 @@ def run_microbatches(name: str, out: Path | None) -> dict[str, Any]:
     return outcome
 
 
+def _simulated_predictor(name: str, cluster: Any, cache_root: Path | None) -> Any:
+    """The predictor of ``name``'s simulated profiles (built, or read from ``cache_root``'s cache)."""
+    from hybridplan.predict.memory import MemoryPredictor
+    from hybridplan.workflows.simulated_profile import simulated_profiles
+
+    model, _, batch, micro = CASES[name]
+    with tempfile.TemporaryDirectory() as scratch:
+        with simulated_profiles(model, cluster, global_batch_size=batch, num_microbatches=micro, precision="bf16",
+                                device_type="cuda", cache_dir=cache_root or Path(scratch)) as profiles:
+            return MemoryPredictor.from_db(profiles.db, recompute_db=profiles.recompute_db)
+
+
 def compare_stored(name: str, stored: Path, cache_root: Path | None) -> dict[str, Any]:
     """The stored plans of ``stored`` (a ``--case`` result) predicted again by this checkout, each device against
     the simulated peak stored with it (the simulation does not change with the predictor), by stage kind."""
     from hybridplan.plan import Cluster, Plan
-    from hybridplan.predict.memory import MemoryPredictor
-    from hybridplan.workflows.simulated_profile import simulated_profiles
 
-    model, shape, batch, micro = CASES[name]
+    _, shape, _, _ = CASES[name]
     result = json.loads(stored.read_text())
     cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
-    with tempfile.TemporaryDirectory() as scratch:
-        with simulated_profiles(model, cluster, global_batch_size=batch, num_microbatches=micro, precision="bf16",
-                                device_type="cuda", cache_dir=cache_root or Path(scratch)) as profiles:
-            predictor = MemoryPredictor.from_db(profiles.db, recompute_db=profiles.recompute_db)
+    predictor = _simulated_predictor(name, cluster, cache_root)
     groups: dict[str, list[float]] = {}
     for row in [result["chosen"], *result.get("random", {}).values()]:
         plan = Plan.from_dict(row["plan"])
@@ -198,17 +205,12 @@ def fit_calls(name: str, stored: Path, cache_root: Path | None) -> dict[str, Any
     so that every device is measured); written into ``stored`` plan by plan (a rerun resumes), with a summary: an "it
     fits" that the simulation refutes is the error the issue's target forbids."""
     from hybridplan.plan import Cluster, Plan
-    from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.workflows.estimate_memory import estimate_plans
-    from hybridplan.workflows.simulated_profile import simulated_profiles
 
-    model, shape, batch, micro = CASES[name]
+    model, shape, _, _ = CASES[name]
     result = json.loads(stored.read_text())
     cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
-    with tempfile.TemporaryDirectory() as scratch:
-        with simulated_profiles(model, cluster, global_batch_size=batch, num_microbatches=micro, precision="bf16",
-                                device_type="cuda", cache_dir=cache_root or Path(scratch)) as profiles:
-            predictor = MemoryPredictor.from_db(profiles.db, recompute_db=profiles.recompute_db)
+    predictor = _simulated_predictor(name, cluster, cache_root)
     rows = {"chosen": result["chosen"], **result.get("random", {})}
     for key, row in rows.items():
         if "fits_simulated" in row:

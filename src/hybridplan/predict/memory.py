@@ -362,11 +362,7 @@ class MemoryPredictor:
         data = degree // tensor_degree
         if self.microbatch_size % data:
             return None
-        return self._at_batch(self.global_batch_size // data)
-
-    def _at_batch(self, global_batch_size: int) -> MemoryPredictor:
-        """This predictor at another global batch (same micro-batch count), kept for the next stage that asks."""
-        return self.retargeted(global_batch_size=global_batch_size)
+        return self.retargeted(global_batch_size=self.global_batch_size // data)
 
     def _wider_data(self, kind: str, degree: int) -> tuple[MemoryPredictor, int] | None:
         """A data stage of ``degree`` above every profiled data degree, as ``(predictor, d)``: the largest profiled
@@ -399,7 +395,7 @@ class MemoryPredictor:
         if not profiled or degree <= profiled[-1] or (kind, degree) in self.stats:
             return None
         d = profiled[-1]
-        return self._at_batch(self.global_batch_size * d // degree), d
+        return self.retargeted(global_batch_size=self.global_batch_size * d // degree), d
 
     def stage_memory_matrix(self, kind: str, degree: int, stages_after: int, num_layers: int, *,
                             tensor_degree: int = 0, zero: int = 0, recompute: bool = False) -> np.ndarray:
