@@ -124,7 +124,8 @@ def test_engines_not_modelled_exit_2_with_the_reason(files, capsys):
     plan = str(files / "plan.json")
     cases = [
         (["--plan", plan, "--engine", "deepspeed"], "the deepspeed engine's memory is not modelled yet", "engines"),
-        (["--plan", plan, "--engine", "torchtitan"], "the torchtitan engine's memory is not modelled yet", "engines"),
+        (["--plan", plan, "--engine", "torchtitan"], "is not FSDP-sharded: torchtitan wraps every stage in FSDP2",
+         "engines"),
         (["--plan", plan, "--engine", "megatron", "--precision", "fp16"], "Megatron-LM's fp16 training", "engines"),
         (["--global-batch-size", "16", "--num-microbatches", "2", "--engine", "deepspeed"],
          f"no uniform plan of {MLP} is modelled for --engine deepspeed: the deepspeed engine's memory", "engines"),

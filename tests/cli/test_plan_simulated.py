@@ -261,6 +261,7 @@ def test_plan_for_megatron_keeps_to_its_plans_and_simulates_its_gradient_buffers
 
 @pytest.mark.parametrize("extra, wanted", [
     (["--engine", "deepspeed"], "not modelled"),
+    (["--engine", "torchtitan"], "estimate-memory --plan PLAN --engine torchtitan"),
     (["--engine", "megatron", "--precision", "fp16"], "fp16"),
     (["--engine", "megatron", "--schedule", "gpipe"], "1F1B"),
     (["--engine", "megatron", "--fewest-devices", "--device-memory", "1GiB"], "--fewest-devices"),

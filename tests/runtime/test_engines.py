@@ -13,12 +13,18 @@ from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.engines import ENGINES, engine_run_options, not_modelled
+from hybridplan.runtime.launch import launch
 from hybridplan.runtime.sim import simulate_stage
 from hybridplan.workflows.estimate_memory import estimate_plans
 from tests.runtime.test_grad_buffers import MEGATRON_BF16_FP32_GRADS
 from tests.runtime.util import make_plan
 
 PLAN = make_plan("1f1b", 16, 4, [(0, 5, "data", [0, 1]), (5, 10, "none", [2])])
+FSDP = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 4, "stages": [
+    {"layers": [0, 3], "parallelism": "data", "degree": 2, "devices": [0, 1], "zero": 3, "recompute": "selective"},
+    {"layers": [3, 10], "parallelism": "data", "degree": 2, "devices": [2, 3], "zero": 2}]})
+"""A torchtitan plan: every stage FSDP-sharded (ZeRO-3, then ZeRO-2: ``fsdp_reshard_after_forward`` "always",
+"never"), the first recomputing selectively."""
 
 
 def _with(plan: Plan, stage: int, **fields) -> Plan:
@@ -64,12 +70,42 @@ def test_engines_refuse_what_is_not_modelled_with_the_reason():
     assert engine_run_options("megatron", plan=Plan.from_dict({**PLAN.to_dict(), "schedule": "flush"}),
                               precision="bf16") == {"grad_accumulation": "fp32-buffer",
                                                          "adamw": "fused"}
+    with pytest.raises(UsageError, match="the deepspeed engine's memory is not modelled yet: .*section"):
+        engine_run_options("deepspeed", plan=PLAN, precision="bf16")
     for engine in ("deepspeed", "torchtitan"):
-        with pytest.raises(UsageError, match=f"the {engine} engine's memory is not modelled yet: .*section"):
-            engine_run_options(engine, plan=PLAN, precision="bf16")
         assert not_modelled(engine)  # it says what is missing
+    with pytest.raises(UsageError, match=r"stage 1 \(.*\) is not FSDP-sharded: torchtitan wraps every stage in FSDP2"):
+        engine_run_options("torchtitan", plan=_with(PLAN, 0, zero=3), precision="bf16")
+    with pytest.raises(UsageError, match="torchtitan trains in bf16 or fp32"):
+        engine_run_options("torchtitan", plan=FSDP, precision="fp16")
+    with pytest.raises(UsageError, match="torchtitan computes its loss on vocabulary shards"):
+        engine_run_options("torchtitan", plan=make_plan("1f1b", 16, 4, [(0, 10, "tensor", [0, 1])]), precision="bf16")
     with pytest.raises(UsageError, match="engine 'nemo' is not known"):
         engine_run_options("nemo", plan=PLAN, precision="bf16")
     assert ENGINES == ("hybridplan", "megatron", "deepspeed", "torchtitan")
     assert engine_run_options("megatron", plan=PLAN, precision="fp32") == {"grad_accumulation": "fp32-buffer",
                                                                            "adamw": "fused"}
+
+
+def test_torchtitan_profile_reduce_scatters_in_fp32_and_the_simulator_counts_it_as_it_runs():
+    """torchtitan's FSDP2 reduce-scatters gradients in fp32 (``mixed_precision_reduce``) and steps with fused AdamW:
+    in bf16 each device holds between iterations what hybridplan's runtime holds (fp32 shards as masters, their
+    moments), and more at its peak (each unit's gradients cast to fp32 for the collective); a real gloo run of the
+    options trains like hybridplan's run within bf16's rounding, and the simulated devices count it byte for byte."""
+    from tests.runtime.test_precision import BF16_UNIT_ROUNDOFF
+
+    options = engine_run_options("torchtitan", plan=FSDP, precision="bf16")
+    assert options == {"fsdp_reduce": "fp32", "adamw": "fused"}
+    cluster = Cluster.parse("1x4")
+    runs = {name: launch(RunConfig(model="gpt-tiny", plan=FSDP, cluster=cluster, iterations=2, precision="bf16",
+                                   backend=backend, **opts))
+            for name, backend, opts in (("torchtitan", "real", options), ("torchtitan-sim", "sim", options),
+                                        ("hybridplan", "real", {}))}
+    assert all(r.ok for r in runs.values()), {k: r.reason for k, r in runs.items()}
+    real, sim, ours = runs["torchtitan"], runs["torchtitan-sim"], runs["hybridplan"]
+    assert [(d.static_memory_bytes, d.iteration_peaks, d.peak_breakdown) for d in sim.devices] == \
+        [(d.static_memory_bytes, d.iteration_peaks, d.peak_breakdown) for d in real.devices]
+    assert [d.static_memory_bytes for d in real.devices] == [d.static_memory_bytes for d in ours.devices]
+    assert all(a.peak_memory_bytes > b.peak_memory_bytes for a, b in zip(real.devices, ours.devices))
+    for a, b in zip(real.losses, ours.losses, strict=True):
+        assert abs(a - b) <= BF16_UNIT_ROUNDOFF * abs(b), (real.losses, ours.losses)

@@ -182,6 +182,11 @@ def _engine_options(args: argparse.Namespace) -> dict[str, object]:
 
     if args.engine == "hybridplan":
         return {}
+    if args.engine == "torchtitan":
+        raise UsageError("--engine torchtitan is not searched yet: torchtitan shards every stage with FSDP2, and the"
+                         " engine-bound search keeps to unsharded stages (docs/engines.md)",
+                         fix="estimate a torchtitan plan with 'hybridplan estimate-memory --plan PLAN --engine"
+                         " torchtitan' (every stage \"zero\": 2 or 3), or plan for megatron or hybridplan")
     if args.db:
         raise UsageError(f"--engine {args.engine} plans from a simulated profile taken the engine's way; a profile"
                          " database holds this runtime's memory", fix="drop --db (give --model), or drop --engine")

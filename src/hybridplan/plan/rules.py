@@ -5,7 +5,8 @@
   stopped, the last stops at the model's layer count;
 - "none" has degree 1; ``len(devices) == degree``; the data degree divides the micro-batch size;
   ``zero`` (ZeRO sharding: 0, 1 optimizer state, 2 + gradients, 3 + parameters) needs a data degree above 1;
-  ``recompute`` is "none" or "full" (activation checkpointing of every layer of the stage);
+  ``recompute`` is "none", "full" (activation checkpointing of every layer of the stage) or "selective"
+  (torchtitan's per-operation policy, plan/stage.py);
 - every device of the cluster belongs to exactly one stage, and a tensor-parallel group never spans
   nodes; a stage's data-parallel replicas may (CAPTURE's plan space, seed 000 III-C, keeps whole stages on
   one node: that is a rule of its search, search/memory/space.py, not of plans);

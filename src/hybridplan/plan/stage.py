@@ -16,8 +16,9 @@ tensor         1            degree
 data+tensor    degree / t   t
 =============  ===========  =============
 
-``zero`` (ZeRO sharding: 0, 1 optimizer state, 2 + gradients, 3 + parameters) and ``recompute`` ("none" or
-"full": activation checkpointing of every layer of the stage) are checked here, each on its own; the rules
+``zero`` (ZeRO sharding: 0, 1 optimizer state, 2 + gradients, 3 + parameters) and ``recompute`` ("none";
+"full": activation checkpointing of every layer of the stage; "selective": torchtitan's per-operation policy on
+the stage's blocks, runtime/checkpointing.py) are checked here, each on its own; the rules
 that need the whole plan (coverage, degrees against the micro-batch, devices) are in
 :mod:`hybridplan.plan.rules`. The plan's JSON form is in :mod:`hybridplan.plan.plan`. This module imports no
 torch.
@@ -41,8 +42,11 @@ Parallelism = Literal["none", "data", "tensor", "data+tensor"]
 PARALLELISMS: tuple[Parallelism, ...] = get_args(Parallelism)
 """Per-stage parallelism kinds."""
 
-Recompute = Literal["none", "full"]
-"""Activation recompute of a stage: none, or every layer checkpointed (its inputs kept, the rest recomputed)."""
+Recompute = Literal["none", "full", "selective"]
+"""Activation recompute of a stage: none; "full", every layer checkpointed (its inputs kept, the rest recomputed);
+"selective", torchtitan's per-operation policy on the blocks between the embedding and the head (every second
+matrix product's output and the attention's kept, the rest recomputed: runtime/checkpointing.py). The searches
+choose between none and full; "selective" is a plan a user trains with torchtitan, simulated, not composed."""
 
 RECOMPUTES: tuple[Recompute, ...] = get_args(Recompute)
 
@@ -80,7 +84,7 @@ class StagePlan:
     zero: int = 0
     """ZeRO sharding over the data-parallel group (:data:`ZERO_STAGES`); only for a data degree above 1."""
     recompute: Recompute = "none"
-    """Activation recompute of every layer of the stage ("full"), or none."""
+    """Activation recompute of the stage's layers (:data:`Recompute`)."""
 
     def __post_init__(self) -> None:
         unknown = sorted(k for k in self.extra if not str(k).startswith(USER_PREFIX))

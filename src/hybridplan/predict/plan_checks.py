@@ -29,10 +29,16 @@ __all__ = ["check_measured_kinds", "check_same_campaign", "why_missing"]
 
 
 def check_measured_kinds(predictor: MemoryPredictor, plan: Plan) -> None:
-    """Refuse stages the profile did not measure in kind: ZeRO sharding, or recompute asked of a stage when
-    the profile ran without it (their memory differs from what the statistics hold, so a prediction would be
+    """Refuse stages the profile did not measure in kind: ZeRO sharding, selective recompute (never profiled), or
+    full recompute asked of a stage when the profile ran without it (their memory differs from what the statistics hold, so a prediction would be
     silently wrong). A profile taken with recompute predicts every stage recomputed, as its runs did."""
     for i, stage in enumerate(plan.stages):
+        if stage.recompute == "selective":
+            raise ProfileError(
+                f"stage {i} ({stage.describe()}) recomputes selectively (torchtitan's per-operation policy): profiles"
+                " measure stages with and without full recompute, not this policy",
+                fix="count the plan exactly on simulated devices ('hybridplan estimate-memory --plan PLAN', or"
+                " 'hybridplan run --backend sim'), or give the stage \"recompute\": \"full\"")
         base = (predictor.recomputed if stage.recompute == "full" and not predictor.recompute and predictor.recomputed
                 else predictor)
         if stage.zero:

@@ -20,7 +20,7 @@ from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.gpu_memory import check_cuda_capacity
 from hybridplan.runtime.grad_buffers import GRAD_ACCUMULATIONS, GradAccumulation
-from hybridplan.runtime.precision import ADAMW_STEPS, AdamWStep, Precision, check_precision
+from hybridplan.runtime.precision import ADAMW_STEPS, FSDP_REDUCES, AdamWStep, FsdpReduce, Precision, check_precision
 
 __all__ = [
     "RunConfig",
@@ -113,6 +113,9 @@ class RunConfig:
     its step holds whole-list temporaries), or "fused", torch's single-kernel AdamW, in place, as Megatron-LM's,
     DeepSpeed's and torchtitan's fused Adam step ([Note: the AdamW step, multi-tensor or fused] in
     runtime/precision.py)."""
+    fsdp_reduce: FsdpReduce = "compute"
+    """The dtype ZeRO-2/3 stages reduce-scatter gradients in under mixed precision: "compute" (the low dtype), or
+    "fp32" as torchtitan does (runtime/precision.py ``FsdpReduce``)."""
 
     def __post_init__(self) -> None:
         # The closed sets are checked here, not only by mypy: configurations also come from JSON files
@@ -122,6 +125,7 @@ class RunConfig:
         check_precision(self.precision, self.loss_scale)
         _check_choice("gradient accumulation", self.grad_accumulation, GRAD_ACCUMULATIONS)
         _check_choice("AdamW implementation", self.adamw, ADAMW_STEPS)
+        _check_choice("FSDP reduction dtype", self.fsdp_reduce, FSDP_REDUCES)
         if self.grad_accumulation != "autograd":
             _check_grad_buffers(self.plan)
         if self.iterations < 1:
@@ -160,6 +164,7 @@ class RunConfig:
             # only when set: the settings of every run made before the option stay as they were written
             **({"grad_accumulation": self.grad_accumulation} if self.grad_accumulation != "autograd" else {}),
             **({"adamw": self.adamw} if self.adamw != "default" else {}),
+            **({"fsdp_reduce": self.fsdp_reduce} if self.fsdp_reduce != "compute" else {}),
         }
 
 
@@ -227,6 +232,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "share_gpu": cfg.share_gpu,
         "grad_accumulation": cfg.grad_accumulation,
         "adamw": cfg.adamw,
+        "fsdp_reduce": cfg.fsdp_reduce,
     }
     return json.dumps(data, indent=1)
 

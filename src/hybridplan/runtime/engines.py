@@ -10,7 +10,10 @@ option set, every prediction as it was.
 
 Today the Megatron-LM profile sets two options: ``grad_accumulation``, its fp32 gradient buffers (``main_grad``),
 kept by default with bf16 and in fp32 training (docs/engines.md, section 1), and ``adamw``, its fused Adam step,
-in place without temporaries (section 3).
+in place without temporaries (section 3). The torchtitan profile sets ``fsdp_reduce`` (FSDP2 reduce-scatters the
+gradients in fp32, section 8) and ``adamw`` (its fused default), for plans whose every stage is FSDP-sharded
+(ZeRO-2/3): torchtitan wraps every stage in FSDP2, and its stages recompute fully or selectively
+(``"recompute": "selective"``, its per-operation policy: runtime/checkpointing.py).
 """
 
 from __future__ import annotations
@@ -35,8 +38,7 @@ _NOT_MODELLED: dict[Engine, tuple[str, ...]] = {
     "deepspeed": ("ZeRO's flat, evenly split partition (section 2)",
                   "BF16_Optimizer's gradient buffer in the model dtype without ZeRO (section 1)",
                   "fused Adam's step (section 3)"),
-    "torchtitan": ("FSDP2 with fp32 gradient reduce-scatter (section 8)", "fused AdamW's step (section 3)",
-                   "loss parallel (section 4)"),
+    "torchtitan": ("FSDP2 on stages without data sharding (section 8)", "loss parallel (section 4)"),
 }
 """Per engine, the behaviours of docs/engines.md (its sections) that change memory and the runtime does not run."""
 
@@ -66,6 +68,8 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
     _check_engine(engine)
     if engine == "hybridplan":
         return {}
+    if engine == "torchtitan":
+        return _torchtitan_options(plan, precision)
     if engine != "megatron":
         raise UsageError(f"the {engine} engine's memory is not modelled yet: {'; '.join(not_modelled(engine))}"
                          " (docs/engines.md)", fix="predict hybridplan's runtime (--engine hybridplan), or megatron's")
@@ -89,6 +93,30 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
                              " splits one flat buffer evenly (docs/engines.md section 2), which is not modelled yet",
                              fix="drop \"zero\" from the stage, or predict hybridplan's runtime (--engine hybridplan)")
     return {"grad_accumulation": "fp32-buffer", "adamw": "fused"}
+
+
+def _torchtitan_options(plan: Plan, precision: str) -> dict[str, Any]:
+    """torchtitan's options for ``plan``, or the reason it is not modelled (:func:`engine_run_options`)."""
+    instead = "or predict hybridplan's runtime (--engine hybridplan)"
+    if precision == "fp16":
+        raise UsageError("torchtitan trains in bf16 or fp32 (mixed_precision_param), not fp16",
+                         fix=f"predict bf16 (--precision bf16), {instead}")
+    if plan.schedule == "2bw":
+        raise UsageError("torchtitan does not run PipeDream-2BW ('export --to torchtitan' turns the plan into 1F1B)",
+                         fix=f"predict the plan with schedule 1f1b or gpipe, {instead}")
+    last = plan.stages[-1]
+    if last.tensor_degree > 1:
+        raise UsageError(f"the last stage ({last.describe()}) is tensor-parallel: torchtitan computes its loss on"
+                         " vocabulary shards (loss parallel, docs/engines.md section 4), which is not modelled yet",
+                         fix=f"give the last stage tensor degree 1, {instead}")
+    for i, s in enumerate(plan.stages):
+        if s.zero < 2:
+            raise UsageError(
+                f"stage {i} ({s.describe()}) is not FSDP-sharded: torchtitan wraps every stage in FSDP2 (HSDP when"
+                " replicated, a degree of 1 without data parallelism: docs/engines.md section 8), which this runtime"
+                " models on ZeRO-2/3 stages only", fix=f"give every stage \"zero\": 2 or 3 over 2 or more replicas,"
+                f" {instead}")
+    return {"fsdp_reduce": "fp32", "adamw": "fused"}
 
 
 def _check_engine(engine: str) -> None:

@@ -61,6 +61,8 @@ __all__ = [
     "build_optimizer",
     "AdamWStep",
     "ADAMW_STEPS",
+    "FsdpReduce",
+    "FSDP_REDUCES",
 ]
 
 Precision = Literal["fp32", "bf16", "fp16"]
@@ -75,6 +77,14 @@ modelled device, or "fused", the single kernel the engines step with."""
 
 ADAMW_STEPS: tuple[AdamWStep, ...] = get_args(AdamWStep)
 """The choices ``RunConfig.adamw`` accepts."""
+
+FsdpReduce = Literal["compute", "fp32"]
+"""The dtype a ZeRO-2/3 stage's FSDP2 units reduce-scatter gradients in under mixed precision: "compute", the low
+dtype (this runtime's way, as the unsharded stages reduce), or "fp32", as torchtitan does
+(``mixed_precision_reduce = "float32"``: each unit's gradients are cast to fp32 before the collective)."""
+
+FSDP_REDUCES: tuple[FsdpReduce, ...] = get_args(FsdpReduce)
+"""The choices ``RunConfig.fsdp_reduce`` accepts."""
 
 DEFAULT_FP16_LOSS_SCALE = 128.0
 """Static loss scale of fp16 runs: fairseq's default FP16 loss scale (``fp16_init_scale = 2**7``,

@@ -106,7 +106,7 @@ def run_rank(
             meshes = stage_meshes(stage, tp_group, dp_group, device.type)
         if tp_group is not None:
             tp = TensorParallelGroup(tp_group, meshes.tensor, index_in_stage % stage.tensor_degree, stage.tensor_degree)
-    checkpointing = cfg.activation_checkpointing or stage.recompute == "full"
+    checkpointing = "full" if cfg.activation_checkpointing else stage.recompute if stage.recompute != "none" else False
     collectives.stage_through_host(cfg.share_gpu)  # gloo on a shared GPU: runtime/shared_gpu.py
 
     meter = make_meter(cfg, device, cfg.cluster.memory_of(rank), simulated=simulated, rank=rank)
@@ -115,14 +115,16 @@ def run_rank(
         with meter.in_phase("parameters"):
             # a ZeRO-2/3 stage's layers become FSDP units as they are built ([Note: a layer is sharded before the
             # next is built] in runtime/stage.py)
-            each_layer = (partial(shard_layer, zero=stage.zero, dp_mesh=meshes.data, precision=cfg.precision)
+            each_layer = (partial(shard_layer, zero=stage.zero, dp_mesh=meshes.data, precision=cfg.precision,
+                                  reduce=cfg.fsdp_reduce)
                           if stage.zero >= 2 else None)
             module = build_stage_module(
                 model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing, each_layer=each_layer
             )
             if stage.zero >= 2:
                 shard_stage(module, stage.zero, meshes.data, settle_for=meter if device.type == "cpu" else None,
-                            precision=cfg.precision, loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale))
+                            precision=cfg.precision, loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
+                            reduce=cfg.fsdp_reduce)
                 if meshes.rank_table is not None:
                     meter.forget(meshes.rank_table)
             if stage.zero == 1:
@@ -156,7 +158,9 @@ def run_rank(
             record_timeline=cfg.record_timeline,
             dtype=compute_dtype(cfg.precision),
             loss_scale=loss_scale_of(cfg.precision, cfg.loss_scale),
-            checkpointed=checkpointing,
+            # selective: only blocks are checkpointed (runtime/stage.py), so the last layer's output is released
+            # without looking only when that layer is a block
+            checkpointed=bool(checkpointing) and (checkpointing != "selective" or 0 < stage.stop - 1 < model.num_layers - 1),
             staged=cfg.share_gpu,
             skip_repeats=simulated and skip_repeats,
         )

@@ -49,9 +49,11 @@ def release_output(y: torch.Tensor, x: torch.Tensor, meter: Any, *, checkpointed
         y: the stage's output (already sent).
         x: the stage's input (an identity stage returns it: then nothing is released).
         meter: the memory meter, told to stop counting the values.
-        checkpointed: the stage runs under activation checkpointing, whose saved tensors are
+        checkpointed: the stage's last layer runs under activation checkpointing, whose saved tensors are
             placeholders (reading one would recompute the layer); nothing in the region keeps ``y``
-            then, so it is released without looking.
+            then, so it is released without looking. Under the selective policy (runtime/checkpointing.py) the
+            region keeps the outputs of its kept operations too, and none of them is a block's last: the zoo's and
+            the HuggingFace blocks end with a residual sum or an activation.
     """
     if y._base is not None or y.grad_fn is None or same_storage(x, y):
         return

@@ -124,7 +124,7 @@ class SettledReduceScatter(_SettledComm):
 
 
 def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any = None, precision: str = "fp32",
-                loss_scale: float = 1.0) -> None:
+                loss_scale: float = 1.0, reduce: str = "compute") -> None:
     """Make ``module`` (a stage's ``nn.Sequential``) FSDP2 units for ZeRO-2 (``zero=2``) or ZeRO-3 (``zero=3``).
 
     In place: each layer with parameters, then the stage, become ``FSDPModule`` s over ``dp_mesh`` (the
@@ -139,7 +139,7 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
     ``precision``: mixed precision ("bf16", "fp16") through FSDP2's ``MixedPrecisionPolicy``: the sharded fp32
     parameters are the master copies (the stage is built and stepped in fp32), all-gathered into the low dtype
     for compute, and the gradients are reduce-scattered in the low dtype (as runtime/precision.py reduces them)
-    and kept as fp32 shards. ``loss_scale``: fp16's static loss scale, divided out of every reduce-scattered
+    and kept as fp32 shards (``reduce="fp32"``: reduce-scattered in fp32, torchtitan's way). ``loss_scale``: fp16's static loss scale, divided out of every reduce-scattered
     gradient (FSDP's gradient divide factor; a power of two, so the division is exact).
     """
     if zero not in (2, 3):
@@ -148,8 +148,8 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
 
     for layer in module.children():
         if not isinstance(layer, FSDPModule):  # (not sharded as it was built: build_stage_module's each_layer)
-            shard_layer(layer, zero, dp_mesh, precision=precision)
-    fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision))
+            shard_layer(layer, zero, dp_mesh, precision=precision, reduce=reduce)
+    fully_shard(module, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision, reduce))
     for unit in module.modules():
         if isinstance(unit, FSDPModule):
             unit.set_gradient_divide_factor(loss_scale)
@@ -159,7 +159,7 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
                 unit.set_custom_reduce_scatter(SettledReduceScatter(settle_for))  # type: ignore[arg-type]
 
 
-def shard_layer(layer: nn.Module, zero: int, dp_mesh: Any, *, precision: str = "fp32") -> None:
+def shard_layer(layer: nn.Module, zero: int, dp_mesh: Any, *, precision: str = "fp32", reduce: str = "compute") -> None:
     """One layer of a ZeRO-2 (``zero=2``) or ZeRO-3 (``zero=3``) stage as its FSDP2 unit over ``dp_mesh``, in place
     (nothing for a layer without trainable parameters): :func:`shard_stage`'s per-layer units, made by
     ``build_stage_module`` as each layer is built ([Note: a layer is sharded before the next is built] in
@@ -170,17 +170,20 @@ def shard_layer(layer: nn.Module, zero: int, dp_mesh: Any, *, precision: str = "
     from torch.distributed.fsdp import fully_shard
 
     if any(p.requires_grad for p in layer.parameters()):
-        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision))
+        fully_shard(layer, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision, reduce))
 
 
-def _policy(precision: str) -> Any:
-    """FSDP2's mixed precision policy for ``precision``: the low dtype for compute and gradient reduction."""
+def _policy(precision: str, reduce: str = "compute") -> Any:
+    """FSDP2's mixed precision policy for ``precision``: the low dtype for compute, and for gradient reduction
+    unless ``reduce`` is "fp32" (runtime/precision.py ``FsdpReduce``)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy
 
     from hybridplan.runtime.precision import compute_dtype
 
     low = compute_dtype(precision)
-    return MixedPrecisionPolicy() if precision == "fp32" else MixedPrecisionPolicy(param_dtype=low, reduce_dtype=low)
+    if precision == "fp32":
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32 if reduce == "fp32" else low)
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,7 @@ The shapes of the tensors that cross a stage's boundaries are the model's (model
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
@@ -15,16 +15,19 @@ from torch.utils.checkpoint import checkpoint
 from hybridplan.models.base import LayeredModel, build_layers
 from hybridplan.models.tensor_parallel import TensorParallelGroup, full_parameter
 from hybridplan.plan import StagePlan
+from hybridplan.runtime.checkpointing import selective_contexts
 
 __all__ = ["build_stage_module", "unsplit_state", "CheckpointedSequential"]
 
 
 class CheckpointedSequential(nn.Sequential):
-    """An ``nn.Sequential`` that runs every layer under activation checkpointing.
+    """An ``nn.Sequential`` that runs its layers under activation checkpointing: every layer (``selective`` None),
+    or torchtitan's per-operation policy on the layers ``selective`` marks and nothing on the others.
 
-    Each layer keeps only its input for the backward pass and recomputes its activations there
-    (``torch.utils.checkpoint``, non-reentrant, as torch recommends). The parameters keep the plain
-    ``nn.Sequential`` names, so saved weights and checks do not change.
+    A fully checkpointed layer keeps only its input for the backward pass and recomputes its activations there
+    (``torch.utils.checkpoint``, non-reentrant, as torch recommends); a selectively checkpointed one keeps what
+    runtime/checkpointing.py's policy keeps as well. The parameters keep the plain ``nn.Sequential`` names, so
+    saved weights and checks do not change.
 
     ``preserve_rng_state=False``: stashing the RNG state would allocate a tensor per layer and
     micro-batch, and no zoo layer draws random numbers in its forward (VGG's dropout has p=0; a
@@ -32,9 +35,20 @@ class CheckpointedSequential(nn.Sequential):
     should not be checkpointed).
     """
 
+    def __init__(self, *layers: nn.Module, selective: Sequence[bool] | None = None) -> None:
+        super().__init__(*layers)
+        if selective is not None and len(selective) != len(layers):
+            raise ValueError(f"{len(selective)} selective flags for {len(layers)} layers")
+        self.selective = None if selective is None else tuple(selective)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        for layer in self:
-            x = checkpoint(layer, x, use_reentrant=False, preserve_rng_state=False)
+        for i, layer in enumerate(self):
+            if self.selective is None:
+                x = checkpoint(layer, x, use_reentrant=False, preserve_rng_state=False)
+            elif self.selective[i]:
+                x = checkpoint(layer, x, use_reentrant=False, preserve_rng_state=False, context_fn=selective_contexts)
+            else:
+                x = layer(x)
         return x
 
 
@@ -45,14 +59,16 @@ def build_stage_module(
     seed: int,
     device: torch.device,
     tp: TensorParallelGroup | None,
-    checkpointing: bool = False,
+    checkpointing: bool | str = False,
     each_layer: Callable[[nn.Module], None] | None = None,
 ) -> nn.Sequential:
     """The stage's layers as an ``nn.Sequential`` on ``device``; split over ``tp`` for a tensor stage.
 
     Each layer is built whole from its seed, then sharded, so a tensor-parallel stage holds exactly the
-    slices of the weights a single device would hold. With ``checkpointing`` every layer recomputes its
-    activations in the backward pass (:class:`CheckpointedSequential`). ``each_layer`` (FSDP's sharding of a
+    slices of the weights a single device would hold. With ``checkpointing`` (True or "full") every layer recomputes
+    its activations in the backward pass; with "selective" the layers between the model's first and last (its
+    blocks, not the embedding and the head) keep what torchtitan's per-operation policy keeps and recompute the
+    rest (:class:`CheckpointedSequential`, runtime/checkpointing.py). ``each_layer`` (FSDP's sharding of a
     ZeRO-2/3 stage: runtime/sharding.py ``shard_layer``) is applied to each layer once it is split.
 
     [Note: a layer is sharded before the next is built] A device never holds more than one whole layer: each
@@ -79,6 +95,9 @@ def build_stage_module(
         if each_layer is not None:
             each_layer(layer)
         layers.append(layer)
+    if checkpointing == "selective":
+        blocks = [0 < index < model.num_layers - 1 for index in stage.layers]
+        return CheckpointedSequential(*layers, selective=blocks)
     return CheckpointedSequential(*layers) if checkpointing else nn.Sequential(*layers)
 
 

@@ -42,7 +42,7 @@ __all__ = ["StageCache", "stage_key"]
 def stage_key(plan: Plan, index: int) -> str:
     """What the memory of stage ``index`` of ``plan`` depends on ([Note: what a simulated stage's memory
     depends on]): ``"start,stop,kind,degree,warmup"``, then ``",t<tensor degree>"`` for a data x tensor stage
-    (degree 8 is 2 x 4 or 4 x 2), ``",recompute"`` for a recomputed one and ``",zero<level>"`` for a ZeRO-sharded
+    (degree 8 is 2 x 4 or 4 x 2), ``",recompute"`` for a recomputed one (``",selective"`` under the selective policy) and ``",zero<level>"`` for a ZeRO-sharded
     one, whose entry lists every device's peak, and ``",<schedule>"`` unless the schedule is 1F1B: GPipe's stages
     have no warm-up forwards either, like 1F1B's last stage, and hold more (all micro-batches in flight). (1F1B
     keys are unchanged, so 1F1B cache files written before stay valid; GPipe entries of a file written before,
@@ -58,6 +58,8 @@ def stage_key(plan: Plan, index: int) -> str:
         key += f",t{s.tensor_degree}"
     if s.recompute == "full":
         key += ",recompute"
+    elif s.recompute == "selective":
+        key += ",selective"
     if s.zero:
         key += f",zero{s.zero}"
     if plan.schedule != "1f1b":

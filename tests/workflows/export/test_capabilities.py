@@ -84,3 +84,11 @@ def test_grids_the_model_refuses_are_passed_over():
     assert {(s.data_degree, s.tensor_degree) for s in near.stages} == {(1, 2)} and "2 device(s) left idle" in changes[0]
     near, _ = nearest_plan(plan, "megatron", accept=lambda p: p.stages[0].tensor_degree == 1 and p.stages[0].data_degree == 1)
     assert {(s.data_degree, s.tensor_degree) for s in near.stages} == {(1, 1)}
+
+
+def test_selective_recompute_is_torchtitans_alone():
+    plan = uniform([0, 5, 10], d=2, recompute="selective")
+    assert nearest_plan(plan, "torchtitan")[1] == []
+    for engine in ("megatron", "deepspeed"):
+        near, changes = nearest_plan(plan, engine)
+        assert {s.recompute for s in near.stages} == {"full"} and len(changes) == 1 and "selective" in changes[0]

@@ -91,6 +91,13 @@ def test_fsdp_tensor_and_recompute(recipes):
         ParallelDims.from_config(p, world_size=plan.num_devices - 1)
 
 
+def test_selective_recompute_is_torchtitans_per_operation_policy(recipes):
+    from torchtitan.distributed.activation_checkpoint import SelectiveAC
+
+    config = recipes(uniform([0, 10], d=4, zero=3, recompute="selective"), "hp_selective")
+    assert type(config.activation_checkpoint) is SelectiveAC.Config
+
+
 def test_single_stage_accumulates_gradients(recipes):
     plan = uniform([0, 10], d=4)
     config = recipes(plan, "hp_single")

@@ -18,7 +18,9 @@ each stage its own. :func:`nearest_plan` turns a plan into one the engine runs, 
   deepspeed/runtime/pipe/engine.py), so 2 and 3 become 1 there; Megatron-LM's ``--use-distributed-optimizer`` is
   ZeRO-1, and 2 and 3 (Megatron-FSDP) are left to the user, so they become 1;
 - recompute: one stage recomputed makes all recomputed (torchtitan ``activation_checkpoint``, Megatron-LM
-  ``--recompute-granularity full``, DeepSpeed ``activation_checkpoint_interval`` apply to every block).
+  ``--recompute-granularity full``, DeepSpeed ``activation_checkpoint_interval`` apply to every block);
+  "selective" (torchtitan's per-operation policy, runtime/checkpointing.py) is torchtitan's alone: elsewhere it
+  becomes full (Megatron-LM's own "selective" recomputes the attention core only: another policy).
 
 Each change lowers or keeps every device's memory except two: fewer devices per stage (the grid), and the
 ZeRO-3 -> ZeRO-1 or 2 -> 1 step; check the nearest plan with ``hybridplan predict`` or ``estimate-memory``.
@@ -54,10 +56,12 @@ class Capabilities:
     """The nearest supported ZeRO stage of each unsupported one."""
     decoder_only: bool
     """Whether the model must be a decoder-only transformer."""
+    selective: bool = False
+    """Whether the engine runs torchtitan's per-operation selective recompute."""
 
 
 CAPABILITIES: dict[Engine, Capabilities] = {
-    "torchtitan": Capabilities(("gpipe", "1f1b", "flush"), True, (0, 2, 3), (0, 2, 3), {1: 2}, True),
+    "torchtitan": Capabilities(("gpipe", "1f1b", "flush"), True, (0, 2, 3), (0, 2, 3), {1: 2}, True, selective=True),
     "megatron": Capabilities(("1f1b", "flush"), True, (0, 1), (0, 1), {2: 1, 3: 1}, True),
     "deepspeed": Capabilities(("1f1b", "flush"), False, (0, 1), (0, 1, 2, 3), {2: 1, 3: 1}, False),
 }
@@ -104,6 +108,12 @@ def nearest_plan(plan: Plan, engine: Engine, *, accept: Callable[[Plan], bool] |
                        + (f" ({engine} supports {list(allowed)}" + (" with pipelining)" if out.num_stages > 1 else ")")))
         out = replace(out, stages=tuple(replace(s, zero=z if s.data_degree > 1 else 0) for s in out.stages))
     recomputes = {s.recompute for s in out.stages}
+    if "selective" in recomputes and not cap.selective:
+        changes.append(f"selective recompute -> full recompute ({engine} does not run torchtitan's per-operation"
+                       " policy)")
+        out = replace(out, stages=tuple(replace(s, recompute="full" if s.recompute == "selective" else s.recompute)
+                                        for s in out.stages))
+        recomputes = {s.recompute for s in out.stages}
     if len(recomputes) > 1:
         changes.append("recompute on some stages -> recompute on every stage (one setting for the whole model)")
         out = replace(out, stages=tuple(replace(s, recompute="full") for s in out.stages))

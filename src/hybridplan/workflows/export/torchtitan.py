@@ -13,7 +13,8 @@ calls a base recipe of the user's model (``--torchtitan-base module:function``, 
   ``fsdp_reshard_after_forward`` (ZeRO-2: "never", ZeRO-3: "always"; FSDP2 as hybridplan's runtime runs them);
 - ``training.local_batch_size`` (samples per data-parallel rank per step), ``training.global_batch_size``;
   without pipelining the plan's micro-batches become gradient-accumulation steps;
-- ``activation_checkpoint``: ``FullAC`` when the stages recompute, else none.
+- ``activation_checkpoint``: ``FullAC`` when the stages recompute, ``SelectiveAC`` (its per-operation policy) when
+  they recompute selectively, else none.
 
 Run: ``NGPU=<devices> MODULE=<the file's module> CONFIG=hybridplan_plan ./run_train.sh`` (the file's folder on
 ``PYTHONPATH``).
@@ -60,7 +61,7 @@ def torchtitan_recipe(plan: Plan, layers: ModelLayers, *, base: str = DEFAULT_BA
                          fix=f"e.g. --torchtitan-base {DEFAULT_BASE}")
     s0 = plan.stages[0]
     d, t, pp = s0.data_degree, s0.tensor_degree, plan.num_stages
-    zero, recompute = s0.zero, s0.recompute == "full"
+    zero, recompute = s0.zero, {"full": "FullAC", "selective": "SelectiveAC"}.get(s0.recompute)
     per_replica = plan.microbatch_size // d
     lines = [
         f'"""torchtitan recipe of a hybridplan plan{f" ({source})" if source else ""}: {pp} pipeline stage(s) x data {d}'
@@ -70,7 +71,7 @@ def torchtitan_recipe(plan: Plan, layers: ModelLayers, *, base: str = DEFAULT_BA
         '"""',
         "",
         f"from {module} import {function} as _base",
-        "from torchtitan.distributed.activation_checkpoint import FullAC",
+        "from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC",
         "",
         f"NUM_BLOCKS = {layers.num_blocks}",
         f"MODULE_FQNS = {json.dumps(module_fqns(plan, layers))}",
@@ -98,6 +99,6 @@ def torchtitan_recipe(plan: Plan, layers: ModelLayers, *, base: str = DEFAULT_BA
     ]
     if pp > 1:
         lines.append("    config.training.disable_cuda_graphs = True  # torchtitan: CUDA graphs do not support pipelining yet")
-    lines.append(f"    config.activation_checkpoint = {'FullAC.Config()' if recompute else 'None'}")
+    lines.append(f"    config.activation_checkpoint = {f'{recompute}.Config()' if recompute else 'None'}")
     lines.append("    return config")
     return "\n".join(lines) + "\n"
