@@ -316,6 +316,10 @@ def test_config_json_paths_build(tmp_path: Path) -> None:
         (lambda p: f"hf:{write_config(p, {**HF_CONFIGS['mistral-tiny'], 'sliding_window': 0})}",
          r"sliding_window is 0, not a positive integer"),
         (lambda p: f"hf:{write_config(p, '[' * 200_000)}", r"is not readable JSON: it is nested deeper than"),
+        (lambda p: "hf:llama-tiny,seq=0", r"the sequence length is 0, not a positive integer"),
+        (lambda p: "hf:llama-tiny,seq=8k", r"the sequence length is '8k', not a whole number of tokens"),
+        (lambda p: "hf:llama-tiny,seq=" + "9" * 5000, r"the sequence length is '9{20}', not a whole number"),
+        (lambda p: "hf:llama-tiny,seq=17", r"a sequence of 17 tokens is longer than the model's 16 positions"),
         (lambda p: f"hf:{write_config(p, with_digits('hidden_size'))}",
          r"hidden_size is an integer of 5,000 digits, more than 2,097,152"),
         (lambda p: f"hf:{write_config(p, with_digits('bos_token_id'))}",
@@ -328,6 +332,20 @@ def test_bad_names_fail_before_torch_work(tmp_path: Path, setup: Callable[[Path]
         check_model_name(spec)
     with pytest.raises(ModelError, match=message):
         get_model(spec)
+
+
+def test_a_sequence_length_in_the_name_is_trained_on_and_told_apart() -> None:
+    """``,seq=N``: the batches are N tokens, the configuration (what caches and profiles key by) says so, and the
+    layers are the same modules as the name without it."""
+    short, plain = get_model("hf:llama-tiny,seq=8"), get_model("hf:llama-tiny")
+    assert (short.seq_len, plain.seq_len) == (8, 16) and short.name == "hf:llama-tiny,seq=8"
+    inputs, targets = short.make_batch(2, torch.Generator().manual_seed(0))
+    assert inputs.shape == targets.shape == (2, 8)
+    assert short.config() != plain.config()
+    long = get_model("hf:llama3-8b,seq=8192")
+    assert long.seq_len == 8192 and get_model("hf:llama3-8b").seq_len == 2048  # beyond the default cap, up to 8,192
+    built = [torch.nn.Sequential(*build_layers(m, 0, m.num_layers, seed=1)) for m in (short, plain)]
+    assert [(k, v.shape) for k, v in built[0].state_dict().items()] == [(k, v.shape) for k, v in built[1].state_dict().items()]
 
 
 @pytest.mark.parametrize("name", list(HF_CONFIGS))

@@ -463,3 +463,12 @@ def test_one_microbatch_pipeline_term_is_the_round_trip_even_with_an_infinite_bo
     assert out.tolist() == [5.0, 7.0]
     assert pipeline_seconds_from(np.inf, 3.0, 2).tolist() == np.inf  # more micro-batches: the bottleneck counts
     assert float(pipeline_seconds_from(2.0, 5.0, 3)) == 2 * 2.0 + 5.0
+
+
+def test_a_selectively_recomputed_stage_is_refused_with_bounds_to_use() -> None:
+    plan = _plan([(0, 2, "none", [0]), (2, 3, "none", [1])])
+    selective = dataclasses.replace(plan, stages=(dataclasses.replace(plan.stages[0], recompute="selective"),
+                                                  plan.stages[1]))
+    predict_iteration_time(plan, _profile(), _cluster(1, 2, 10.0, 10.0))  # the same plan without it is predicted
+    with pytest.raises(ProfileError, match=r"stage 0 .* recomputes selectively .* not modelled"):
+        predict_iteration_time(selective, _profile(), _cluster(1, 2, 10.0, 10.0))

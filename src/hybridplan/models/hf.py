@@ -46,7 +46,7 @@ from torch import nn
 
 from hybridplan.errors import ModelError
 from hybridplan.models.base import LayeredModel
-from hybridplan.models.hf_config import HF_PREFIX, check_transformers, hf_seq_len, load_hf_config
+from hybridplan.models.hf_config import HF_PREFIX, SEQ_LEN_KEY, check_transformers, hf_seq_len, load_hf_config
 from hybridplan.models.tensor_parallel import (
     ColumnParallel,
     CopyInput,
@@ -323,7 +323,7 @@ class HFModel(LayeredModel):
         module, config_cls, self._layer_cls, self._norm_cls, self._rotary_cls = _CLASSES[self.model_type]
         self._module = f"transformers.models.{module}.modeling_{module}"
         cls = getattr(importlib.import_module(f"transformers.models.{module}.configuration_{module}"), config_cls)
-        hf_config = cls.from_dict({k: v for k, v in config.items() if k not in ("auto_map", "architectures")})
+        hf_config = cls.from_dict({k: v for k, v in config.items() if k not in ("auto_map", "architectures", SEQ_LEN_KEY)})
         for key in _DROPOUTS:
             if hasattr(hf_config, key):
                 setattr(hf_config, key, 0.0)

@@ -12,6 +12,11 @@ followed without running code it names.
 without a ``config.json``, a malformed file, an unsupported architecture, or a missing transformers
 before any long work (and before importing torch). Building is hybridplan/models/hf.py.
 
+The training sequence length is the config's ``max_position_embeddings`` at most :data:`DEFAULT_MAX_SEQ_LEN`;
+a name ending with ``,seq=N`` (``hf:llama3-8b,seq=8192``) trains on ``N`` tokens instead, up to the config's
+positions. The length is part of the name, so every run, profile and cache entry made for it says so, and it is
+kept in the configuration as :data:`SEQ_LEN_KEY` (its identity in caches and profiles).
+
 The shipped configurations are the public ``config.json`` values of the model cards named beside each
 (the fields that size the model; dropout and token ids do not). ``*-tiny`` ones are small versions of
 the same architectures for tests and demos.
@@ -34,6 +39,7 @@ __all__ = [
     "is_hf_name",
     "load_hf_config",
     "hf_seq_len",
+    "SEQ_LEN_KEY",
     "check_transformers",
 ]
 
@@ -42,6 +48,13 @@ HF_PREFIX = "hf:"
 
 SUPPORTED: tuple[str, ...] = ("llama", "mistral", "qwen2", "mixtral", "gpt2")
 """``model_type`` values hybridplan builds (transformers' own classes for each)."""
+
+SEQ_SUFFIX = ",seq="
+"""A model name ending with this and a number of tokens trains on that sequence length."""
+
+SEQ_LEN_KEY = "hybridplan_seq_len"
+"""The configuration key holding a length given by :data:`SEQ_SUFFIX` (not a transformers key: removed before
+transformers reads the configuration)."""
 
 DEFAULT_MAX_SEQ_LEN = 2048
 """Training sequence length: the config's ``max_position_embeddings`` (``n_positions``), at most this.
@@ -139,7 +152,32 @@ def load_hf_config(name: str) -> dict[str, Any]:
             that is not a JSON object, a missing ``model_type``, an unsupported architecture, or sizes
             that are missing or not positive integers.
     """
-    spec = name[len(HF_PREFIX):] if is_hf_name(name) else name
+    base, seq = _split_seq_len(name)
+    config = _load(name, base[len(HF_PREFIX):] if is_hf_name(base) else base)
+    if seq is not None:
+        positions = int(config["n_positions"] if config["model_type"] == "gpt2" else config["max_position_embeddings"])
+        if seq > positions:
+            raise ModelError(f"model {name!r}: a sequence of {seq:,} tokens is longer than the model's {positions:,}"
+                             " positions", fix=f"give {SEQ_SUFFIX}N with N at most {positions:,}")
+        config[SEQ_LEN_KEY] = seq
+    return config
+
+
+def _split_seq_len(name: str) -> tuple[str, int | None]:
+    """``name`` without a :data:`SEQ_SUFFIX` ending, and the length it gives (None without one)."""
+    base, suffix, tail = name.rpartition(SEQ_SUFFIX)
+    if not suffix:
+        return name, None
+    problem = (count_problem(int(tail), _BOUNDS["positions"][0], why=_BOUNDS["positions"][1])
+               if tail.isdigit() and len(tail) < 20 else f"is {tail[:20]!r}, not a whole number of tokens")
+    if problem is not None:
+        raise ModelError(f"model {name!r}: the sequence length {problem}",
+                         fix=f"end the name with {SEQ_SUFFIX}N, N tokens (e.g. hf:llama3-8b{SEQ_SUFFIX}8192)")
+    return base, int(tail)
+
+
+def _load(name: str, spec: str) -> dict[str, Any]:
+    """The checked configuration of ``spec`` (a shipped name or a path); ``name`` is what the user wrote."""
     if spec in HF_CONFIGS:
         return dict(HF_CONFIGS[spec])
     path = Path(spec)
@@ -240,7 +278,9 @@ def _size(name: str, config: dict[str, Any], key: str, bound: tuple[int, str]) -
 
 
 def hf_seq_len(config: dict[str, Any]) -> int:
-    """The training sequence length of a configuration (see :data:`DEFAULT_MAX_SEQ_LEN`)."""
+    """The training sequence length of a configuration (see :data:`DEFAULT_MAX_SEQ_LEN` and :data:`SEQ_SUFFIX`)."""
+    if isinstance(config.get(SEQ_LEN_KEY), int):
+        return int(config[SEQ_LEN_KEY])
     limit = config.get("n_positions") if config.get("model_type") == "gpt2" else config.get("max_position_embeddings")
     if not isinstance(limit, int) or limit < 1:
         return DEFAULT_MAX_SEQ_LEN

@@ -97,6 +97,7 @@ from hybridplan.predict.stage_compute import (
     recompute_seconds,
     stage_layer_costs,
 )
+from hybridplan.errors import ProfileError
 from hybridplan.predict.time_breakdown import StageTime, TimeBreakdown
 from hybridplan.profiling.time_profile import TimeProfile
 
@@ -182,7 +183,7 @@ def predict_iteration_time(
 
     Raises:
         PlanError: if the plan does not cover the profile's layers or names devices the cluster lacks.
-        ProfileError: if the profile lacks a tensor degree the plan uses.
+        ProfileError: if the profile lacks a tensor degree the plan uses, or a stage recomputes selectively.
 
     Example:
         >>> from hybridplan.profiling.layer_info import LayerInfo
@@ -199,6 +200,12 @@ def predict_iteration_time(
         schedule = plan.schedule
     flush = spec(schedule).flushes
     plan.check_fits(profile.num_layers, cluster)
+    for i, s in enumerate(plan.stages):
+        if s.recompute == "selective":
+            raise ProfileError(f"stage {i} ({s.describe()}) recomputes selectively (torchtitan's per-operation"
+                               " policy), whose recompute time (the operations it does not keep) is not modelled",
+                               fix="predict its time with \"recompute\": \"full\" (an upper bound) or \"none\" (a"
+                               " lower bound)")
     m = plan.microbatch_size
     sharing = [core_sharing(profile, cluster, plan, s) for s in plan.stages]
     costs = [stage_layer_costs(profile, cluster, s, m, sharing=f) for s, f in zip(plan.stages, sharing)]
