@@ -51,6 +51,7 @@ HEAVY_FILES: dict[str, int] = {
     "runtime/test_sim.py": 26,
     "runtime/test_sim_agreement.py": 25,
     "runtime/test_stage.py": 7,
+    "runtime/test_vocab_parallel_loss.py": 13,
     "search/time/test_bottleneck_cuts.py": 16,
     "test_readme.py": 38,
     "workflows/test_estimate_memory.py": 26,

@@ -59,15 +59,16 @@ def _is_fake(t: torch.Tensor) -> bool:
     return type(t).__name__ == "FakeTensor"
 
 
-def all_reduce(t: torch.Tensor, group: Any = None) -> torch.Tensor:
-    """Sum ``t`` over ``group`` in place and return it."""
+def all_reduce(t: torch.Tensor, group: Any = None, op: Any = None) -> torch.Tensor:
+    """Reduce ``t`` over ``group`` in place (``op``: ``dist.ReduceOp``, the sum by default) and return it."""
+    op = dist.ReduceOp.SUM if op is None else op
     if _direct(t):
-        dist.all_reduce(t, group=group)
+        dist.all_reduce(t, op=op, group=group)
         return t
     with _disable_current_modes():  # not program memory: invisible to memory trackers
         buf = _buffer(t.shape, t.dtype, ("all_reduce", id(group)), pinned=t.is_cuda)
         buf.copy_(t)
-        dist.all_reduce(buf, group=group)
+        dist.all_reduce(buf, op=op, group=group)
         t.copy_(buf)
     return t
 

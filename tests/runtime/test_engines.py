@@ -58,8 +58,8 @@ def test_megatron_profile_holds_megatrons_18_bytes_per_parameter_in_bf16():
 
 def test_engines_refuse_what_is_not_modelled_with_the_reason():
     tensor_last = make_plan("1f1b", 16, 4, [(0, 5, "none", [0]), (5, 10, "tensor", [1, 2])])
-    with pytest.raises(UsageError, match="last stage .* is tensor-parallel: Megatron-LM computes its loss on vocabulary"):
-        engine_run_options("megatron", plan=tensor_last, precision="bf16")
+    assert engine_run_options("megatron", plan=tensor_last, precision="bf16") == {  # its loss on vocabulary shards
+        "grad_accumulation": "fp32-buffer", "adamw": "fused", "loss": "vocab-parallel"}
     with pytest.raises(UsageError, match="stage 0 .* is ZeRO-1: Megatron-LM's distributed optimizer splits one flat"):
         engine_run_options("megatron", plan=_with(PLAN, 0, zero=1), precision="bf16")
     with pytest.raises(UsageError, match="Megatron-LM's fp16 training .* is not modelled yet"):
@@ -78,8 +78,11 @@ def test_engines_refuse_what_is_not_modelled_with_the_reason():
         engine_run_options("torchtitan", plan=_with(PLAN, 0, zero=3), precision="bf16")
     with pytest.raises(UsageError, match="torchtitan trains in bf16 or fp32"):
         engine_run_options("torchtitan", plan=FSDP, precision="fp16")
-    with pytest.raises(UsageError, match="torchtitan computes its loss on vocabulary shards"):
-        engine_run_options("torchtitan", plan=make_plan("1f1b", 16, 4, [(0, 10, "tensor", [0, 1])]), precision="bf16")
+    fsdp_tensor = Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 4, "stages": [
+        {"layers": [0, 10], "parallelism": "data+tensor", "degree": 4, "tensor_degree": 2, "devices": [0, 1, 2, 3],
+         "zero": 3}]})
+    assert engine_run_options("torchtitan", plan=fsdp_tensor, precision="bf16") == {  # loss parallel
+        "fsdp_reduce": "fp32", "adamw": "fused", "loss": "vocab-parallel"}
     with pytest.raises(UsageError, match="engine 'nemo' is not known"):
         engine_run_options("nemo", plan=PLAN, precision="bf16")
     assert ENGINES == ("hybridplan", "megatron", "deepspeed", "torchtitan")

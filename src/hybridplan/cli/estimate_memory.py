@@ -67,7 +67,7 @@ def handle(args: argparse.Namespace) -> int:
             if value is not None and value != planned:
                 raise UsageError(f"{option} {value} differs from the plan's {planned}",
                                  fix=f"drop {option} (the plan gives it) or change the plan")
-        engine_run_options(args.engine, plan=plan, precision=args.precision)  # refused before any work
+        engine_run_options(args.engine, plan=plan, precision=args.precision, model=args.model)  # refused before any work
     elif args.global_batch_size is None or args.num_microbatches is None:
         raise UsageError("without --plan, estimate-memory searches plans and needs --global-batch-size and"
                          " --num-microbatches", fix="give both, or give --plan")
@@ -79,7 +79,8 @@ def handle(args: argparse.Namespace) -> int:
     if plan is None:
         plans = candidate_plans(args.model, cluster, global_batch_size=args.global_batch_size,
                                 num_microbatches=args.num_microbatches, schedule=args.schedule)
-        plans = _modelled(args, plans, engine_candidates(args.engine, plans, precision=args.precision), say)
+        plans = _modelled(args, plans, engine_candidates(args.engine, plans, precision=args.precision, model=args.model),
+                          say)
         say(f"estimating {len(plans)} uniform plan(s) of {args.model} on {cluster.describe()}")
     else:
         plans = [plan]
@@ -100,7 +101,8 @@ def handle(args: argparse.Namespace) -> int:
         return 0
     if engine:
         held = ", ".join(f"{k}={v!r}" for k, v in
-                         engine_run_options(args.engine, plan=ranked[0].plan, precision=args.precision).items())
+                         engine_run_options(args.engine, plan=ranked[0].plan, precision=args.precision,
+                                            model=args.model).items())
         print(f"engine: {args.engine}: hybridplan's runtime run with {held} to hold memory as {args.engine} does;"
               f" not modelled: {'; '.join(not_modelled(args.engine))} (docs/engines.md)")
     for i, e in enumerate(ranked):

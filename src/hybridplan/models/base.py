@@ -48,6 +48,12 @@ class LayeredModel(ABC):
     name: str = "model"
     """Registry name, e.g. ``"gpt-tiny"``."""
 
+    vocab_parallel_loss: bool = False
+    """Whether the loss may be computed on a tensor-parallel last layer's vocabulary shards
+    (models/tensor_parallel.py ``vocab_parallel_cross_entropy``; ``RunConfig.loss``): True where :meth:`loss` is
+    the mean cross entropy over the output's last dimension, which the last layer's split gathers (a language
+    model's head)."""
+
     @property
     @abstractmethod
     def num_layers(self) -> int:

@@ -142,6 +142,8 @@ class GPT(LayeredModel):
         (10, 'embed', 'head')
     """
 
+    vocab_parallel_loss = True  # the mean token cross entropy over the vocabulary (LayeredModel)
+
     def __init__(self, name: str, cfg: GPTConfig) -> None:
         self.name = name
         self.cfg = cfg

@@ -315,6 +315,8 @@ class HFModel(LayeredModel):
         (4, 'embed', 'layer0', 'head')
     """
 
+    vocab_parallel_loss = True  # the mean token cross entropy over the vocabulary (LayeredModel)
+
     def __init__(self, name: str, config: dict[str, Any]) -> None:
         self.name = name
         self.raw_config = config

@@ -278,6 +278,8 @@ class MoE(LayeredModel):
         (6, 'block0', 'block1', 'head')
     """
 
+    vocab_parallel_loss = True  # the mean token cross entropy over the vocabulary (LayeredModel)
+
     def __init__(self, name: str, cfg: MoEConfig) -> None:
         if cfg.num_blocks % 2:
             raise ModelError(

@@ -10,7 +10,8 @@ are the Megatron-LM operators (Shoeybi et al., 2019, section 3):
   leaves through the ``g`` operator (all-reduce forward, identity backward); the bias is added once,
   after the reduction.
 - :class:`GatherOutput`: all-gather a column-parallel output back to a replicated tensor
-  (split of the gradient backward), e.g. for a vocabulary head.
+  (split of the gradient backward), e.g. for a vocabulary head; or, without it, the loss computed on the
+  vocabulary shards (:func:`vocab_parallel_cross_entropy`, Megatron-LM's and torchtitan's way).
 - :class:`VocabParallelEmbedding`: the embedding table is sharded by rows; out-of-shard tokens look
   up zeros and the partial results are all-reduced.
 - :class:`ShardParams`: shard further parameters without communication (a norm over sharded
@@ -51,6 +52,8 @@ __all__ = [
     "ReduceOutput",
     "is_sharded_parameter",
     "full_parameter",
+    "vocab_parallel_cross_entropy",
+    "without_gathered_output",
 ]
 
 
@@ -129,6 +132,62 @@ def reduce_from_region(x: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor
 def gather_from_region(x: torch.Tensor, tp: TensorParallelGroup, dim: int) -> torch.Tensor:
     """All-gather a sharded tensor along ``dim`` (autograd-aware)."""
     return _GatherFromRegion.apply(x, tp, dim)
+
+
+class _VocabParallelCrossEntropy(torch.autograd.Function):
+    """Cross entropy of each row of logits split by vocabulary over ``tp`` (Megatron-LM's vocab-parallel cross
+    entropy: Shoeybi et al., 2019, section 3; ``megatron/core/tensor_parallel/cross_entropy.py``).
+
+    Each rank holds the logits of a contiguous ``1/t`` of the vocabulary (a :class:`ColumnParallel` head without
+    :class:`GatherOutput`). Three all-reduces of one number per row (the row's max, the target's logit from the rank
+    that holds it, the sum of exponentials) give every rank every row's loss. The fp32 shard it is given is worked
+    on in place: shifted by the max, exponentiated, normalised into the softmax that the backward needs; so a rank
+    holds one fp32 copy of its shard of the logits, never the whole vocabulary."""
+
+    @staticmethod
+    def forward(ctx: Any, logits: torch.Tensor, target: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+        import torch.distributed as dist
+
+        width = logits.shape[-1]
+        start = tp.rank * width
+        row_max = logits.max(dim=-1).values
+        collectives.all_reduce(row_max, group=tp.group, op=dist.ReduceOp.MAX)
+        logits.sub_(row_max.unsqueeze(-1))
+        elsewhere = (target < start) | (target >= start + width)
+        local = (target - start).masked_fill(elsewhere, 0)
+        target_logit = logits.gather(-1, local.unsqueeze(-1)).squeeze(-1).masked_fill(elsewhere, 0.0)
+        collectives.all_reduce(target_logit, group=tp.group)
+        softmax = logits.exp_()
+        total = softmax.sum(dim=-1)
+        collectives.all_reduce(total, group=tp.group)
+        loss = total.log() - target_logit
+        softmax.div_(total.unsqueeze(-1))
+        ctx.save_for_backward(softmax, elsewhere, local)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        softmax, elsewhere, local = ctx.saved_tensors
+        grad_logits = softmax  # in place: the saved softmax is not needed again
+        grad_logits.scatter_add_(-1, local.unsqueeze(-1), (elsewhere.to(softmax.dtype) - 1.0).unsqueeze(-1))
+        grad_logits.mul_(grad.unsqueeze(-1))
+        return grad_logits, None, None
+
+
+def vocab_parallel_cross_entropy(logits: torch.Tensor, target: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
+    """The mean cross entropy of ``logits`` (``[..., V / t]``, this rank's vocabulary shard, in any dtype: computed in
+    fp32) against ``target`` (``[...]``, whole-vocabulary indices): the value the gathered logits' cross entropy
+    has, without gathering them (:class:`_VocabParallelCrossEntropy`)."""
+    # In fp32 the shard itself is worked on, as Megatron-LM does: nothing saved it (a projection keeps its input, not
+    # its output), and autograd's version check would refuse the backward if something had.
+    rows = logits.reshape(-1, logits.shape[-1]).float()
+    return _VocabParallelCrossEntropy.apply(rows, target.reshape(-1), tp).mean()
+
+
+def without_gathered_output(plan: TensorParallelPlan) -> TensorParallelPlan:
+    """``plan`` without its :class:`GatherOutput` rules: the output stays split (for
+    :func:`vocab_parallel_cross_entropy`)."""
+    return TensorParallelPlan([(path, rule) for path, rule in plan.rules if not isinstance(rule, GatherOutput)])
 
 
 # ---------------------------------------------------------------------------------------------- parameters

@@ -47,6 +47,12 @@ DEVICE_TYPES: tuple[DeviceType, ...] = get_args(DeviceType)
 """The device types, as ``RunConfig.device_type`` accepts them."""
 
 
+LossKind = Literal["gathered", "vocab-parallel"]
+"""Where a tensor-parallel last stage computes its loss (RunConfig.loss)."""
+
+LOSSES: tuple[LossKind, ...] = get_args(LossKind)
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunConfig:
     """A training run of ``plan`` (sent to every rank; must pickle).
@@ -113,6 +119,11 @@ class RunConfig:
     its step holds whole-list temporaries), or "fused", torch's single-kernel AdamW, in place, as Megatron-LM's,
     DeepSpeed's and torchtitan's fused Adam step ([Note: the AdamW step, multi-tensor or fused] in
     runtime/precision.py)."""
+    loss: LossKind = "gathered"
+    """Where a tensor-parallel last stage computes its loss: "gathered", its head's output all-gathered to the whole
+    vocabulary on every tensor rank (this runtime's way), or "vocab-parallel", on each rank's vocabulary shard, as
+    Megatron-LM and torchtitan do (models/tensor_parallel.py ``vocab_parallel_cross_entropy``). Only for models whose
+    loss is the token cross entropy (``LayeredModel.vocab_parallel_loss``); it changes nothing elsewhere."""
     fsdp_reduce: FsdpReduce = "compute"
     """The dtype ZeRO-2/3 stages reduce-scatter gradients in under mixed precision: "compute" (the low dtype), or
     "fp32" as torchtitan does (runtime/precision.py ``FsdpReduce``)."""
@@ -126,6 +137,7 @@ class RunConfig:
         _check_choice("gradient accumulation", self.grad_accumulation, GRAD_ACCUMULATIONS)
         _check_choice("AdamW implementation", self.adamw, ADAMW_STEPS)
         _check_choice("FSDP reduction dtype", self.fsdp_reduce, FSDP_REDUCES)
+        _check_choice("loss", self.loss, LOSSES)
         if self.grad_accumulation != "autograd":
             _check_grad_buffers(self.plan)
         if self.iterations < 1:
@@ -165,6 +177,7 @@ class RunConfig:
             **({"grad_accumulation": self.grad_accumulation} if self.grad_accumulation != "autograd" else {}),
             **({"adamw": self.adamw} if self.adamw != "default" else {}),
             **({"fsdp_reduce": self.fsdp_reduce} if self.fsdp_reduce != "compute" else {}),
+            **({"loss": self.loss} if self.loss != "gathered" else {}),
         }
 
 
@@ -197,6 +210,9 @@ def validate_config(cfg: RunConfig) -> None:
     """
     model = resolve_model(cfg.model)
     cfg.plan.validate(model=model, cluster=cfg.cluster)
+    if cfg.loss == "vocab-parallel" and not model.vocab_parallel_loss:
+        raise UsageError(f"the loss of {model.name} is not a token cross entropy over a vocabulary: it cannot be"
+                         " computed on vocabulary shards (loss 'vocab-parallel')", fix="use loss 'gathered'")
     for i, s in enumerate(cfg.plan.stages):
         if not s.zero:
             continue
@@ -233,6 +249,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "grad_accumulation": cfg.grad_accumulation,
         "adamw": cfg.adamw,
         "fsdp_reduce": cfg.fsdp_reduce,
+        "loss": cfg.loss,
     }
     return json.dumps(data, indent=1)
 

@@ -13,7 +13,8 @@ kept by default with bf16 and in fp32 training (docs/engines.md, section 1), and
 in place without temporaries (section 3). The torchtitan profile sets ``fsdp_reduce`` (FSDP2 reduce-scatters the
 gradients in fp32, section 8) and ``adamw`` (its fused default), for plans whose every stage is FSDP-sharded
 (ZeRO-2/3): torchtitan wraps every stage in FSDP2, and its stages recompute fully or selectively
-(``"recompute": "selective"``, its per-operation policy: runtime/checkpointing.py).
+(``"recompute": "selective"``, its per-operation policy: runtime/checkpointing.py). Both compute a tensor-parallel
+last stage's loss on its vocabulary shards (``loss``, section 4).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ _NOT_MODELLED: dict[Engine, tuple[str, ...]] = {
     "deepspeed": ("ZeRO's flat, evenly split partition (section 2)",
                   "BF16_Optimizer's gradient buffer in the model dtype without ZeRO (section 1)",
                   "fused Adam's step (section 3)"),
-    "torchtitan": ("FSDP2 on stages without data sharding (section 8)", "loss parallel (section 4)"),
+    "torchtitan": ("FSDP2 on stages without data sharding (section 8)",),
 }
 """Per engine, the behaviours of docs/engines.md (its sections) that change memory and the runtime does not run."""
 
@@ -49,8 +50,11 @@ def not_modelled(engine: str) -> tuple[str, ...]:
     return _NOT_MODELLED[engine]  # type: ignore[index]  # checked: one of ENGINES
 
 
-def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, Any]:
+def engine_run_options(engine: str, *, plan: Plan, precision: str, model: Any = None) -> dict[str, Any]:
     """The RunConfig fields under which the runtime holds ``plan``'s memory as ``engine`` does.
+
+    ``model`` (a name or a :class:`~hybridplan.models.base.LayeredModel`; None: a language model is assumed) says
+    whether a tensor-parallel last stage's loss can be computed on vocabulary shards, as the engines do.
 
     Raises:
         UsageError: for an unknown engine, or where the engine's way of holding this plan (in ``precision``)
@@ -68,6 +72,15 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
     _check_engine(engine)
     if engine == "hybridplan":
         return {}
+    if plan.stages[-1].tensor_degree > 1 and model is not None:
+        from hybridplan.models.zoo import resolve_model
+
+        resolved = resolve_model(model)
+        if not resolved.vocab_parallel_loss:
+            raise UsageError(f"the last stage ({plan.stages[-1].describe()}) is tensor-parallel: {engine} computes its"
+                             f" loss on vocabulary shards (docs/engines.md section 4), and {resolved.name}'s loss is not"
+                             " a token cross entropy", fix="give the last stage tensor degree 1, or predict"
+                             " hybridplan's runtime (--engine hybridplan)")
     if engine == "torchtitan":
         return _torchtitan_options(plan, precision)
     if engine != "megatron":
@@ -82,17 +95,18 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str) -> dict[str, 
                          " schedule; 'export --to megatron' turns the plan into 1F1B, docs/export.md), whose memory"
                          f" differs from {plan.schedule}'s", fix="predict the plan with schedule 1f1b (--schedule 1f1b,"
                          " or the plan's \"schedule\"), or hybridplan's runtime (--engine hybridplan)")
-    last = plan.stages[-1]
-    if last.tensor_degree > 1:
-        raise UsageError(f"the last stage ({last.describe()}) is tensor-parallel: Megatron-LM computes its loss on"
-                         " vocabulary shards (docs/engines.md section 4), which is not modelled yet",
-                         fix="give the last stage tensor degree 1, or predict hybridplan's runtime (--engine hybridplan)")
     for i, s in enumerate(plan.stages):
         if s.zero:
             raise UsageError(f"stage {i} ({s.describe()}) is ZeRO-{s.zero}: Megatron-LM's distributed optimizer"
                              " splits one flat buffer evenly (docs/engines.md section 2), which is not modelled yet",
                              fix="drop \"zero\" from the stage, or predict hybridplan's runtime (--engine hybridplan)")
-    return {"grad_accumulation": "fp32-buffer", "adamw": "fused"}
+    return {"grad_accumulation": "fp32-buffer", "adamw": "fused", **_split_loss(plan)}
+
+
+def _split_loss(plan: Plan) -> dict[str, Any]:
+    """The loss on vocabulary shards where the last stage is tensor-parallel (docs/engines.md section 4; keys of
+    other plans' stages stay as they were)."""
+    return {"loss": "vocab-parallel"} if plan.stages[-1].tensor_degree > 1 else {}
 
 
 def _torchtitan_options(plan: Plan, precision: str) -> dict[str, Any]:
@@ -104,11 +118,6 @@ def _torchtitan_options(plan: Plan, precision: str) -> dict[str, Any]:
     if plan.schedule == "2bw":
         raise UsageError("torchtitan does not run PipeDream-2BW ('export --to torchtitan' turns the plan into 1F1B)",
                          fix=f"predict the plan with schedule 1f1b or gpipe, {instead}")
-    last = plan.stages[-1]
-    if last.tensor_degree > 1:
-        raise UsageError(f"the last stage ({last.describe()}) is tensor-parallel: torchtitan computes its loss on"
-                         " vocabulary shards (loss parallel, docs/engines.md section 4), which is not modelled yet",
-                         fix=f"give the last stage tensor degree 1, {instead}")
     for i, s in enumerate(plan.stages):
         if s.zero < 2:
             raise UsageError(
@@ -116,7 +125,7 @@ def _torchtitan_options(plan: Plan, precision: str) -> dict[str, Any]:
                 " replicated, a degree of 1 without data parallelism: docs/engines.md section 8), which this runtime"
                 " models on ZeRO-2/3 stages only", fix=f"give every stage \"zero\": 2 or 3 over 2 or more replicas,"
                 f" {instead}")
-    return {"fsdp_reduce": "fp32", "adamw": "fused"}
+    return {"fsdp_reduce": "fp32", "adamw": "fused", **_split_loss(plan)}
 
 
 def _check_engine(engine: str) -> None:

@@ -45,6 +45,7 @@ from torch.autograd.graph import get_gradient_edge
 from hybridplan import collectives
 from hybridplan.models.base import LayeredModel
 from hybridplan.models.boundaries import BoundarySpec
+from hybridplan.models.tensor_parallel import TensorParallelGroup, vocab_parallel_cross_entropy
 from hybridplan.plan import Plan
 from hybridplan.runtime.grad_buffers import reduced_gradient
 from hybridplan.runtime.memory import StorageTracker
@@ -118,6 +119,8 @@ class StageExecutor:
         skip_repeats: replay, not trace, the blocks of actions that repeat (a simulated device's
             :class:`~hybridplan.runtime.memory.StorageTracker` only: runtime/repeats.py [Note: skipping repeated
             blocks]; there is no loss to count then).
+        vocab_parallel: the tensor group of a last stage whose head's output stays split by vocabulary: the loss is
+            computed on the shards (``RunConfig.loss = "vocab-parallel"``).
     """
 
     def __init__(
@@ -140,6 +143,7 @@ class StageExecutor:
         checkpointed: bool = False,
         staged: bool = False,
         skip_repeats: bool = False,
+        vocab_parallel: TensorParallelGroup | None = None,
     ) -> None:
         self.model = model
         self.plan = plan
@@ -158,6 +162,7 @@ class StageExecutor:
         self.checkpointed = checkpointed
         self.staged = staged
         self.skip_repeats = skip_repeats
+        self.vocab_parallel = vocab_parallel
 
         self.stage_index = plan.stage_of_device(rank)
         self.stage = plan.stages[self.stage_index]
@@ -261,7 +266,11 @@ class StageExecutor:
             # .float() is a no-op in fp32; in mixed precision the loss is computed in fp32.
             if local_tgt is None:  # _local_batch gives the last stage its targets
                 raise RuntimeError(f"stage {self.stage_index}: the last stage was given no targets")
-            loss = self.model.loss(y.float(), local_tgt[j * n : (j + 1) * n]) * (weight * self.loss_scale)
+            target = local_tgt[j * n : (j + 1) * n]
+            if self.vocab_parallel is not None:  # the output is this rank's vocabulary shard (RunConfig.loss)
+                loss = vocab_parallel_cross_entropy(y, target, self.vocab_parallel) * (weight * self.loss_scale)
+            else:
+                loss = self.model.loss(y.float(), target) * (weight * self.loss_scale)
             stash[j] = (x, get_gradient_edge(loss), None)
             return None if is_fake(loss) else float(loss.detach()) / self.loss_scale
         self._forward_sends[j] = self._send(y, self.fwd_send, j, backward=False)

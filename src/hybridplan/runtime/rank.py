@@ -106,6 +106,8 @@ def run_rank(
             meshes = stage_meshes(stage, tp_group, dp_group, device.type)
         if tp_group is not None:
             tp = TensorParallelGroup(tp_group, meshes.tensor, index_in_stage % stage.tensor_degree, stage.tensor_degree)
+    # the loss on vocabulary shards: a tensor-parallel stage holding the model's last layer (RunConfig.loss)
+    split_loss = cfg.loss == "vocab-parallel" and tp is not None and stage.stop == model.num_layers
     checkpointing = "full" if cfg.activation_checkpointing else stage.recompute if stage.recompute != "none" else False
     collectives.stage_through_host(cfg.share_gpu)  # gloo on a shared GPU: runtime/shared_gpu.py
 
@@ -119,7 +121,8 @@ def run_rank(
                                   reduce=cfg.fsdp_reduce)
                           if stage.zero >= 2 else None)
             module = build_stage_module(
-                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing, each_layer=each_layer
+                model, stage, seed=cfg.seed, device=device, tp=tp, checkpointing=checkpointing, each_layer=each_layer,
+                split_loss=split_loss
             )
             if stage.zero >= 2:
                 shard_stage(module, stage.zero, meshes.data, settle_for=meter if device.type == "cpu" else None,
@@ -162,6 +165,7 @@ def run_rank(
             # without looking only when that layer is a block
             checkpointed=bool(checkpointing) and (checkpointing != "selective" or 0 < stage.stop - 1 < model.num_layers - 1),
             staged=cfg.share_gpu,
+            vocab_parallel=tp if split_loss else None,
             skip_repeats=simulated and skip_repeats,
         )
         timer = LayerTimer(module, device, optimizer) if cfg.layer_timing else None

@@ -13,7 +13,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from hybridplan.models.base import LayeredModel, build_layers
-from hybridplan.models.tensor_parallel import TensorParallelGroup, full_parameter
+from hybridplan.models.tensor_parallel import TensorParallelGroup, full_parameter, without_gathered_output
 from hybridplan.plan import StagePlan
 from hybridplan.runtime.checkpointing import selective_contexts
 
@@ -61,6 +61,7 @@ def build_stage_module(
     tp: TensorParallelGroup | None,
     checkpointing: bool | str = False,
     each_layer: Callable[[nn.Module], None] | None = None,
+    split_loss: bool = False,
 ) -> nn.Sequential:
     """The stage's layers as an ``nn.Sequential`` on ``device``; split over ``tp`` for a tensor stage.
 
@@ -68,7 +69,9 @@ def build_stage_module(
     slices of the weights a single device would hold. With ``checkpointing`` (True or "full") every layer recomputes
     its activations in the backward pass; with "selective" the layers between the model's first and last (its
     blocks, not the embedding and the head) keep what torchtitan's per-operation policy keeps and recompute the
-    rest (:class:`CheckpointedSequential`, runtime/checkpointing.py). ``each_layer`` (FSDP's sharding of a
+    rest (:class:`CheckpointedSequential`, runtime/checkpointing.py). ``split_loss``: the model's last layer keeps
+    its tensor-parallel output split by vocabulary (its split without ``GatherOutput``), for the loss computed on
+    the shards (``RunConfig.loss = "vocab-parallel"``). ``each_layer`` (FSDP's sharding of a
     ZeRO-2/3 stage: runtime/sharding.py ``shard_layer``) is applied to each layer once it is split.
 
     [Note: a layer is sharded before the next is built] A device never holds more than one whole layer: each
@@ -91,6 +94,8 @@ def build_stage_module(
             tp_plan = model.tensor_parallel_plan(index)
             if tp_plan is None:  # Plan.validate rejects this earlier; kept as a guard for direct library use
                 raise ValueError(f"layer {index} of {model.name} has no tensor-parallel split")
+            if split_loss and index == model.num_layers - 1:
+                tp_plan = without_gathered_output(tp_plan)
             tp_plan.apply(layer, tp)
         if each_layer is not None:
             each_layer(layer)

@@ -144,16 +144,17 @@ def candidate_plans(model: str, cluster: Cluster, *, global_batch_size: int, num
     return out
 
 
-def engine_candidates(engine: str, plans: list[Plan], *, precision: str) -> tuple[list[Plan], list[tuple[Plan, UsageError]]]:
-    """The plans whose memory under ``engine`` is modelled (runtime/engines.py), and the others with the engine
-    profile's reason.
+def engine_candidates(engine: str, plans: list[Plan], *, precision: str,
+                      model: Any = None) -> tuple[list[Plan], list[tuple[Plan, UsageError]]]:
+    """The plans of ``model`` (None: a language model) whose memory under ``engine`` is modelled
+    (runtime/engines.py), and the others with the engine profile's reason.
 
     Example:
         >>> from hybridplan.plan import Plan
-        >>> plans = [Plan.uniform(boundaries=[0, 5, 10], data_degree=1, tensor_degree=t, micro_batch_size=4,
-        ...                       global_batch_size=8) for t in (1, 2)]
+        >>> plans = [Plan.uniform(boundaries=[0, 5, 10], data_degree=1, tensor_degree=1, micro_batch_size=4,
+        ...                       global_batch_size=8, schedule=s) for s in ("1f1b", "gpipe")]
         >>> kept, refused = engine_candidates("megatron", plans, precision="bf16")
-        >>> len(kept), "tensor-parallel" in refused[0][1].message
+        >>> len(kept), "Megatron-LM runs 1F1B" in refused[0][1].message
         (1, True)
     """
     from hybridplan.runtime.engines import engine_run_options
@@ -162,7 +163,7 @@ def engine_candidates(engine: str, plans: list[Plan], *, precision: str) -> tupl
     refused: list[tuple[Plan, UsageError]] = []
     for plan in plans:
         try:
-            engine_run_options(engine, plan=plan, precision=precision)
+            engine_run_options(engine, plan=plan, precision=precision, model=model)
         except UsageError as e:
             refused.append((plan, e))
             continue
@@ -196,7 +197,8 @@ def estimate_plans(model: str, cluster: Cluster, plans: list[Plan], *, run_optio
     from hybridplan.workflows.stage_cache import StageCache
 
     base = {k: v for k, v in (run_options or {}).items() if k != "backend"}
-    per_plan = [{**base, **engine_run_options(engine, plan=p, precision=base.get("precision", "fp32"))} for p in plans]
+    per_plan = [{**base, **engine_run_options(engine, plan=p, precision=base.get("precision", "fp32"), model=model)}
+                for p in plans]
     free = cluster.with_memory(None)
     for plan, options in zip(plans, per_plan):
         validate_config(RunConfig(model=model, plan=plan, cluster=free, backend="sim", **options))
