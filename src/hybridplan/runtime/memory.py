@@ -17,10 +17,11 @@ Two rules keep the count deterministic across runs:
 - the peak covers the window between ``reset_peak`` calls; the runtime resets it at the start of
   each iteration.
 
-- a storage written through an op's ``out=`` argument is re-measured before every later op: its owner
-  may resize it outside any op, as FSDP2 (ZeRO-2/3 stages, runtime/sharding.py) frees a layer's gathered
-  parameters with ``untyped_storage().resize_(0)`` and re-allocates them with ``resize_(n)`` before the
-  next all-gather writes into them (torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``free_storage``).
+- a storage written through an op's ``out=`` argument is re-measured before every later op that follows a resize:
+  its owner may resize it outside any op, as FSDP2 (ZeRO-2/3 stages, runtime/sharding.py) frees a layer's
+  gathered parameters with ``untyped_storage().resize_(0)`` and re-allocates them with ``resize_(n)`` before the
+  next all-gather writes into them (torch/distributed/fsdp/_fully_shard/_fsdp_param.py ``free_storage``);
+  those resizes are counted ([Note: resizes outside ops] in runtime/resize_watch.py).
 
 An allocation that takes the count over ``capacity_bytes`` raises :class:`DeviceOutOfMemory`, as a
 GPU's allocator would.
@@ -46,6 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from hybridplan.runtime.gpu_memory import AllocatorOutOfMemory, CudaDeviceModel
+from hybridplan.runtime.resize_watch import resizes, watching
 
 __all__ = ["DeviceOutOfMemory", "StorageTracker", "CudaMemoryMeter", "NullMeter", "CATEGORIES", "storage_tensors"]
 
@@ -124,7 +126,10 @@ class StorageTracker(TorchDispatchMode):
         self.peak_by_category = dict(self._by_category)
         self._paused = 0
         self._resizable: dict[Any, Any] = {}
-        """Storages written through an ``out=`` argument, by key: a weakref each, re-measured at every op."""
+        """Storages written through an ``out=`` argument, by key: a weakref each, re-measured at every op that
+        follows a resize ([Note: resizes outside ops])."""
+        self._resizes_seen = -1
+        """The count of watched resizes at the last re-measure (runtime/resize_watch.py)."""
         self._events: list[tuple[Any, ...]] | None = None
         """What happened to the live storages since :meth:`begin_trace`, or None when not tracing."""
         self._anchor: dict[Any, int] = {}
@@ -408,7 +413,8 @@ class StorageTracker(TorchDispatchMode):
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        if self._resizable:
+        if self._resizable and (self._resizes_seen != resizes() or not watching()):
+            self._resizes_seen = resizes()
             self._remeasure_resizable()
         out = func(*args, **kwargs)
         if not self._paused:

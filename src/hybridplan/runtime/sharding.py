@@ -58,6 +58,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from hybridplan.runtime.resize_watch import watch_resizes
+
 __all__ = ["shard_stage", "shard_layer", "zero1_optimizer", "ZeroOneOptimizer", "optimizer_state", "reduces_gradients", "SettledReduceScatter"]
 
 _SETTLE_LIMIT_S = 1.0
@@ -146,6 +148,7 @@ def shard_stage(module: nn.Module, zero: int, dp_mesh: Any, *, settle_for: Any =
         raise ValueError(f"shard_stage shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
+    watch_resizes()  # the tracker re-measures gathered parameters after FSDP2's resizes only (runtime/resize_watch.py)
     for layer in module.children():
         if not isinstance(layer, FSDPModule):  # (not sharded as it was built: build_stage_module's each_layer)
             shard_layer(layer, zero, dp_mesh, precision=precision, reduce=reduce)
@@ -169,6 +172,7 @@ def shard_layer(layer: nn.Module, zero: int, dp_mesh: Any, *, precision: str = "
         raise ValueError(f"shard_layer shards parameters for ZeRO-2 and ZeRO-3, not ZeRO-{zero}")
     from torch.distributed.fsdp import fully_shard
 
+    watch_resizes()
     if any(p.requires_grad for p in layer.parameters()):
         fully_shard(layer, mesh=dp_mesh, reshard_after_forward=zero == 3, mp_policy=_policy(precision, reduce))
 
