@@ -72,17 +72,8 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str, model: Any = 
     _check_engine(engine)
     if engine == "hybridplan":
         return {}
-    if plan.stages[-1].tensor_degree > 1 and model is not None:
-        from hybridplan.models.zoo import resolve_model
-
-        resolved = resolve_model(model)
-        if not resolved.vocab_parallel_loss:
-            raise UsageError(f"the last stage ({plan.stages[-1].describe()}) is tensor-parallel: {engine} computes its"
-                             f" loss on vocabulary shards (docs/engines.md section 4), and {resolved.name}'s loss is not"
-                             " a token cross entropy", fix="give the last stage tensor degree 1, or predict"
-                             " hybridplan's runtime (--engine hybridplan)")
     if engine == "torchtitan":
-        return _torchtitan_options(plan, precision)
+        return _torchtitan_options(plan, precision, model)
     if engine != "megatron":
         raise UsageError(f"the {engine} engine's memory is not modelled yet: {'; '.join(not_modelled(engine))}"
                          " (docs/engines.md)", fix="predict hybridplan's runtime (--engine hybridplan), or megatron's")
@@ -100,16 +91,27 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str, model: Any = 
             raise UsageError(f"stage {i} ({s.describe()}) is ZeRO-{s.zero}: Megatron-LM's distributed optimizer"
                              " splits one flat buffer evenly (docs/engines.md section 2), which is not modelled yet",
                              fix="drop \"zero\" from the stage, or predict hybridplan's runtime (--engine hybridplan)")
-    return {"grad_accumulation": "fp32-buffer", "adamw": "fused", **_split_loss(plan)}
+    return {"grad_accumulation": "fp32-buffer", "adamw": "fused", **_split_loss("Megatron-LM", plan, model)}
 
 
-def _split_loss(plan: Plan) -> dict[str, Any]:
+def _split_loss(engine: str, plan: Plan, model: Any) -> dict[str, Any]:
     """The loss on vocabulary shards where the last stage is tensor-parallel (docs/engines.md section 4; keys of
-    other plans' stages stay as they were)."""
-    return {"loss": "vocab-parallel"} if plan.stages[-1].tensor_degree > 1 else {}
+    other plans' stages stay as they were), or the refusal where ``model``'s loss is not a token cross entropy."""
+    if plan.stages[-1].tensor_degree <= 1:
+        return {}
+    if model is not None:
+        from hybridplan.models.zoo import resolve_model
+
+        resolved = resolve_model(model)
+        if not resolved.vocab_parallel_loss:
+            raise UsageError(f"the last stage ({plan.stages[-1].describe()}) is tensor-parallel: {engine} computes its"
+                             f" loss on vocabulary shards (docs/engines.md section 4), and {resolved.name}'s loss is not"
+                             " a token cross entropy", fix="give the last stage tensor degree 1, or predict"
+                             " hybridplan's runtime (--engine hybridplan)")
+    return {"loss": "vocab-parallel"}
 
 
-def _torchtitan_options(plan: Plan, precision: str) -> dict[str, Any]:
+def _torchtitan_options(plan: Plan, precision: str, model: Any) -> dict[str, Any]:
     """torchtitan's options for ``plan``, or the reason it is not modelled (:func:`engine_run_options`)."""
     instead = "or predict hybridplan's runtime (--engine hybridplan)"
     if precision == "fp16":
@@ -125,7 +127,7 @@ def _torchtitan_options(plan: Plan, precision: str) -> dict[str, Any]:
                 " replicated, a degree of 1 without data parallelism: docs/engines.md section 8), which this runtime"
                 " models on ZeRO-2/3 stages only", fix=f"give every stage \"zero\": 2 or 3 over 2 or more replicas,"
                 f" {instead}")
-    return {"fsdp_reduce": "fp32", "adamw": "fused", **_split_loss(plan)}
+    return {"fsdp_reduce": "fp32", "adamw": "fused", **_split_loss("torchtitan", plan, model)}
 
 
 def _check_engine(engine: str) -> None:
