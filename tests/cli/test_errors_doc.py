@@ -88,6 +88,8 @@ CASES: tuple[tuple[str, tuple[Case, ...]], ...] = (
              "max_position_embeddings is 0, not a positive integer"),
         Case("run --model hf:hf_experts.json --cluster 1x4 --plan gpt_plan.json",
              "num_experts_per_tok is 5, more than 4 (the 4 experts of num_local_experts)"),
+        Case("plan --model hf:llama-tiny,seq=64 --cluster 1x4 --global-batch-size 8 --num-microbatches 2",
+             "a sequence of 64 tokens is longer than the model's 16 positions"),
         Case("run --model hf:hf_deep.json --cluster 1x4 --plan gpt_plan.json", "it is nested deeper than the JSON reader"),
         Case("run --model hf:hf_digits.json --cluster 1x4 --plan gpt_plan.json",
              "hidden_size is an integer of 5,000 digits, more than 2,097,152"),
