@@ -26,8 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:
         "pipeline x data x tensor plans of the cluster (equal layers per stage) and print the --top with the lowest "
         "peak. The estimate counts exactly what hybridplan's runtime allocates; a measured profile ('hybridplan "
         "profile', then 'predict' or 'validate') remains the way to certainty on real devices. --engine megatron "
-        "simulates the runtime holding memory as Megatron-LM does where it can (fp32 gradient buffers) and refuses "
-        "what it cannot yet (docs/engines.md).",
+        "or torchtitan simulates the runtime holding memory as that engine does where it can (Megatron-LM's fp32 "
+        "gradient buffers, torchtitan's FSDP2 in fp32 reductions, both engines' fused Adam and loss on vocabulary "
+        "shards) and refuses what it cannot yet (docs/engines.md).",
         reads="the plan JSON (--plan), a cluster TOML if --cluster names one, the --cache file if it exists.",
         writes="a table to the terminal (or JSON with --json); --out: the best plan's JSON; --cache: the simulated "
         "stages (to reuse). Progress on stderr.",
@@ -48,8 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--activation-checkpointing", action="store_true", help="recompute every layer's activations")
     p.add_argument("--engine", choices=ENGINES, default="hybridplan",
                    help="whose memory: hybridplan's runtime (default), or the runtime holding it as the engine a plan"
-                   " is exported to does (megatron: fp32 gradient buffers); what is not modelled yet is refused"
-                   " (docs/engines.md)")
+                   " is exported to does (megatron: fp32 gradient buffers; torchtitan: FSDP2 plans, fp32 reductions); what"
+                   " is not modelled yet is refused (docs/engines.md)")
     p.add_argument("--cache", metavar="FILE", help="keep the simulated stages in this JSON file and reuse them")
     p.add_argument("--out", help="write the plan of the lowest estimate here")
     p.add_argument("--json", action="store_true", help="print JSON")
