@@ -91,19 +91,34 @@ def test_dtensor_counts_local_shard(tmp_path):
         dist.destroy_process_group()
 
 
-def test_a_storage_written_through_out_is_remeasured_after_an_outside_resize():
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_storage_written_through_out_is_remeasured_after_an_outside_resize(watched, monkeypatch):
     """FSDP2 frees and re-allocates its all-gather buffers with ``storage.resize_`` (no op the tracker sees):
-    a storage once written through ``out=`` is re-measured before the next op."""
+    a storage once written through ``out=`` is re-measured before the next op. Unwatched, before every op; watched
+    ([Note: resizes outside ops] in runtime/resize_watch.py), after FSDP2's resizing functions ran, which resize
+    the storage here as FSDP2 does."""
+    import hybridplan.runtime.memory as memory
+    from torch.distributed.fsdp._fully_shard import _fsdp_param
+
+    from hybridplan.runtime.resize_watch import watch_resizes
+
+    if watched:
+        assert watch_resizes()
+        free, alloc = _fsdp_param.free_storage, _fsdp_param.alloc_storage
+    else:
+        monkeypatch.setattr(memory, "watching", lambda: False)
+        free = lambda t: t.untyped_storage().resize_(0)  # noqa: E731
+        alloc = lambda t: t.untyped_storage().resize_(t.numel() * t.itemsize)  # noqa: E731
     tr = StorageTracker()
     with tr:
         buf = torch.empty(256)  # 1 KiB
         src = torch.ones(256)  # 1 KiB
         torch.add(src, 1, out=buf)
         assert tr.current == 2048
-        buf.untyped_storage().resize_(0)  # freed outside any op
+        free(buf)  # freed outside any op
         one = torch.empty(1)  # the next op: 4 bytes, and the resize is seen
         assert tr.current == 1024 + 4
-        buf.untyped_storage().resize_(1024)  # re-allocated outside any op
+        alloc(buf)  # re-allocated outside any op
         two = torch.empty(2)
         assert tr.current == 2048 + 4 + 8 and tr.peak == 2048 + 4 + 8
         untouched = torch.empty(256)

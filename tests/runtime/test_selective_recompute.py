@@ -71,3 +71,13 @@ def test_selective_recompute_holds_less_than_none_and_more_than_full() -> None:
         assert run.ok, run.reason
         peaks[recompute] = run.devices[0].peak_memory_bytes
     assert peaks["none"] > peaks["selective"] > peaks["full"], peaks
+
+
+def test_a_tensor_parallel_stage_recomputing_selectively_is_refused_before_any_process() -> None:
+    from hybridplan.errors import UsageError
+    from hybridplan.runtime.config import validate_config
+
+    plan = _plan([{"layers": [0, 5], "parallelism": "none", "degree": 1, "devices": [0]},
+                  {"layers": [5, 10], "parallelism": "tensor", "degree": 2, "devices": [1, 2], "recompute": "selective"}])
+    with pytest.raises(UsageError, match=r"stage 1 .* recomputes selectively and is tensor-parallel"):
+        validate_config(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x3")))

@@ -10,7 +10,9 @@ looked at before every op. :func:`watch_resizes` wraps those two functions where
 bumps a counter (:func:`resizes`); the tracker re-measures only when it moved since it last did, which finds every
 size it found before, at the same ops: between two ops without such a call no storage changed its size.
 Where the functions are not found (another torch), nothing is wrapped, :func:`watching` stays False and the tracker
-re-measures before every op as before. tests/runtime/test_resize_watch.py checks that the two ways count the same
+re-measures before every op as before. Once watching, a storage resized by other code (the runtime resizes none
+itself; a user's layer could) is re-measured only at the tracker's next window (``reset_peak``, ``start_window``) or
+after FSDP2's next resize. tests/runtime/test_resize_watch.py checks that the two ways count the same
 bytes, and that FSDP2's sources resize nowhere else.
 """
 
