@@ -47,7 +47,7 @@ HEAVY_FILES: dict[str, int] = {
     "runtime/test_repeats.py": 41,
     "runtime/test_sharding.py": 102,
     "runtime/test_shared_gpu.py": 30,
-    "runtime/test_selective_recompute.py": 13,
+    "runtime/test_selective_recompute.py": 20,
     "runtime/test_sim.py": 26,
     "runtime/test_sim_agreement.py": 25,
     "runtime/test_stage.py": 7,

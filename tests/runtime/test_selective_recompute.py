@@ -48,14 +48,22 @@ def _plan(stages: list[dict[str, Any]]) -> Plan:
     return Plan.from_dict({"schedule": "1f1b", "global_batch_size": 16, "num_microbatches": 4, "stages": stages})
 
 
-def test_a_selective_pipeline_trains_the_same_and_is_simulated_as_it_runs() -> None:
+@pytest.mark.parametrize("second, cluster", [
+    ({"parallelism": "none", "degree": 1, "devices": [1]}, "1x2"),
+    ({"parallelism": "tensor", "degree": 2, "devices": [1, 2]}, "1x3"),
+], ids=["pipeline", "tensor"])
+def test_a_selective_plan_trains_the_same_and_is_simulated_as_it_runs(second: dict[str, Any], cluster: str) -> None:
     """Two stages recomputing selectively: the first ends with a block (its output released without looking,
     runtime/release.py), the second with the head (not checkpointed); the simulated devices count every byte as the
-    real run. (With FSDP, torchtitan's way, in bf16: tests/runtime/test_engines.py.)"""
+    real run. (With FSDP, torchtitan's way, in bf16: tests/runtime/test_engines.py.)
+
+    Tensor-parallel: gpt-tiny's row-parallel projections have no bias (it is added after ``g``), so their products
+    are the ones the policy counts and keeps; ``g`` sums a copy of them there (``TensorParallelGroup.reduce_in_place``):
+    summed in place, the kept product changed under the recompute and the loss drifted 4e-5 from one device's."""
     plan = _plan([{"layers": [0, 5], "parallelism": "none", "degree": 1, "devices": [0], "recompute": "selective"},
-                  {"layers": [5, 10], "parallelism": "none", "degree": 1, "devices": [1], "recompute": "selective"}])
-    real = assert_same_training("gpt-tiny", plan, "1x2")
-    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x2"), iterations=3, backend="sim"))
+                  {"layers": [5, 10], "recompute": "selective", **second}])
+    real = assert_same_training("gpt-tiny", plan, cluster)
+    sim = launch(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse(cluster), iterations=3, backend="sim"))
     assert sim.ok, sim.reason
     for r, f in zip(real.devices, sim.devices, strict=True):
         assert (f.static_memory_bytes, f.iteration_peaks, f.peak_breakdown) == \
@@ -71,13 +79,3 @@ def test_selective_recompute_holds_less_than_none_and_more_than_full() -> None:
         assert run.ok, run.reason
         peaks[recompute] = run.devices[0].peak_memory_bytes
     assert peaks["none"] > peaks["selective"] > peaks["full"], peaks
-
-
-def test_a_tensor_parallel_stage_recomputing_selectively_is_refused_before_any_process() -> None:
-    from hybridplan.errors import UsageError
-    from hybridplan.runtime.config import validate_config
-
-    plan = _plan([{"layers": [0, 5], "parallelism": "none", "degree": 1, "devices": [0]},
-                  {"layers": [5, 10], "parallelism": "tensor", "degree": 2, "devices": [1, 2], "recompute": "selective"}])
-    with pytest.raises(UsageError, match=r"stage 1 .* recomputes selectively and is tensor-parallel"):
-        validate_config(RunConfig(model="gpt-tiny", plan=plan, cluster=Cluster.parse("1x3")))

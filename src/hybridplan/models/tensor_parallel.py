@@ -69,6 +69,10 @@ class TensorParallelGroup:
     """This process's index in the group."""
     size: int
     """The tensor-parallel degree."""
+    reduce_in_place: bool = True
+    """Whether ``g`` sums the partial result in place (Megatron's way). False under a selective checkpoint
+    (runtime/checkpointing.py): a row-parallel projection's product may be a kept output there, and summing it in
+    place would change what the recompute is handed (so trained, gpt-tiny's loss drifted 4e-5 from one device's)."""
 
 
 # ---------------------------------------------------------------------------------------------- operators
@@ -88,17 +92,18 @@ class _CopyToRegion(torch.autograd.Function):
 
 
 class _ReduceFromRegion(torch.autograd.Function):
-    """Megatron ``g``: all-reduce (sum) forward, in place on the fresh partial result; identity backward."""
+    """Megatron ``g``: all-reduce (sum) forward, in place on the fresh partial result (or on a copy, where the
+    partial result may be kept: :attr:`TensorParallelGroup.reduce_in_place`); identity backward."""
 
     @staticmethod
-    def forward(ctx: Any, x: torch.Tensor, group: Any) -> torch.Tensor:
-        x = x.contiguous()
+    def forward(ctx: Any, x: torch.Tensor, group: Any, in_place: bool = True) -> torch.Tensor:
+        x = x.contiguous() if in_place else x.clone(memory_format=torch.contiguous_format)
         collectives.all_reduce(x, group=group)
         return x
 
     @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
-        return grad, None
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        return grad, None, None
 
 
 class _GatherFromRegion(torch.autograd.Function):
@@ -126,7 +131,7 @@ def copy_to_region(x: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
 
 def reduce_from_region(x: torch.Tensor, tp: TensorParallelGroup) -> torch.Tensor:
     """Apply Megatron's ``g`` operator."""
-    return _ReduceFromRegion.apply(x, tp.group)
+    return _ReduceFromRegion.apply(x, tp.group, tp.reduce_in_place)
 
 
 def gather_from_region(x: torch.Tensor, tp: TensorParallelGroup, dim: int) -> torch.Tensor:

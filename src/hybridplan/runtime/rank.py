@@ -105,7 +105,8 @@ def run_rank(
         with unset_fake_temporarily():  # the mesh reads its rank table; a no-op outside a simulation
             meshes = stage_meshes(stage, tp_group, dp_group, device.type)
         if tp_group is not None:
-            tp = TensorParallelGroup(tp_group, meshes.tensor, index_in_stage % stage.tensor_degree, stage.tensor_degree)
+            tp = TensorParallelGroup(tp_group, meshes.tensor, index_in_stage % stage.tensor_degree, stage.tensor_degree,
+                                     reduce_in_place=stage.recompute != "selective")
     # the loss on vocabulary shards: a tensor-parallel stage holding the model's last layer (RunConfig.loss)
     split_loss = cfg.loss == "vocab-parallel" and tp is not None and stage.stop == model.num_layers
     checkpointing = "full" if cfg.activation_checkpointing else stage.recompute if stage.recompute != "none" else False
