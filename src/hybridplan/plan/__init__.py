@@ -1,6 +1,7 @@
 """What every stage of the data flow shares: the cluster, the plan, and the pipeline schedules.
 
-- :mod:`~hybridplan.plan.cluster`: N nodes x k devices, their memory, speed and links;
+- :mod:`~hybridplan.plan.cluster`: N nodes x k devices, their memory, speed and links (one device:
+  :mod:`~hybridplan.plan.device_spec`);
 - :mod:`~hybridplan.plan.stage`: one pipeline stage on ``data_degree x tensor_degree`` devices;
 - :mod:`~hybridplan.plan.plan`: ONE plan type (the stages in order, schedule and batch) and its JSON form;
 - :mod:`~hybridplan.plan.rules`: the rules a plan must follow (:meth:`Plan.validate`);

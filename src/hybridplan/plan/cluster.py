@@ -55,6 +55,15 @@ from pathlib import Path
 from typing import Any
 
 from hybridplan.errors import ClusterError, UsageError
+from hybridplan.plan.device_spec import (
+    DeviceSpec,
+    device_spec_of,
+    gpu_link,
+    gpu_of,
+    link_bandwidth_of,
+    positive_int,
+    spec_dict,
+)
 from hybridplan.plan.gpus import Gpu, gpu_spec
 from hybridplan.units import format_bandwidth, format_bytes, parse_bandwidth, parse_bytes, parse_seconds
 
@@ -86,30 +95,6 @@ def _check_shape(num_nodes: int, devices_per_node: int) -> None:
 
 
 _SHORTHAND = re.compile(r"^\s*(\d+)\s*[xX]\s*(\d+)\s*$")
-
-
-@dataclass(frozen=True, kw_only=True)
-class DeviceSpec:
-    """One accelerator."""
-
-    type: str = "cpu"
-    """Device type name; time profiles are keyed by it."""
-    memory_bytes: int | None = None
-    """Memory capacity in bytes; ``None`` means unlimited (no out-of-memory check)."""
-    speed: float = 1.0
-    """Relative compute speed: a layer takes ``time / speed`` on this device."""
-    gpu: str | None = None
-    """The device's model in the GPU catalogue (plan/gpus.py), e.g. ``"h100-sxm"``: its peak rates, link and CUDA
-    terms (the simulated device's cuBLAS workspace); None: no model named (a CPU, or ``--device cuda`` alone)."""
-
-    def __post_init__(self) -> None:
-        if self.gpu is not None:
-            object.__setattr__(self, "gpu", gpu_spec(self.gpu).key)  # checked, and spelled as the catalogue does
-        if self.memory_bytes is not None and self.memory_bytes < 1:
-            raise ClusterError(f"device memory must be positive, got {self.memory_bytes} bytes",
-                               fix="give a capacity such as --device-memory 40GiB, or none for unlimited")
-        if not (isinstance(self.speed, (int, float)) and 0 < self.speed < math.inf):
-            raise ClusterError(f"device speed must be a positive number, got {self.speed!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -265,13 +250,13 @@ class Cluster:
                 f"{source}: unknown key(s) {sorted(unknown)}", fix=f"the known top-level keys are {sorted(known)}"
             )
         try:
-            nodes = _positive_int(data["nodes"], f"{source}: nodes")
-            k = _positive_int(data["devices_per_node"], f"{source}: devices_per_node")
+            nodes = positive_int(data["nodes"], f"{source}: nodes")
+            k = positive_int(data["devices_per_node"], f"{source}: devices_per_node")
         except KeyError as e:
             raise ClusterError(f"{source}: missing required key {e.args[0]!r}", fix="give nodes and devices_per_node") from None
         _check_shape(nodes, k)
         try:
-            base = _device_spec(data.get("device", {}), DeviceSpec(), f"{source}: [device]")
+            base = device_spec_of(data.get("device", {}), DeviceSpec(), f"{source}: [device]")
             network = data.get("network", {})
             if not isinstance(network, dict):
                 raise ClusterError(f"{source}: [network] must be a table, got {network!r}",
@@ -282,10 +267,10 @@ class Cluster:
                                    fix="use intra_node, inter_node, matrix, intra_node_latency, inter_node_latency")
             latencies = {k: parse_seconds(network[k], what=f"{source}: network.{k}")
                          for k in ("intra_node_latency", "inter_node_latency") if k in network}
-            device_link = _gpu_link(data.get("device", {}), f"{source}: [device]") if "matrix" not in network else None
-            intra = _bandwidth(network.get("intra_node", device_link or DEFAULT_INTRA_NODE_BANDWIDTH),
+            device_link = gpu_link(data.get("device", {}), f"{source}: [device]") if "matrix" not in network else None
+            intra = link_bandwidth_of(network.get("intra_node", device_link or DEFAULT_INTRA_NODE_BANDWIDTH),
                                f"{source}: network.intra_node")
-            inter = _bandwidth(network.get("inter_node", DEFAULT_INTER_NODE_BANDWIDTH), f"{source}: network.inter_node")
+            inter = link_bandwidth_of(network.get("inter_node", DEFAULT_INTER_NODE_BANDWIDTH), f"{source}: network.inter_node")
             per_node = [base] * nodes
             node_intra = [intra] * nodes
             overrides = data.get("node_overrides", [])
@@ -299,9 +284,9 @@ class Cluster:
                         or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < nodes for n in which)):
                     raise ClusterError(f"{where}: 'nodes' must be a list of node indices in [0, {nodes}),"
                                        f" got {which!r}", fix=f"e.g. nodes = [0, 1]; the cluster has {nodes} node(s)")
-                spec = _device_spec({k2: v for k2, v in override.items() if k2 not in ("nodes", "intra_node")}, base, where)
-                bandwidth = (_bandwidth(override["intra_node"], f"{where}: intra_node") if "intra_node" in override
-                             else _gpu_link(override, where) if "matrix" not in network else None)
+                spec = device_spec_of({k2: v for k2, v in override.items() if k2 not in ("nodes", "intra_node")}, base, where)
+                bandwidth = (link_bandwidth_of(override["intra_node"], f"{where}: intra_node") if "intra_node" in override
+                             else gpu_link(override, where) if "matrix" not in network else None)
                 for n in which:
                     per_node[n] = spec
                     if bandwidth is not None:
@@ -452,13 +437,13 @@ class Cluster:
         """The mapping :meth:`from_dict` reads (bandwidths in bytes/s, memory in bytes)."""
         data: dict[str, Any] = {"nodes": self.num_nodes, "devices_per_node": self.devices_per_node}
         first = self.devices[0]
-        data["device"] = _spec_dict(first)
+        data["device"] = spec_dict(first)
         overrides = []
         for node in range(self.num_nodes):
             spec = self.devices[node * self.devices_per_node]
             intra = self.intra_node_bandwidth if self.node_intra_bandwidths is None else self.node_intra_bandwidths[node]
             if spec != first or intra != self.intra_node_bandwidth:
-                overrides.append({"nodes": [node], **_spec_dict(spec)}
+                overrides.append({"nodes": [node], **spec_dict(spec)}
                                  | ({"intra_node": intra} if intra != self.intra_node_bandwidth else {}))
         if overrides:
             data["node_overrides"] = overrides
@@ -470,67 +455,3 @@ class Cluster:
                 network[key] = getattr(self, key)
         data["network"] = network
         return data
-
-
-def _spec_dict(spec: DeviceSpec) -> dict[str, Any]:
-    out: dict[str, Any] = {"type": spec.type, "speed": spec.speed}
-    if spec.memory_bytes is not None:
-        out["memory"] = spec.memory_bytes
-    if spec.gpu is not None:
-        out["gpu"] = spec.gpu
-    return out
-
-
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ClusterError(f"{what} must be a positive integer, got {value!r}")
-    return value
-
-
-def _bandwidth(value: Any, where: str) -> float:
-    """A link's bytes/s from TOML ("600GB/s", "100Gbps" or a number), positive and finite."""
-    bandwidth = parse_bandwidth(value, what=where)
-    if not 0 < bandwidth <= math.inf:  # NaN fails; infinite means "free" (as before)
-        raise ClusterError(f"{where} must be a positive bandwidth, got {value!r}", fix='e.g. "600GB/s" or "100Gbps"')
-    return bandwidth
-
-
-def _gpu_of(value: Any, where: str) -> Gpu:
-    """The catalogue GPU a table's ``gpu`` key names."""
-    if not isinstance(value, str):
-        raise ClusterError(f"{where}: gpu must be the name of a GPU, got {value!r}", fix='e.g. gpu = "h100-sxm"')
-    try:
-        return gpu_spec(value)
-    except ClusterError as e:
-        raise ClusterError(f"{where}: {e.message}", fix=e.fix) from None
-
-
-def _gpu_link(data: dict[str, Any], where: str) -> float | None:
-    """The intra-node bytes/s a table's ``gpu`` key implies (its GPU's default link), None if it names none or the
-    catalogue does not know the link's rate."""
-    return _gpu_of(data["gpu"], where).link_bandwidth if "gpu" in data else None
-
-
-def _device_spec(data: dict[str, Any], base: DeviceSpec, where: str) -> DeviceSpec:
-    if not isinstance(data, dict):
-        raise ClusterError(f"{where} must be a table, got {data!r}", fix='e.g. [device] with type = "A100"')
-    bad = set(data) - {"type", "memory", "speed", "gpu"}
-    if bad:
-        raise ClusterError(f"{where}: unknown key(s) {sorted(bad)}",
-                           fix="use gpu, type, memory, speed (and intra_node in node_overrides)")
-    spec = base
-    if "gpu" in data:
-        model = _gpu_of(data["gpu"], where)
-        spec = replace(spec, gpu=model.key, memory_bytes=model.memory_bytes, type="cuda")
-    if "type" in data:
-        if not isinstance(data["type"], str) or not data["type"]:
-            raise ClusterError(f"{where}: type must be a non-empty string, got {data['type']!r}")
-        spec = replace(spec, type=data["type"])
-    if "memory" in data:
-        spec = replace(spec, memory_bytes=parse_bytes(data["memory"], what=f"{where}: memory"))
-    if "speed" in data:
-        speed = data["speed"]
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or speed <= 0:
-            raise ClusterError(f"{where}: speed must be a positive number, got {speed!r}")
-        spec = replace(spec, speed=float(speed))
-    return spec
