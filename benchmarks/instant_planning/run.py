@@ -33,6 +33,7 @@ CASES = {  # model, cluster, global batch, micro-batches
     "mixtral-8x7b-8x8": ("hf:mixtral-8x7b", "8x8", 256, 32),
     "llama3-70b-32x8": ("hf:llama3-70b", "32x8", 1024, 64),
     "llama-tiny-1x4": ("hf:llama-tiny", "1x4", 8, 2),
+    "mixtral-tiny-2x4": ("hf:mixtral-tiny", "2x4", 32, 4),
 }
 GPU = "h100-sxm"
 

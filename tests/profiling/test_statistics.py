@@ -73,3 +73,34 @@ def test_measured_span_wins_and_rows_exported():
     rows = stats.rows()
     assert (0, "M_i", "static", float(fn(0, 1)[0])) in rows
     assert not any(r[0] == 0 and r[1] == "M_a" for r in rows)
+
+
+def _vector(activation: float, forward: float, first: float, later: float) -> np.ndarray:
+    v = np.zeros(Q)
+    for name, value in (("static", 1000), ("activation", activation), ("gradient", 40), ("forward_transient", forward),
+                        ("first_backward_transient", first), ("backward_transient", later), ("peak", 2000)):
+        v[STATISTIC_QUANTITIES.index(name)] = value
+    return v
+
+
+def test_a_zero3_scenarios_composed_span_holds_at_least_its_measured_parts():
+    """[Note: a composed span holds at least its measured parts]: a ZeRO-3 pair of layers measures the previous
+    layer prefetched in its later backward (180, not the layers' 100), and a head after them adds less than it holds
+    alone (the pair (1, 3) at 60): summed, the three layers' later backward would be 140, below what the pair (0, 2)
+    holds once the head's 10 bytes of activations are freed."""
+    spans = {(0, 1): _vector(10, 50, 100, 100), (1, 2): _vector(10, 50, 100, 100), (2, 3): _vector(10, 20, 30, 30),
+             (0, 2): _vector(20, 70, 230, 180), (1, 3): _vector(20, 75, 120, 60)}
+    ms = [Measurement(i, 0, 0, a, b, "none", 1, 8, 2, int(v[-1]), v[:-1]) for i, ((a, b), v) in enumerate(spans.items())]
+    plain, sharded = (build_statistics(ms, num_layers=3, sharded=s) for s in (False, True))
+    later, forward = STATISTIC_QUANTITIES.index("backward_transient"), STATISTIC_QUANTITIES.index("forward_transient")
+    first = STATISTIC_QUANTITIES.index("first_backward_transient")
+    summed = plain.span(0, 3)
+    assert summed is not None and summed[later] == 100 + (180 - 100) + (60 - 100)
+    held = sharded.span(0, 3)
+    assert held is not None
+    assert held[later] == 180 - 10  # the pair (0, 2), the head's activations freed
+    assert held[forward] == max(summed[forward], 70, 10 + 75)  # the pair (1, 3) after layer 0's activations
+    assert held[first] == summed[first]  # position-dependent: left as composed
+    np.testing.assert_array_equal(sharded.all_spans()[0, 3], held)
+    for a, b in spans:  # measured spans stay as measured
+        np.testing.assert_array_equal(sharded.span(a, b), spans[a, b])

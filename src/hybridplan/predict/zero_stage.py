@@ -27,7 +27,8 @@ from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_flo
 from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, recomputed_floors,
                                              recomputed_moments)
 from hybridplan.predict.rank_replay import RankReplay, several_forwards
-from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_rows
+from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, kept_forward_transient,
+                                            unsharded_backward_bound, zero2_rows)
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
                                                  sharded_forward_transient)
 from hybridplan.predict.zero_layout import ZeroLayout
@@ -116,7 +117,7 @@ def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
                         partial(_wider_zero3_quantities, narrow, over=degree))
     refine = None
     if zero == 3:
-        refine = partial(_zero3_quantities if _ruled(predictor, stop) else _loss_floored, predictor)
+        refine = partial(_zero3_quantities if _ruled(predictor, stop) else _unruled_quantities, predictor)
     return _shifted(predictor, start, stop, source, degree, whole.shifts(start, stop, zero, degree), refine)
 
 
@@ -183,6 +184,45 @@ def _loss_floored(predictor: MemoryPredictor, start: int, stop: int, degree: int
     return loss_floor(q, predictor.loss_backward, predictor._rows("data-zero3", degree))
 
 
+def scatter_input_floor(later_backward: Sequence[float], after_activation: Sequence[float],
+                        gathered: Sequence[int]) -> float:
+    """The least a ZeRO-3 later backward of a span holds above its level, from its prefixes run as stages of their own
+    (:func:`_unruled_quantities`): ``later_backward[j]``, the prefix of its first ``j + 1`` layers' later backward;
+    ``after_activation[j]``, the activations of the layers after that prefix; ``gathered[k]``: layer ``k``'s gathered
+    bytes, the size of its reduce-scatter input. The prefix runs once the layers after it freed their activations,
+    holding the next layer's reduce-scatter input. NaN terms are skipped (-inf where none is known).
+
+    >>> scatter_input_floor([100.0, 300.0], [40.0, 10.0], [5, 7, 20])  # 300 - 10 + 20 (the last layer's input)
+    310.0
+    """
+    known = [b - a + g for b, a, g in zip(later_backward, after_activation, gathered[1:])
+             if not (math.isnan(b) or math.isnan(a))]
+    return max(known, default=-math.inf)
+
+
+def _unruled_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+    """A ZeRO-3 span's scenario quantities as they stand (:func:`_ruled` leaves it unruled), with the loss's backward
+    floor (:func:`_loss_floored`) and the reduce-scatter input a later backward holds between its parts.
+
+    A later backward of ``[start, stop)`` runs ``[start, b)``'s backward once ``[b, stop)``'s activations are freed,
+    holding layer ``b``'s reduce-scatter input (FSDP2 keeps one until the next layer's post-backward: [Note: a
+    recomputed ZeRO-3 stage] in predict/zero3_transients.py), which the scenario's span ``[start, b)``, a stage of its
+    own, never held: so at least ``B(start, b) - A(b, stop) + gathered(b)``. Mixtral-8x7B's two blocks and head as
+    data x4 ZeRO-3 recomputed in bf16: 8,889,843,200 from the spans ([Note: a composed span holds at least its
+    measured parts] in profiling/statistics.py) + the head's 262,144,000 = 9,151,987,200 bytes, the simulated device
+    9,151,995,904 (-1.19% on the device before)."""
+    q = _loss_floored(predictor, start, stop, degree, q)
+    table, layout = predictor._scaled_table("data-zero3", degree), predictor.zero_layout
+    if table is None or layout is None:
+        return q
+    i, act = INDEX["backward_transient"], INDEX["activation"]
+    floor = scatter_input_floor(table[start, start + 1:stop, i].tolist(), table[start + 1:stop, stop, act].tolist(),
+                                layout.gathered_bytes(start, stop, degree))
+    if not math.isnan(q[i]):
+        q[i] = max(q[i], floor)
+    return q
+
+
 def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
     """A ZeRO-3 span's scenario quantities ``q`` with the rules applied: its forward transient from the
     data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
@@ -234,7 +274,7 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     first backward composed 38% high, hidden at x4 by the later backward that holds the gradients; at x8 the
     shards shrink and it sets the peak), not this composition's (docs/prediction.md)."""
     layout = predictor.zero_layout
-    rules = _zero3_quantities if _ruled(predictor, stop) else _loss_floored
+    rules = _zero3_quantities if _ruled(predictor, stop) else _unruled_quantities
     out = rules(predictor, start, stop, degree, q.copy())
     if layout is None:
         return out
@@ -272,6 +312,15 @@ def _loss_phases(predictor: MemoryPredictor, degree: int, name: str, copies: int
         return None
     return loss_phases(sizes, [plain[b] for b in sizes], [sharded[b] for b in sizes], copies * gathered,
                        predictor.microbatch_size)
+
+
+def _kept_zero3_forward(table: np.ndarray, start: int, stop: int, gathered: list[int]) -> float:
+    """ZeRO-2's gathering forward from the ZeRO-3 scenario's scaled span ``table`` (:func:`~hybridplan.predict.
+    zero2_replay.kept_forward_transient`)."""
+    fwd, act = INDEX["forward_transient"], INDEX["activation"]
+    return kept_forward_transient(table[start, start + 1:stop + 1, fwd].tolist(),
+                                  [float(table[k, k + 1, fwd]) for k in range(start, stop)],
+                                  [0.0, *table[start, start + 1:stop, act].tolist()], gathered)
 
 
 def _sharded_forward(predictor: MemoryPredictor, start: int, stop: int, degree: int, *, keep: bool,
@@ -375,6 +424,7 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
     gathering = _sharded_forward(predictor, start, stop, degree, keep=True)
     if gathering is None:
         return None
+    gathering = max(gathering, _kept_zero3_forward(table, start, stop, gathered))
     suffixes = [(j, stop) for j in range(start, stop)]
     activation = float(q[INDEX["activation"]])
     transients = Zero2Transients(
