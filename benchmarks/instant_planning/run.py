@@ -34,8 +34,26 @@ CASES = {  # model, cluster, global batch, micro-batches
     "llama3-70b-32x8": ("hf:llama3-70b", "32x8", 1024, 64),
     "llama-tiny-1x4": ("hf:llama-tiny", "1x4", 8, 2),
     "mixtral-tiny-2x4": ("hf:mixtral-tiny", "2x4", 32, 4),
+    "mixtral-8x7b-6l-1x8": ("mixtral-8x7b/6", "1x8", 256, 32),
 }
+"""``NAME/N`` (a shipped configuration with only its first ``N`` decoder layers): the layers at full size, the
+model short enough that each random plan simulates in seconds (:func:`_model`)."""
 GPU = "h100-sxm"
+
+
+def _model(name: str) -> str:
+    """The ``--model`` of case ``name``: ``hf:NAME``, or for ``NAME/N`` a config.json of NAME with N decoder layers,
+    written to one fixed folder (its path names the model in the profile cache, so a rerun finds it)."""
+    model = CASES[name][0]
+    if model.startswith("hf:"):
+        return model
+    from hybridplan.models.hf_config import HF_CONFIGS
+
+    base, layers = model.split("/")
+    folder = Path(tempfile.gettempdir()) / "hybridplan-benchmark-configs" / f"{base}-{layers}-layers"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps({**HF_CONFIGS[base], "num_hidden_layers": int(layers)}))
+    return f"hf:{folder}"
 
 
 def _plan_command(model: str, cluster: str, batch: int, micro: int, cache: Path, out: Path) -> float:
@@ -87,7 +105,8 @@ def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | 
     from hybridplan.workflows.runs import plan_from_choices
     from hybridplan.workflows.sampling import sample_plans
 
-    model, shape, batch, micro = CASES[name]
+    _, shape, batch, micro = CASES[name]
+    model = _model(name)
     result: dict[str, Any] = json.loads(out.read_text()) if out is not None and out.exists() else {}
     result.update(case=name, model=model, cluster=shape, gpu=GPU, global_batch_size=batch, num_microbatches=micro)
     with tempfile.TemporaryDirectory() as tmp:
@@ -139,7 +158,8 @@ def run_microbatches(name: str, out: Path | None) -> dict[str, Any]:
     from hybridplan.runtime.config import RunConfig
     from hybridplan.runtime.sim import simulate
 
-    model, shape, _, _ = CASES[name]
+    _, shape, _, _ = CASES[name]
+    model = _model(name)
     cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
     from hybridplan.models.zoo import resolve_model
 
@@ -167,7 +187,8 @@ def _simulated_predictor(name: str, cluster: Any, cache_root: Path | None) -> An
     from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.workflows.simulated_profile import simulated_profiles
 
-    model, _, batch, micro = CASES[name]
+    _, _, batch, micro = CASES[name]
+    model = _model(name)
     with tempfile.TemporaryDirectory() as scratch:
         with simulated_profiles(model, cluster, global_batch_size=batch, num_microbatches=micro, precision="bf16",
                                 device_type="cuda", cache_dir=cache_root or Path(scratch)) as profiles:
@@ -208,7 +229,8 @@ def fit_calls(name: str, stored: Path, cache_root: Path | None) -> dict[str, Any
     from hybridplan.plan import Cluster, Plan
     from hybridplan.workflows.estimate_memory import estimate_plans
 
-    model, shape, _, _ = CASES[name]
+    _, shape, _, _ = CASES[name]
+    model = _model(name)
     result = json.loads(stored.read_text())
     cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
     predictor = _simulated_predictor(name, cluster, cache_root)
