@@ -262,8 +262,9 @@ def _memory(args: argparse.Namespace) -> int:
         _verify(args, answer, say)
     else:
         if not args.db and any(stage.zero >= 2 for stage in answer.plan.stages):
-            say("note: this plan's ZeRO-2/3 stages are composed from unsharded statistics, not measured (on Llama-2-7B"
-                " from 0.45% low to 3.0% high: benchmarks/instant_planning); --verify simulates them")
+            say("note: this plan's ZeRO-2/3 stages are composed from shorter measured spans, not simulated as they"
+                " stand (per device, from 3.3% low to 9.1% high over the Llama-2-7B and Mixtral-8x7B plans of"
+                " benchmarks/instant_planning); --verify simulates them")
         near = near_capacity(answer.prediction, cluster)
         if near:
             say(near)
