@@ -8,7 +8,8 @@ import torch
 from hybridplan.plan.cluster import Cluster
 from hybridplan.runtime.config import RunConfig
 from hybridplan.runtime.gpu_memory import CUDA_CONTEXT_BYTES, NCCL_COMMUNICATOR_BYTES
-from hybridplan.runtime.memory import DeviceOutOfMemory, NullMeter, StorageTracker
+from hybridplan.runtime.memory import DeviceOutOfMemory, StorageTracker
+from hybridplan.runtime.meters import NullMeter
 from hybridplan.runtime.rank import make_meter, process_group_backend, process_group_device, rank_failure
 from hybridplan.runtime.result import EXIT_FAILED, EXIT_OOM
 from tests.runtime.util import make_plan

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from hybridplan.runtime.memory import NullMeter, StorageTracker
+from hybridplan.runtime.memory import StorageTracker
+from hybridplan.runtime.meters import NullMeter
 from hybridplan.runtime.weight_stash import WeightStash
 
 

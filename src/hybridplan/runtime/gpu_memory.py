@@ -4,7 +4,7 @@ reserves, and what the device holds outside it.
 Simulated devices run on fake CPU tensors (fake CUDA tensors do not work on a CPU-only build of
 torch, ../shared/notes/pytorch-cpu-facts.md), so what differs in a CUDA run is modelled. A simulated
 CUDA device (:class:`CudaDeviceModel`, used by ``StorageTracker(device=...)``) reports three figures,
-as a real one does (runtime/memory.py ``CudaMemoryMeter``):
+as a real one does (runtime/meters.py ``CudaMemoryMeter``):
 
 - the TENSOR PEAK, what ``torch.cuda.max_memory_allocated`` shows: every storage as the block the
   caching allocator gives it, replayed allocation by allocation (runtime/cuda_allocator.py, [Note: the

@@ -29,7 +29,8 @@ from hybridplan.runtime.executor import IterationRecord, StageExecutor, barrier
 from hybridplan.runtime.gpu_memory import LIBRARY_BYTES, CudaDeviceModel, communicators_of, estimate_overhead_bytes
 from hybridplan.runtime.heap import heap_frozen
 from hybridplan.runtime.layer_timer import LayerTimer
-from hybridplan.runtime.memory import CudaMemoryMeter, DeviceOutOfMemory, NullMeter, StorageTracker
+from hybridplan.runtime.memory import DeviceOutOfMemory, StorageTracker
+from hybridplan.runtime.meters import CudaMemoryMeter, NullMeter
 from hybridplan.runtime.grad_buffers import Fp32GradBuffers
 from hybridplan.runtime.precision import NoParameters, build_optimizer, compute_dtype, loss_scale_of
 from hybridplan.runtime.sharding import shard_layer, shard_stage, zero1_optimizer

@@ -49,7 +49,7 @@ class WeightStash:
         meter: the memory meter; the stash is allocated in its "weight_stash" phase.
 
     Example:
-        >>> from hybridplan.runtime.memory import NullMeter
+        >>> from hybridplan.runtime.meters import NullMeter
         >>> p = torch.nn.Parameter(torch.zeros(2))              # W(0) = 0
         >>> stash = WeightStash([p], NullMeter())
         >>> stash.use_stale(); stash.rotate()                   # iteration 0 (computes on W(0))
