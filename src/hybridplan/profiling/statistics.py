@@ -205,10 +205,9 @@ def _at_least_measured_parts(out: np.ndarray, spans: dict[tuple[int, int], np.nd
             before[:x] = out[:x, x, act]
             after = np.zeros(L + 1 - y)  # A(y, c) for c = y..L (c = y: nothing after it)
             after[1:] = out[y, y + 1:, act] if y < L else []
-            block = out[:x + 1, y:]
-            for q, floor in ((fwd, np.add.outer(before + v[fwd], np.zeros_like(after))),
-                             (later, np.add.outer(np.zeros_like(before), v[later] - after))):
-                if not np.isnan(v[q]):
+            block = out[:x + 1, y:]  # the spans [a, c) holding the part: a <= x, c >= y
+            for q, floor in ((fwd, (before + v[fwd])[:, None]), (later, (v[later] - after)[None, :])):
+                if not np.isnan(v[q]):  # NaN (unknown) entries stay NaN: fmax would make them known
                     block[..., q] = np.where(np.isnan(block[..., q]), block[..., q], np.fmax(block[..., q], floor))
 
 
