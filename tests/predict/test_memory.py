@@ -72,6 +72,28 @@ def test_first_backward_is_fitted_piecewise():
         assert q[INDEX["first_backward_transient"]] == pytest.approx(fn(0, 2, micro)[INDEX["first_backward_transient"]])
 
 
+def test_a_first_backward_tying_the_later_one_is_kept_at_its_profiled_size():
+    """At micro-batch 2 the end of the first backward dominates; at 4 the first backward equals the later one (TB),
+    as a ZeRO-3 first backward equals its steady later backward. Predicted at 4, the first backward is the measured
+    one: ``X`` has a part that does not grow with the batch, so a line through the origin from micro-batch 2 alone
+    would give 1,640 at 4, not 1,000."""
+
+    def fn(a, b, micro):
+        v = linear(a, b, micro)
+        v[INDEX["gradient"]] = 1000.0
+        v[INDEX["activation"]] = 200.0 * micro
+        v[INDEX["backward_transient"]] = 150.0 * micro + 400
+        end = v[INDEX["gradient"]] - v[INDEX["activation"]] + 700.0 + 10 * micro
+        v[INDEX["first_backward_transient"]] = max(v[INDEX["backward_transient"]], end)
+        return v
+
+    assert fn(0, 2, 4)[INDEX["first_backward_transient"]] == fn(0, 2, 4)[INDEX["backward_transient"]] == 1000
+    stats = {("none", 1): [stats_at(2, 8, fn), stats_at(4, 16, fn)]}
+    for target, micro in ((16, 4), (8, 2)):
+        q = predictor(stats, global_batch_size=target).span_quantities(0, 2, "none", 1)
+        assert q[INDEX["first_backward_transient"]] == pytest.approx(fn(0, 2, micro)[INDEX["first_backward_transient"]])
+
+
 def test_degree_fits():
     stats = {
         ("none", 1): [stats_at(2, 8, linear), stats_at(4, 16, linear)],

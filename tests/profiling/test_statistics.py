@@ -104,3 +104,27 @@ def test_a_zero3_scenarios_composed_span_holds_at_least_its_measured_parts():
     np.testing.assert_array_equal(sharded.all_spans()[0, 3], held)
     for a, b in spans:  # measured spans stay as measured
         np.testing.assert_array_equal(sharded.span(a, b), spans[a, b])
+
+
+def test_a_zero3_scenario_composes_its_backwards_after_a_backward_and_floors_with_those_after_a_forward():
+    """[Note: a ZeRO-3 stage's steady backward] (profiling/execution.py): a ZeRO-3 span run with a forward before a
+    later backward holds the prefetched layer there (the pair (0, 2): 180) and not in the later backward after a
+    backward (120). Sums of M_a of the first kind would count a prefetched layer per layer, so M_i/M_a are formed
+    from the second, and a composed span is floored by its measured parts' first kind; measured spans keep it. The
+    table after a backward (what ZeRO-2's backwards that find the layers resharded hold) has the second kind."""
+    spans = {(0, 1): (_vector(10, 50, 100, 100), 100), (1, 2): (_vector(10, 50, 100, 100), 100),
+             (2, 3): (_vector(10, 20, 30, 30), None), (0, 2): (_vector(20, 70, 230, 180), 120),
+             (1, 3): (_vector(20, 75, 120, 120), 60)}
+    ms = [Measurement(i, 0, 0, a, b, "none", 1, 8, 2, int(v[-1]), v[:-1], None, after)
+          for i, ((a, b), (v, after)) in enumerate(spans.items())]
+    later = STATISTIC_QUANTITIES.index("backward_transient")
+    sharded, plain = build_statistics(ms, num_layers=3, sharded=True), build_statistics(ms, num_layers=3)
+    assert sharded.mi[0, later] == 100 and sharded.ma[1, later] == 120 - 100 and sharded.ma[2, later] == 60 - 100
+    composed = sharded.span(0, 3)
+    assert composed is not None and composed[later] == max(100 + 20 - 40, 180 - 10, 120)  # the pair (0, 2) sets it
+    resharded = sharded.all_spans(after_backward=True)
+    assert resharded[0, 3, later] == max(100 + 20 - 40, 120 - 10, 60)
+    assert resharded[0, 2, later] == 120 and sharded.all_spans()[0, 2, later] == 180
+    summed = plain.span(0, 3)  # other scenarios: as measured, the later backward is the largest
+    assert summed is not None and summed[later] == 100 + (180 - 100) + (120 - 100)
+    np.testing.assert_array_equal(plain.all_spans(after_backward=True), plain.all_spans())

@@ -152,7 +152,7 @@ class MemoryPredictor:
         self.source: str | None = None
         """The profile database it was read from (:meth:`from_profile`), named by errors about what it lacks."""
         self._stash = StashAdjustment(self.stash, num_layers=num_layers, schedule=schedule, profile_schedule=profile_schedule)
-        self._tables: dict[tuple[tuple[str, int], bool], np.ndarray] = {}
+        self._tables: dict[tuple[tuple[str, int], bool, bool], np.ndarray] = {}
         self._targets: dict[tuple[str, int, int], MemoryPredictor] = {}
         self._kept: dict[tuple[Any, ...], Any] = {}
         """What :meth:`kept` made, by key."""
@@ -410,14 +410,17 @@ class MemoryPredictor:
             self.matrices[key] = out.copy()
         return out
 
-    def _scaled_table(self, kind: str, degree: int, *, refined: bool = True) -> np.ndarray | None:
-        """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`)."""
+    def _scaled_table(self, kind: str, degree: int, *, refined: bool = True,
+                      after_backward: bool = False) -> np.ndarray | None:
+        """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`;
+        ``after_backward``: a ZeRO-3 scenario's later backwards after a backward where its runs had them, as in
+        :meth:`~hybridplan.profiling.statistics.SpanStatistics.all_spans`)."""
         key = self._scenario(kind, degree)
-        if (key, refined) not in self._tables:
+        if (key, refined, after_backward) not in self._tables:
             sizes = self.stats.get(key)
             if not sizes or len(sizes) < 2:
                 return None
-            spans = [table_in_layers(s, self.num_layers) for s in sizes]
+            spans = [table_in_layers(s, self.num_layers, after_backward=after_backward) for s in sizes]
             scaled = scaled_to_batch(spans, sizes, global_batch_size=self.global_batch_size,
                                      microbatch_size=self.microbatch_size)
             pipeline = self._pipeline_at_replica_rows(kind, degree) if refined else None
@@ -428,8 +431,8 @@ class MemoryPredictor:
             table = self._stash.apply(scaled, None, None, *key)
             if table is None:
                 return None
-            self._tables[key, refined] = table
-        return self._tables[key, refined]
+            self._tables[key, refined, after_backward] = table
+        return self._tables[key, refined, after_backward]
 
     def retargeted(self, *, schedule: str | None = None, global_batch_size: int | None = None,
                    num_microbatches: int | None = None) -> MemoryPredictor:

@@ -18,10 +18,14 @@ shards: the stage predicted 6.6% high); with it the floor is 491,904, under the 
 [Note: a backward after a backward] A ZeRO-3 backward that follows a forward finds the layer before the one it
 is running already all-gathered (FSDP2 prefetches in the order the forward recorded, which a backward resets):
 one that follows a backward has not gathered it yet at that moment. A profile taken under 1F1B (the default)
-measures the first kind in its later backwards (the steady state's, its largest), a GPipe plan runs only the
-second kind after its first backward. So under GPipe (and in ZeRO-2's backwards that find the layers resharded,
-which always follow a backward) the later backward's transient is the profile's less the gathered bytes of the
-layer before the one that sets it (:func:`prefetched_bytes`). Measured: wresnet-tiny layers 4-6, 2 replicas,
+measures the first kind in its later backwards (the steady state's, its largest; a simulated profile runs a ZeRO-3
+stage with a stage after it so that it does: [Note: a ZeRO-3 stage's steady backward] in profiling/execution.py), a
+GPipe plan runs only the second kind after its first backward. So under GPipe (and in ZeRO-2's backwards that find
+the layers resharded, which always follow a backward) the later backward's transient is the profile's less the
+gathered bytes of the layer before the one that sets it (:func:`prefetched_bytes`), found from the suffixes'
+backwards after a backward where the profile ran those too (after a forward, the prefetched layer can lift an
+earlier suffix above the layer that sets it: Llama-2-7B's blocks [3, 5) as data x2 hold 1,327,529,984 bytes after a
+forward, one block alone and the pair after a backward 922,763,264). Measured: wresnet-tiny layers 4-6, 2 replicas,
 micro-batches of 8 per replica, 1,347,068 bytes after a forward, 1,200,872 after a backward; the rule gives
 1,341,928 - 150,272 = 1,191,656 (layer 5 sets it; layer 4's 150,272 bytes). An approximation: gpt-tiny's blocks
 measure 629,504 against 432,640 (a block is 199,936 bytes: the rule gives 429,568) at 8 per replica, 547,584

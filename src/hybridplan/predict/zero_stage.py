@@ -385,8 +385,10 @@ def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -
 
 
 def _unfetched_bytes(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
-    """:func:`_unfetched`, computed."""
-    table = predictor._scaled_table("data-zero3", degree)
+    """:func:`_unfetched`, computed: from the suffixes' backwards after a backward where the profile measured them
+    (profiling/execution.py [Note: a ZeRO-3 stage's steady backward]), whose highest is at the layer that sets the
+    backward; after a forward, the prefetched layer can lift an earlier suffix above it."""
+    table = predictor._scaled_table("data-zero3", degree, after_backward=True)
     if predictor.profile_schedule in (None, "gpipe") or table is None or predictor.zero_layout is None:
         return 0
     suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]

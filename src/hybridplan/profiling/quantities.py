@@ -34,7 +34,7 @@ import numpy as np
 
 from hybridplan.errors import ProfileError
 
-__all__ = ["QUANTITIES", "quantities_from_report", "quantities_from_timeline"]
+__all__ = ["QUANTITIES", "backward_after_backward", "quantities_from_report", "quantities_from_timeline"]
 
 QUANTITIES: tuple[str, ...] = (
     "static",
@@ -91,6 +91,29 @@ def quantities_from_timeline(static: int, data: int, timeline: Sequence[Mapping[
     q[INDEX["backward_transient"]] = max((e.peak - e.before for e in later), default=first.peak - first.before)
     q[INDEX["step_transient"]] = steps[-1].peak - steps[-1].before
     return q
+
+
+def backward_after_backward(timeline: Sequence[Mapping[str, Any]]) -> int | None:
+    """The largest transient of a later backward that directly follows another backward, or None where no later
+    backward does (a last stage's F B F B ...).
+
+    ``backward_transient`` is the largest over every later backward. Under ZeRO-3 one that follows a forward holds
+    more (profiling/execution.py [Note: a ZeRO-3 stage's steady backward]): that is the span's own, and this one is
+    what composes from layer to layer (profiling/statistics.py).
+
+    >>> t = [{"action": a, "before": 0, "peak": p, "after": 0}
+    ...      for a, p in (("F0", 5), ("F1", 5), ("B0", 9), ("F2", 5), ("B1", 8), ("B2", 6), ("step", 1))]
+    >>> backward_after_backward(t), int(quantities_from_timeline(0, 0, t)[INDEX["backward_transient"]])
+    (6, 8)
+    >>> print(backward_after_backward(t[:2] + t[2:3] + t[4:5] + t[-1:]))  # F F B B: the later one follows a backward
+    8
+    """
+    out = None
+    for previous, entry in zip(timeline, timeline[1:]):
+        if str(entry["action"]).startswith("B") and str(previous["action"]).startswith("B"):
+            transient = int(entry["peak"]) - int(entry["before"])
+            out = transient if out is None else max(out, transient)
+    return out
 
 
 def quantities_from_report(report: Mapping[str, Any]) -> np.ndarray:

@@ -49,6 +49,8 @@ STATISTIC_QUANTITIES: tuple[str, ...] = QUANTITIES + ("peak",)
 _HELD_IN = [STATISTIC_QUANTITIES.index("static"), STATISTIC_QUANTITIES.index("peak")]
 """The columns that hold a device's workspaces: held from before an iteration starts, so at its peak too."""
 
+_LATER = STATISTIC_QUANTITIES.index("backward_transient")
+
 
 @dataclass
 class SpanStatistics:
@@ -78,6 +80,9 @@ class SpanStatistics:
     sharded: bool = False
     """Whether the stages were FSDP units (a ZeRO-3 scenario): a composed span's transients are then at least what
     its measured parts imply ([Note: a composed span holds at least its measured parts])."""
+    following: dict[tuple[int, int], float] = field(default_factory=dict)
+    """A ZeRO-3 scenario's measured spans' later-backward transient after a backward, where their runs had one
+    (profiling/execution.py [Note: a ZeRO-3 stage's steady backward]); ``spans`` hold the largest, after a forward."""
 
     def __post_init__(self) -> None:
         if self.mi.size == 0:
@@ -85,7 +90,7 @@ class SpanStatistics:
             self.mi = np.full(shape, np.nan)
             self.ma = np.full(shape, np.nan)
         self._prefix: tuple[np.ndarray, np.ndarray] | None = None
-        self._table: np.ndarray | None = None
+        self._tables: dict[bool, np.ndarray] = {}
         self._ruled_spans: np.ndarray | None = None
 
     def _ruled(self) -> np.ndarray:
@@ -132,16 +137,28 @@ class SpanStatistics:
             held[_HELD_IN] = sum(union.values())
         return held
 
-    def all_spans(self) -> np.ndarray:
+    def all_spans(self, *, after_backward: bool = False) -> np.ndarray:
         """``[L, L+1, Q]`` array of every span's statistics (NaN where unknown), measured spans as measured; made
         once (read-only): every predictor retargeted to another batch scales the same statistics again, and a
-        throughput search of Llama-3-70B on 32x8 asked 4,647 times."""
-        if self._table is None:
-            self._table = self._all_spans()
-            self._table.setflags(write=False)
-        return self._table
+        throughput search of Llama-3-70B on 32x8 asked 4,647 times. ``after_backward``: with the later backward of
+        :attr:`following` where measured, and composed spans floored by those ([Note: a ZeRO-3 stage's steady
+        backward] in profiling/execution.py); the same table where nothing was."""
+        after_backward = after_backward and bool(self.following)
+        if after_backward not in self._tables:
+            table = self._all_spans(self._after_backward() if after_backward else self.spans)
+            table.setflags(write=False)
+            self._tables[after_backward] = table
+        return self._tables[after_backward]
 
-    def _all_spans(self) -> np.ndarray:
+    def _after_backward(self) -> dict[tuple[int, int], np.ndarray]:
+        """The measured spans with their later backward after a backward where known."""
+        out = dict(self.spans)
+        for key, transient in self.following.items():
+            out[key] = out[key].copy()
+            out[key][_LATER] = transient
+        return out
+
+    def _all_spans(self, measured: dict[tuple[int, int], np.ndarray]) -> np.ndarray:
         L, Q = self.num_layers, len(STATISTIC_QUANTITIES)
         sums, missing = self._ma_prefix()
         out = self.mi[:, None, :] + (sums[None, :, :] - sums[1 : L + 1, None, :])
@@ -156,12 +173,12 @@ class SpanStatistics:
             self._recomputed(out, self._ruled())
         out[unknown] = np.nan
         if self.sharded:
-            _at_least_measured_parts(out, self.spans)
+            _at_least_measured_parts(out, measured)
         starts, stops = np.triu_indices(L + 1, 1)
         mask = np.zeros((L, L + 1), dtype=bool)
         mask[starts[starts < L], stops[starts < L]] = True
         out[~mask] = np.nan
-        for (a, b), v in self.spans.items():
+        for (a, b), v in measured.items():
             out[a, b] = v
         return out.reshape(L, L + 1, Q)
 
@@ -193,7 +210,9 @@ def _at_least_measured_parts(out: np.ndarray, spans: dict[tuple[int, int], np.nd
     predict/zero_stage.py adds), 12.9% above the composed device before. The first backward is left as composed: a
     part measured at its own position may follow several forwards and hold FSDP2's spurious prefetch ([Note: a first
     backward after several forwards] in predict/zero3_transients.py), which the stage need not (on that Mixtral stage
-    it made the device 5.4% high). Not applied to other scenarios: there the sums hold, and a part measured as a stage
+    it made the device 5.4% high). The part's later backward is its largest, after a forward where its run had one,
+    while ``M_i``/``M_a`` are formed from its later backward after a backward ([Note: a ZeRO-3 stage's steady
+    backward] in profiling/execution.py). Not applied to other scenarios: there the sums hold, and a part measured as a stage
     carries its boundary's costs (tiny models' data x tensor stages were 432-1,024 bytes high with it). Activations
     are the composed spans' own. NaN stays NaN; measured spans are not changed."""
     act = STATISTIC_QUANTITIES.index("activation")
@@ -236,6 +255,7 @@ def build_statistics(
     unit = {b: i for i, b in enumerate(bounds)} if bounds is not None else None
     spans: dict[tuple[int, int], np.ndarray] = {}
     held: dict[tuple[int, int], dict[str, int]] = {}
+    following: dict[tuple[int, int], int] = {}
     separate = all(m.workspaces is not None for m in measurements)  # [Note: workspaces are per device]
     worst = 0.0
     for m in measurements:
@@ -252,7 +272,12 @@ def build_statistics(
         spans[key] = vector
         if separate:
             held[key] = dict(m.workspaces or {})
-    bare = {key: v - _vector_of(held[key]) for key, v in spans.items()} if separate else spans
+        if sharded and m.backward_after_backward is not None:
+            following[key] = m.backward_after_backward
+    bare = {key: v - _vector_of(held[key]) for key, v in spans.items()} if separate else dict(spans)
+    for key, transient in following.items():  # [Note: a ZeRO-3 stage's steady backward] in profiling/execution.py
+        bare[key] = bare[key].copy()
+        bare[key][_LATER] = transient
     stats = SpanStatistics(
         num_layers=num_layers,
         microbatch_size=measurements[0].microbatch_size,
@@ -262,6 +287,7 @@ def build_statistics(
         bounds=list(bounds) if bounds is not None else None,
         recompute=recompute,
         sharded=sharded,
+        following={key: float(transient) for key, transient in following.items()},
     )
     if separate:
         stats.workspaces = [held.get((layer, layer + 1), {}) for layer in range(num_layers)]

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from hybridplan.errors import ProfileError
-from hybridplan.profiling.quantities import QUANTITIES
+from hybridplan.profiling.quantities import QUANTITIES, backward_after_backward
 
 __all__ = ["ProfileStore", "StoredRun", "Measurement", "FORMAT_VERSION"]
 
@@ -121,6 +121,9 @@ class Measurement:
     quantities: np.ndarray
     workspaces: dict[str, int] | None = None
     """The library workspaces inside ``quantities``' static (table ``workspaces``); None where not recorded."""
+    backward_after_backward: int | None = None
+    """The later-backward transient of the backwards that follow a backward (profiling/quantities.py
+    :func:`~hybridplan.profiling.quantities.backward_after_backward`), from the timeline; None where none does."""
 
 
 class ProfileStore:
@@ -275,7 +278,8 @@ class ProfileStore:
                 where.append(f"{col} = ?")
                 args.append(val)
         sql = (
-            f"SELECT run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak, {', '.join(QUANTITIES)}"
+            f"SELECT run_id, device, stage, start, stop, kind, degree, batch_size, microbatch_size, peak, timeline, "
+            f"{', '.join(QUANTITIES)}"
             f" FROM measurements {'WHERE ' + ' AND '.join(where) if where else ''} ORDER BY run_id, device"
         )
         held: dict[tuple[int, int], dict[str, int]] = {}
@@ -284,8 +288,8 @@ class ProfileStore:
                 entry = held.setdefault((int(run_id), int(device)), {})
                 if name:
                     entry[str(name)] = int(nbytes)
-        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[10:], dtype=float),
-                            held.get((r[0], r[1])))
+        return [Measurement(r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], np.array(r[11:], dtype=float),
+                            held.get((r[0], r[1])), backward_after_backward(json.loads(r[10])))
                 for r in self._db.execute(sql, args)]
 
     def reserved_peaks(self) -> list[tuple[str, int, int, int, int, int, int, int]]:
