@@ -130,7 +130,18 @@ def core_sharing(profile: TimeProfile, cluster: Cluster, plan: Plan, stage: Stag
 
 
 def _stage_device_type(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> tuple[str, float]:
-    """The profiled type whose costs the stage's slowest device runs, and the speed to divide them by."""
+    """The profiled type whose costs the stage's slowest device runs, and the speed to divide them by; kept in the
+    profile by the stage's devices (asked for every stage the search times)."""
+    key = ("device type", id(cluster), tuple(stage.devices))
+    held = profile.kept.get(key)
+    if held is None or held[0] is not cluster:
+        held = profile.kept[key] = (cluster, _slowest_type(profile, cluster, stage))
+    found: tuple[str, float] = held[1]
+    return found
+
+
+def _slowest_type(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> tuple[str, float]:
+    """:func:`_stage_device_type`, computed."""
     worst: tuple[str, float] | None = None
     for d in stage.devices:
         spec = cluster.devices[d]
