@@ -209,3 +209,27 @@ def test_recompute_is_refused_when_the_layer_times_were_measured_with_it(sharded
         with pytest.raises(UsageError, match="measured with activation checkpointing") as caught:
             plan_throughput(sources, Cluster.parse("1x2"), global_batch_size=32, recompute_db=sharded / "r.sqlite")
     assert "without --activation-checkpointing" in caught.value.fix
+
+
+def test_a_question_asked_again_reads_its_stage_peaks_and_matrices_from_the_cache(sharded, tmp_path, monkeypatch):
+    """workflows/table_cache.py ``feasibility_memo``: the stage peaks and matrices of a throughput search are kept
+    in one file beside the memory search's; asked again, the search gives the same answer and predicts only the plans
+    it answers with, and a damaged file is not trusted: the answer is computed again and the file rewritten."""
+    cluster = Cluster.parse("1x2", device_memory=50_000)
+    predicted: list[Plan] = []
+    original = MemoryPredictor.predict
+    monkeypatch.setattr(MemoryPredictor, "predict", lambda self, plan: predicted.append(plan) or original(self, plan))
+
+    def answer(cache):  # type: ignore[no-untyped-def]
+        predicted.clear()
+        found = _extended(sharded, cluster, 512, zero=True, recompute_db=str(sharded / "r.sqlite"), table_cache=cache)
+        return [(c.label, c.seconds, c.peak) for c in found.candidates], len(predicted)
+
+    plain, cold = answer(None)
+    assert answer(tmp_path) == (plain, cold)  # the first time with a cache: computed, then kept
+    [kept] = tmp_path.glob("*.npz")
+    rows, warm = answer(tmp_path)
+    assert rows == plain and warm < cold / 4, (warm, cold)
+    kept.write_bytes(b"not a zip file")
+    assert answer(tmp_path) == (plain, cold)
+    assert answer(tmp_path)[1] == warm

@@ -86,7 +86,7 @@ def _estimated(args: argparse.Namespace) -> int:
                                      global_batch_size=args.global_batch_size, num_microbatches=args.num_microbatches,
                                      schedule=args.schedule, placement=args.placement, seed=args.seed,
                                      degree_fit=args.degree_fit, progress=_say, zero=not two_bw,
-                                     recompute_db=None if two_bw else profiles.recompute_db)
+                                     recompute_db=None if two_bw else profiles.recompute_db, table_cache=profiles.tables)
     print(times.describe(), file=sys.stderr if args.json else sys.stdout)
     if args.objective == "pareto":
         return _print_pareto(args, answer)

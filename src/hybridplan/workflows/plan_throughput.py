@@ -39,6 +39,7 @@ from hybridplan.search.time.stage_options import options_label
 from hybridplan.search.time.strategy_cut import CutAlgorithm
 from hybridplan.search.time.throughput import pareto_frontier
 from hybridplan.workflows.sources import Sources
+from hybridplan.workflows.table_cache import feasibility_memo
 
 if TYPE_CHECKING:
     from hybridplan.models.base import LayeredModel
@@ -102,20 +103,19 @@ def plan_throughput(
     cuts: CutAlgorithm = "bottleneck",
     zero: bool = False,
     recompute_db: str | Path | None = None,
+    table_cache: Path | None = None,
 ) -> ThroughputPlans:
     """The fastest feasible plans, or their memory/time frontier (module docstring). ``cuts``: how the AMP
     search cuts stages (search/time/throughput.py ``CutAlgorithm``; "amp", the slow reference, for benchmarks).
     ``zero``: data stages may be ZeRO-1/2/3 sharded; ``recompute_db``: a profile of the same model taken with
     ``--activation-checkpointing``, so that every stage may recompute (predicted from it); both per stage, AMP
-    mode only.
+    mode only. ``table_cache``: a folder keeping the feasibility check's stage matrices and peaks for these
+    profiles (workflows/table_cache.py ``feasibility_memo``).
 
     Raises:
         UsageError: for contradictory options, a missing time profile, or when no plan is feasible.
         ProfileError: for a profile that names user code without ``--model`` (models/profiled.py).
     """
-    from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
-    from hybridplan.search.time.throughput import search_throughput
-
     if (zero or recompute_db is not None) and mode == "2bw":
         raise UsageError("--zero and --recompute-db choose per-stage options of AMP's plans, not PipeDream-2BW's"
                          " (its planner has its own recompute r; the runtime shards no 2BW stage)",
@@ -139,6 +139,25 @@ def plan_throughput(
     fit = _feasibility(sources, cluster, targets, degree_fit, recompute_db)
     if objective == "pareto" and fit.predictor is None:
         raise UsageError("the Pareto objective needs memory predictions", fix="give --db with memory statistics ('hybridplan profile')")
+    gbs = targets.global_batch_size
+    dbs = [] if sources.db is None else [Path(sources.db.path)] + ([Path(recompute_db)] if recompute_db else [])
+    identity = {"targets": [targets.schedule, gbs, targets.num_microbatches], "degree_fit": degree_fit,
+                "cluster": cluster.describe(), "capacities": [cluster.memory_of(d) for d in range(cluster.num_devices)],
+                "model": sources.given_model, "recompute": recompute_db is not None}
+    with feasibility_memo(fit, table_cache if dbs else None, dbs=dbs, options=identity):
+        return _searched(sources, cluster, fit, profile, targets, objective=objective, mode=mode,
+                         placement=placement, seed=seed, progress=progress, cuts=cuts, zero=zero,
+                         recompute_db=recompute_db)
+
+
+def _searched(sources: Sources, cluster: Cluster, fit: Feasibility, profile: TimeProfile, targets: Any, *,
+              objective: Literal["throughput", "pareto"], mode: Literal["amp", "2bw"], placement: Literal["megatron", "anneal"],
+              seed: int, progress: ProgressCallback | None, cuts: CutAlgorithm, zero: bool,
+              recompute_db: str | Path | None) -> ThroughputPlans:
+    """:func:`plan_throughput`'s search, with its feasibility check ``fit``."""
+    from hybridplan.search.time.pipedream_2bw import plan_pipedream_2bw
+    from hybridplan.search.time.throughput import search_throughput
+
     gbs = targets.global_batch_size
     rows: list[Candidate] = []
     started = time.perf_counter()

@@ -15,7 +15,10 @@ memory predictor (predict/memory.py) and the cluster's per-device capacities. A 
 - as *too large* if some device's predicted peak exceeds its capacity (devices without a capacity always
   fit).
 
-Predictions are cached per plan, so the Pareto objective's ``peak_memory`` reuses them.
+Predictions are cached per plan, so the Pareto objective's ``peak_memory`` reuses them. The stage matrices of
+:meth:`Feasibility.stage_windows` and the stage peaks of :meth:`Feasibility.stage_peaks` are kept in
+:attr:`Feasibility.matrices` and :attr:`Feasibility.peaks`, which a caller may fill from disk and keep there
+(workflows/table_cache.py): a question asked again is then searched without predicting them again.
 
 :meth:`Feasibility.stage_windows` gives the throughput search what it cuts within ([Note: cutting within memory]
 in search/time/bottleneck_cuts.py): per stage of a strategy, which ranges of layers its devices can hold, from
@@ -25,6 +28,7 @@ rules, tested against the same capacities as :meth:`Feasibility.__call__`, never
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import dataclass, field
@@ -89,6 +93,11 @@ class _CachedRules(LayeredModel):
         return self.model.config()
 
 
+def _digest(plan: Plan) -> str:
+    """The key of ``plan`` in :class:`Feasibility`'s kept results: the SHA-1 of its JSON."""
+    return hashlib.sha1(json.dumps(plan.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
 @dataclass
 class Feasibility:
     """The ``memory_ok`` / ``peak_memory`` callbacks of the throughput searches (module docstring).
@@ -117,7 +126,14 @@ class Feasibility:
     """One example reason per kind of rejection ("invalid", "unpredictable", "too_large")."""
     _cache: dict[str, PlanPrediction | None] = field(default_factory=dict, repr=False)
     _targets: dict[tuple[str, int, int], MemoryPredictor] = field(default_factory=dict, repr=False)
-    _matrices: dict[tuple[Any, ...], np.ndarray] = field(default_factory=dict, repr=False)
+    matrices: dict[str, np.ndarray] = field(default_factory=dict, repr=False)
+    """:meth:`stage_windows`' stage matrices, by target and stage configuration."""
+    peaks: dict[str, list[float]] = field(default_factory=dict, repr=False)
+    """:meth:`stage_peaks` of the plans it could predict, by the SHA-1 of the plan's JSON."""
+    verdicts: dict[str, tuple[str, str, float]] = field(default_factory=dict, repr=False)
+    """:meth:`__call__`'s verdict on each plan it checked, by the SHA-1 of the plan's JSON: ``"kept"`` or the kind
+    of rejection, its reason ("" for none), and the plan's :meth:`peak_memory` (NaN where not predicted)."""
+    _why: dict[str, str] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         if self.model is not None and not isinstance(self.model, _CachedRules):
@@ -133,6 +149,7 @@ class Feasibility:
                 self._cache[key] = self.predictor.predict(plan)
             except (ProfileError, PlanError) as e:
                 self.reasons.setdefault("unpredictable", e.message)
+                self._why[key] = e.message
                 self._cache[key] = None
         return self._cache[key]
 
@@ -140,6 +157,9 @@ class Feasibility:
         """Predicted peak bytes of the plan's fullest device (``inf`` where unpredictable, 0 without a predictor)."""
         if self.predictor is None:
             return 0.0
+        kept = self.verdicts.get(_digest(plan))
+        if kept is not None and not math.isnan(kept[2]):
+            return kept[2]
         prediction = self.prediction(plan)
         return math.inf if prediction is None else float(prediction.peak_memory_bytes)
 
@@ -147,7 +167,10 @@ class Feasibility:
         """Per stage, the predicted peak of its fullest device, ``inf`` where a device exceeds its capacity; ``None``
         where the plan is invalid or unpredictable (the ``stage_peaks`` of search/time/stage_options.py; counted
         in no rejection: the plan chosen from them goes through :meth:`__call__`). Without a predictor every
-        stage fits at 0."""
+        stage fits at 0. Kept in :attr:`peaks` where predicted."""
+        key = _digest(plan)
+        if key in self.peaks:
+            return list(self.peaks[key])
         try:
             plan.validate(model=self.model, cluster=self.cluster)
         except PlanError:
@@ -162,6 +185,7 @@ class Feasibility:
             capacity = self.cluster.memory_of(d.device)
             over = capacity is not None and d.needed_bytes > capacity
             peaks[d.stage] = math.inf if over else max(peaks[d.stage], float(d.peak_memory_bytes))
+        self.peaks[key] = list(peaks)
         return peaks
 
     def stage_windows(self, plan: Plan) -> list[np.ndarray] | None:
@@ -199,14 +223,15 @@ class Feasibility:
         for j, stage in enumerate(plan.stages):
             after = min(plan.num_stages - 1 - j, predictor.position_horizon - 1)
             recompute = stage.recompute == "full"
-            key = (target, stage.kind, stage.degree, stage.tensor_degree, stage.zero, recompute, after)
-            if key not in self._matrices:
-                self._matrices[key] = predictor.stage_memory_matrix(
+            key = "|".join(map(str, (*target, stage.kind, stage.degree, stage.tensor_degree, stage.zero,
+                                     int(recompute), after)))
+            if key not in self.matrices:
+                self.matrices[key] = predictor.stage_memory_matrix(
                     stage.kind, stage.degree, after, L, tensor_degree=stage.tensor_degree, zero=stage.zero,
                     recompute=recompute)
             room = [math.inf if (c := self.cluster.memory_of(d)) is None
                     else c - outside.get(d, 0) for d in stage.devices]
-            fits = self._matrices[key] <= (max(room) if stage.zero else min(room)) + 1
+            fits = self.matrices[key] <= (max(room) if stage.zero else min(room)) + 1
             if self.model is not None and stage.tensor_degree > 1:
                 bad = np.concatenate(([0], np.cumsum([self.model.tensor_parallel_problem(i, stage.tensor_degree)
                                                       is not None for i in range(L)])))
@@ -215,36 +240,39 @@ class Feasibility:
         return out
 
     def __call__(self, plan: Plan) -> bool:
-        """Whether ``plan`` is kept (``memory_ok``)."""
+        """Whether ``plan`` is kept (``memory_ok``); its verdict kept in :attr:`verdicts`."""
+        key = _digest(plan)
+        if key not in self.verdicts:
+            self.verdicts[key] = self._verdict(plan)
+        kind, reason, _ = self.verdicts[key]
+        if kind == "kept":
+            return True
+        setattr(self, kind, getattr(self, kind) + 1)
+        if reason:
+            self.reasons.setdefault(kind, reason)
+        return False
+
+    def _verdict(self, plan: Plan) -> tuple[str, str, float]:
+        """:meth:`__call__`'s verdict on ``plan``: ``"kept"``, ``"invalid"``, ``"unpredictable"`` or ``"too_large"``,
+        the reason, and its peak (NaN where not predicted)."""
         try:
             plan.validate(model=self.model, cluster=self.cluster)
         except PlanError as e:
-            self.invalid += 1
-            self.reasons.setdefault("invalid", e.message)
-            return False
+            return "invalid", e.message, math.nan
         if self.predictor is None:
-            return True
+            return "kept", "", math.nan
         if bool(plan.extra.get("recompute", self.recompute_profiled)) != self.recompute_profiled:
-            self.unpredictable += 1
-            self.reasons.setdefault(
-                "unpredictable",
-                f"the profile was taken {'with' if self.recompute_profiled else 'without'} activation checkpointing;"
-                " plans that differ cannot be predicted",
-            )
-            return False
+            return ("unpredictable", f"the profile was taken {'with' if self.recompute_profiled else 'without'}"
+                    " activation checkpointing; plans that differ cannot be predicted", math.nan)
         prediction = self.prediction(plan)
         if prediction is None:
-            self.unpredictable += 1
-            return False
+            return "unpredictable", self._why.get(json.dumps(plan.to_dict(), sort_keys=True), ""), math.nan
+        peak = float(prediction.peak_memory_bytes)
         for d in prediction.devices:
             capacity = self.cluster.memory_of(d.device)
             if capacity is not None and d.needed_bytes > capacity:  # on CUDA with what the allocator leaves out
-                self.too_large += 1
-                self.reasons.setdefault(
-                    "too_large", f"device {d.device} would need {d.needed_bytes} bytes, it has {capacity}"
-                )
-                return False
-        return True
+                return "too_large", f"device {d.device} would need {d.needed_bytes} bytes, it has {capacity}", peak
+        return "kept", "", peak
 
     @property
     def rejected(self) -> int:
