@@ -14,8 +14,8 @@ the stage, which the per-action quantities of a profile do not keep, so it is me
 
 - every profiling run on a (real or simulated) CUDA device records, per measured device, the tensor peak and
   the reserved peak of the same iterations (profiling/store.py ``reserved_peaks``; a simulated profiling run
-  records its own, with its two micro-batches: profiling/execution.py); its excess is ``reserved -
-  round_up(tensor, 2 MiB)``;
+  records its own, with its two micro-batches, three for a ZeRO-3 stage with a stage after it:
+  profiling/execution.py); its excess is ``reserved - round_up(tensor, 2 MiB)``;
 - a stage's excess is the excess of the profiled span of its scenario (kind, degree) nearest to it: the same
   span where it was profiled, else the one with the fewest layers moved at either end (the larger excess on a
   tie, the safer side); a degree above the profiled ones takes the largest profiled degree's;

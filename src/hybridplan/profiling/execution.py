@@ -107,7 +107,7 @@ def simulate_stages(
                 return RunOutcome("oom", f"device {stage.devices[0]} (stage {index}): DeviceOutOfMemory: {e}")
             simulated = {
                 "static": report.static[-1], "data": report.data[-1], "timeline": report.timeline,
-                # the simulated run's own peaks, with two micro-batches (predict/reserved.py [Note: predicting the
+                # the simulated run's own peaks, with its micro-batches (predict/reserved.py [Note: predicting the
                 # reserved peak])
                 "reserved": [report.iteration_peaks[-1], report.reserved_peaks[-1]] if report.reserved_peaks else None,
                 "workspaces": report.workspaces,  # inside ``static``: profiling/statistics.py [Note: workspaces are per device]
