@@ -107,3 +107,35 @@ def test_the_heads_reduce_scatter_input_is_held_down_to_the_next_layer_with_para
     assert _head_input_held(mlp[2:], [0] * 3)[0] == [792, 792]
     assert _head_input_held(mlp[3:], [5, 7]) == ([792], [797])  # with the layer's own term
     assert _head_input_held([0, 0, 0, 792], [0] * 4)[0] == [792, 792, 792]
+
+
+def test_a_recomputed_span_ending_the_model_takes_its_blocks_moments_from_the_span_less_the_head():
+    """[Note: the layers before the head], recomputed: every suffix of a span ending the model is the loss's phase
+    where the loss is the largest thing it runs (1,000 bytes here), which no block's backward holds, so the blocks'
+    moments come from the span less the head (predict/composed_zero.py ``_moments_before_head``). By hand, fp32,
+    data x2: two blocks of 16 gathered bytes (8 a shard) and a head of 32; the span less the head holds 200 bytes
+    of activations of the whole span's 300; its suffixes' first backwards 150 and 120, later ones 100 and 90, so
+    above the whole span's level (less the head's 100 bytes of activations, with its 16-byte gradient shard in a
+    first backward) 66 and 36, 0 and -10. Block 0 sets the first (66 > 36): its own 66 - 16, then 50 + 8 + 16 + 16
+    first and 50 + 16 + 16 later; block 1 36 + 16 with the head's 32-byte reduce-scatter input and block 0's 16
+    prefetched. All below the loss's 1,000: both backwards are the loss's. Composed from the whole span's suffixes
+    each block's moment was the loss's phase with gathered bytes (1,064 later)."""
+    from hybridplan.predict.composed_zero import _moments_before_head, _recomputed_ending, recomputed_moments
+    from hybridplan.predict.zero_layout import ZeroLayout
+    from hybridplan.profiling.quantities import INDEX
+    from hybridplan.profiling.statistics import STATISTIC_QUANTITIES
+
+    layout = ZeroLayout([[[4, 2, 2]], [[4, 2, 2]], [[4, 4, 2]]])
+    table = np.full((3, 4, len(STATISTIC_QUANTITIES)), np.nan)
+    first, later, act = INDEX["first_backward_transient"], INDEX["backward_transient"], INDEX["activation"]
+    table[:, 3, first] = table[:, 3, later] = 1000.0  # every suffix ending the model: the loss's phase
+    table[0, 3, act], table[0, 2, act] = 300.0, 200.0
+    table[0:2, 2, first], table[0:2, 2, later] = [150.0, 120.0], [100.0, 90.0]
+    before = _moments_before_head(table, 0, 3, layout, 2, received=0.0)
+    assert before is not None
+    assert (before.first, before.later, before.prefetched) == ([90.0, 84.0], [82.0, 84.0], [0, 16])
+    ending = {"first_backward_transient": 1000.0, "backward_transient": 1000.0}
+    moments = recomputed_moments(table, 0, 3, layout, 2)
+    assert _recomputed_ending(table, moments, before, 3, layout.gathered_bytes(0, 3, 2), -1000.0, ending,
+                              prefetch_later=True) == (1000.0, 1000.0)
+    assert max(v + p for v, p in zip(moments.later[:-1], moments.prefetched[:-1])) == 1064.0  # the composition before
