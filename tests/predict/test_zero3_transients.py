@@ -139,3 +139,28 @@ def test_a_recomputed_span_ending_the_model_takes_its_blocks_moments_from_the_sp
     assert _recomputed_ending(table, moments, before, 3, layout.gathered_bytes(0, 3, 2), -1000.0, ending,
                               prefetch_later=True) == (1000.0, 1000.0)
     assert max(v + p for v, p in zip(moments.later[:-1], moments.prefetched[:-1])) == 1064.0  # the composition before
+
+
+def test_a_recomputed_zero3_first_backward_is_floored_with_the_later_layers_shards_not_their_whole_gradients():
+    """[Note: a recomputed ZeRO-3 stage]: the unsharded stage's first backward suffix of layers ``k..`` holds the
+    later layers' whole gradients, a ZeRO-3 rank only their shards, so the floor on that suffix is taken less the
+    difference (predict/composed_zero.py ``scattered_gradients``). By hand, fp32, data x2: layers of 16, 16 and 32
+    gathered bytes (shards 8, 8, 16); first suffixes 200, 150, 100, later ones 60. Layer 0 sets the first (200 > 150):
+    its own 200 - 48 with the later shards 24, its 16 gathered bytes and layer 1's 16: 208, the largest moment. The
+    floor on the suffixes as they are was 200 + 16 = 216; less the later layers' 24 and 16 bytes, 192 and 166, below
+    the moments. The later backward: layer 0's 152 + 16 + 16 = 184."""
+    from hybridplan.predict.composed_zero import recomputed_floors, recomputed_moments, scattered_gradients
+    from hybridplan.predict.zero_layout import ZeroLayout
+    from hybridplan.profiling.quantities import INDEX
+    from hybridplan.profiling.statistics import STATISTIC_QUANTITIES
+
+    layout = ZeroLayout([[[4, 2, 2]], [[4, 2, 2]], [[4, 4, 2]]])
+    table = np.full((3, 4, len(STATISTIC_QUANTITIES)), np.nan)
+    table[0:3, 3, INDEX["first_backward_transient"]] = [200.0, 150.0, 100.0]
+    table[0:3, 3, INDEX["backward_transient"]] = 60.0
+    moments = recomputed_moments(table, 0, 3, layout, 2)
+    gathered = layout.gathered_bytes(0, 3, 2)
+    assert max(v + p for v, p in zip(moments.first, moments.prefetched)) == 208.0
+    assert recomputed_floors(table, moments, 0, 3, gathered, prefetch_later=True,
+                             scattered=scattered_gradients(layout, 0, 3, 2)) == (208.0, 184.0)
+    assert recomputed_floors(table, moments, 0, 3, gathered, prefetch_later=True, scattered=[0.0] * 3)[0] == 216.0

@@ -371,7 +371,8 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
         # :func:`_zero3_quantities`). Without it Llama-2-7B's layers 20-24 as data x2 ZeRO-3 recomputed were
         # 3.59% low: the suffix floor misses the next layer's reduce-scatter input (benchmarks/instant_planning).
         moments = recomputed_moments(table, start, stop, predictor.zero_layout, degree)
-        first, later = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=True)
+        first, later = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=True,
+                                         scattered=scattered.tolist())
         out[INDEX["first_backward_transient"]] = max(out[INDEX["first_backward_transient"]], first)
         out[INDEX["backward_transient"]] = max(out[INDEX["backward_transient"]], later)
     return out
