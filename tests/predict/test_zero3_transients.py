@@ -164,3 +164,41 @@ def test_a_recomputed_zero3_first_backward_is_floored_with_the_later_layers_shar
     assert recomputed_floors(table, moments, 0, 3, gathered, prefetch_later=True,
                              scattered=scattered_gradients(layout, 0, 3, 2)) == (208.0, 184.0)
     assert recomputed_floors(table, moments, 0, 3, gathered, prefetch_later=True, scattered=[0.0] * 3)[0] == 216.0
+
+
+def test_the_first_backward_floor_before_the_head_holds_the_later_layers_shards():
+    """[Note: the layers before the head]: in a first backward a ZeRO-3 rank holds the later layers' shards, where
+    the unsharded suffix less the head holds their whole gradients; the floor on it is taken less the difference
+    (``scattered_gradients``). By hand, fp32, data x2, two layers of 16 gathered bytes and a head of 32 (shard 16):
+    first suffixes of the span less the head 400 and 150, less the head's 100 bytes of activations, with its shard:
+    316 and 66. Layer 0 sets the floor: 316 less layer 1's 8 bytes beyond its shard, with its own 16 gathered bytes:
+    324, what the reduce-scatter floor gives too (316 + 16 was the floor before, 332)."""
+    from hybridplan.predict.composed_zero import _ending_backwards
+    from hybridplan.predict.zero_layout import ZeroLayout
+    from hybridplan.profiling.quantities import INDEX
+    from hybridplan.profiling.statistics import STATISTIC_QUANTITIES
+
+    layout = ZeroLayout([[[4, 2, 2]], [[4, 2, 2]], [[4, 4, 2]]])
+    table = np.full((3, 4, len(STATISTIC_QUANTITIES)), np.nan)
+    first, later, act = INDEX["first_backward_transient"], INDEX["backward_transient"], INDEX["activation"]
+    table[0, 3, act], table[0, 2, act] = 300.0, 200.0
+    table[0:2, 2, first], table[0:2, 2, later] = [400.0, 150.0], [100.0, 90.0]
+    table[2, 3, first] = table[2, 3, later] = 50.0  # the head's own: its moment 50 + 32 + 16
+    assert _ending_backwards(table, 0, 3, layout, 2, None, 0.0, gpipe=False)["first_backward_transient"] == 324.0
+
+
+def test_a_composed_zero3_step_on_cuda_holds_every_stored_shard():
+    """[Note: a ZeRO-3 step on CUDA] (predict/composed_zero.py): on CUDA devices AdamW's foreach kernels hold a
+    temporary of every stored shard, so a composed rank's step is at least its stored bytes (fp32, data x2: 8 + 8 +
+    16 = 32); on CPU the unsharded stage's step shifted to the rank's chunks, as before."""
+    from hybridplan.predict.composed_zero import _per_rank
+    from hybridplan.predict.zero_layout import ZeroLayout
+    from hybridplan.profiling.quantities import INDEX, QUANTITIES
+
+    layout = ZeroLayout([[[4, 2, 2]], [[4, 2, 2]], [[4, 4, 2]]])
+    q = np.zeros(len(QUANTITIES))
+    q[INDEX["step_transient"]] = 20.0
+    shift = layout.unsharded_shift(0, 3, 2, 0)[2]
+    assert [v[INDEX["step_transient"]] for v in _per_rank(q, layout, 0, 3, 2, foreach=True)] == [32.0, 32.0]
+    assert [v[INDEX["step_transient"]] for v in _per_rank(q, layout, 0, 3, 2, foreach=False)] == [20.0 + shift] * 2
+    assert 20.0 + shift < 32.0
