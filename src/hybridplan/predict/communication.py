@@ -157,14 +157,14 @@ def p2p_seconds(
     model]), with the per-message latency of both directions ([Note: per-message latency]). Kept in the profile by
     the two stages' devices and degrees (what enters; read-only): a throughput search times each boundary under
     every cut and stage option."""
-    key = ("p2p", id(cluster), tuple(sender.devices), sender.data_degree, sender.tensor_degree,
-           tuple(receiver.devices), receiver.data_degree, receiver.tensor_degree, microbatch_size)
-    held = profile.kept.get(key)
-    if held is None or held[0] is not cluster:
+    def make() -> np.ndarray:
         seconds = _p2p_seconds(profile, cluster, sender, receiver, microbatch_size)
         seconds.setflags(write=False)
-        held = profile.kept[key] = (cluster, seconds)
-    out: np.ndarray = held[1]
+        return seconds
+
+    out: np.ndarray = profile.keep(("p2p", tuple(sender.devices), sender.data_degree, sender.tensor_degree,
+                                    tuple(receiver.devices), receiver.data_degree, receiver.tensor_degree,
+                                    microbatch_size), make, cluster)
     return out
 
 
@@ -227,12 +227,9 @@ def _stage_allreduce(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -
     (:func:`sync_messages` counts no ring step under ZeRO-2/3)."""
     if stage.data_degree == 1:
         return 0.0
-    key = ("allreduce", id(cluster), stage.start, stage.stop, tuple(stage.devices), stage.data_degree,
-           stage.tensor_degree, stage.zero)
-    held = profile.kept.get(key)
-    if held is None or held[0] is not cluster:
-        held = profile.kept[key] = (cluster, _allreduce_of(profile, cluster, stage))
-    seconds: float = held[1]
+    seconds: float = profile.keep(("allreduce", stage.start, stage.stop, tuple(stage.devices), stage.data_degree,
+                                   stage.tensor_degree, stage.zero), lambda: _allreduce_of(profile, cluster, stage),
+                                  cluster)
     return seconds
 
 

@@ -412,9 +412,8 @@ class MemoryPredictor:
 
     def _scaled_table(self, kind: str, degree: int, *, refined: bool = True,
                       after_backward: bool = False) -> np.ndarray | None:
-        """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`;
-        ``after_backward``: a ZeRO-3 scenario's later backwards after a backward where its runs had them, as in
-        :meth:`~hybridplan.profiling.statistics.SpanStatistics.all_spans`)."""
+        """Every span's scaled quantities ``[L, L+1, Q]`` (``refined``: as in :meth:`span_quantities`; ``after_backward``:
+        as in :meth:`~hybridplan.profiling.statistics.SpanStatistics.all_spans`)."""
         key = self._scenario(kind, degree)
         if (key, refined, after_backward) not in self._tables:
             sizes = self.stats.get(key)

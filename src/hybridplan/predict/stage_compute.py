@@ -67,14 +67,10 @@ def stage_layer_costs(
     Raises:
         ProfileError: if the profile lacks the stage's tensor degree for the devices' type.
     """
-    # kept in the profile: a search asks each stage configuration again under every cut and stage option (its
-    # layers and options do not enter); the cluster is kept beside its id, so that a new one is never mistaken
-    key = ("layer costs", id(cluster), tuple(group.devices), group.data_degree, group.tensor_degree, microbatch_size,
-           sharing)
-    held = profile.kept.get(key)
-    if held is None or held[0] is not cluster:
-        held = profile.kept[key] = (cluster, _stage_layer_costs(profile, cluster, group, microbatch_size, sharing))
-    costs: LayerCosts = held[1]
+    # kept in the profile (TimeProfile.keep): its layers and options do not enter
+    costs: LayerCosts = profile.keep(("layer costs", tuple(group.devices), group.data_degree, group.tensor_degree,
+                                      microbatch_size, sharing),
+                                     lambda: _stage_layer_costs(profile, cluster, group, microbatch_size, sharing), cluster)
     return costs
 
 
@@ -132,11 +128,8 @@ def core_sharing(profile: TimeProfile, cluster: Cluster, plan: Plan, stage: Stag
 def _stage_device_type(profile: TimeProfile, cluster: Cluster, stage: StagePlan) -> tuple[str, float]:
     """The profiled type whose costs the stage's slowest device runs, and the speed to divide them by; kept in the
     profile by the stage's devices (asked for every stage the search times)."""
-    key = ("device type", id(cluster), tuple(stage.devices))
-    held = profile.kept.get(key)
-    if held is None or held[0] is not cluster:
-        held = profile.kept[key] = (cluster, _slowest_type(profile, cluster, stage))
-    found: tuple[str, float] = held[1]
+    found: tuple[str, float] = profile.keep(("device type", tuple(stage.devices)),
+                                            lambda: _slowest_type(profile, cluster, stage), cluster)
     return found
 
 

@@ -25,7 +25,7 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
 from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, recomputed_floors,
-                                             recomputed_moments)
+                                             recomputed_moments, scattered_gradients)
 from hybridplan.predict.rank_replay import RankReplay, several_forwards
 from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, kept_forward_transient,
                                             unsharded_backward_bound, zero2_rows)
@@ -352,9 +352,7 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
     gathered = predictor.zero_layout.gathered_bytes(start, stop, degree)
     # a first backward of the data stage holds the whole gradients of the suffix's later layers, which ZeRO-3 has
     # reduce-scattered into shards by then ([Note: the sharded backward's floor])
-    layers = predictor.zero_layout.layer_bytes(start, stop)
-    shards = predictor.zero_layout.shard_bytes(start, stop, degree)
-    scattered = np.cumsum([0] + [whole - shard for whole, shard in zip(layers[::-1], shards[::-1])])[:-1][::-1]
+    scattered = np.array(scattered_gradients(predictor.zero_layout, start, stop, degree))
     out = q.copy()
     for name in ("first_backward_transient", "backward_transient"):
         suffix = table[start:stop, stop, INDEX[name]]

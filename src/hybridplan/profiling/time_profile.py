@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,7 @@ class TimeProfile:
     )
     _types: list[str] = field(init=False, repr=False, compare=False, default_factory=list)
     kept: dict[tuple[Any, ...], Any] = field(init=False, repr=False, compare=False, default_factory=dict)
-    """What the time model derived from this profile, by key (predict/stage_compute.py: a throughput search times
-    the same stage configurations under every cut and stage option)."""
+    """What the time model derived from this profile, by key (:meth:`keep`)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -160,14 +160,22 @@ class TimeProfile:
         bwd = scale_to_samples(sizes, [e[2] for e in entries], samples)
         return fwd, bwd
 
+    def keep(self, key: tuple[Any, ...], make: Callable[[], Any], cluster: Any = None) -> Any:
+        """``make()`` once per ``key`` (and ``cluster``: a value for one cluster is kept beside it, so that another
+        object at its id is never mistaken for it), kept in :attr:`kept`: a throughput search asks the time model
+        for the same stage configurations under every cut and stage option."""
+        full = key if cluster is None else (*key, id(cluster))
+        held = self.kept.get(full)
+        if held is None or held[0] is not cluster:
+            held = self.kept[full] = (cluster, make())
+        return held[1]
+
     def _tables(self, device_type: str, tensor_degree: int) -> list[TimingTable]:
-        """The timing tables of ``device_type`` at ``tensor_degree`` by micro-batch size, kept per pair in
-        :attr:`kept` (a throughput search asks for a stage's overhead every time it times one)."""
-        key = ("tables", device_type, tensor_degree)
-        if key not in self.kept:
-            self.kept[key] = sorted((t for t in self.timings if (t.device_type, t.tensor_degree) == (device_type, tensor_degree)),
-                                    key=lambda t: t.micro_batch_size)
-        tables: list[TimingTable] = self.kept[key]
+        """The timing tables of ``device_type`` at ``tensor_degree`` by micro-batch size, kept per pair (a throughput
+        search asks for a stage's overhead every time it times one)."""
+        tables: list[TimingTable] = self.keep(("tables", device_type, tensor_degree), lambda: sorted(
+            (t for t in self.timings if (t.device_type, t.tensor_degree) == (device_type, tensor_degree)),
+            key=lambda t: t.micro_batch_size))
         return tables
 
     def optimizer_seconds_per_byte(self, device_type: str, tensor_degree: int) -> float | None:
@@ -176,10 +184,8 @@ class TimeProfile:
         where that degree has none; None where the profile measured none. Kept per device type and degree in
         :attr:`kept`: a throughput search asks it for every stage it times (107,323 times for Llama-3-70B on 32x8,
         each a walk over every timing table)."""
-        key = ("optimizer seconds per byte", device_type, tensor_degree)
-        if key not in self.kept:
-            self.kept[key] = self._optimizer_seconds_per_byte(device_type, tensor_degree)
-        rate: float | None = self.kept[key]
+        rate: float | None = self.keep(("optimizer seconds per byte", device_type, tensor_degree),
+                                       lambda: self._optimizer_seconds_per_byte(device_type, tensor_degree))
         return rate
 
     def _optimizer_seconds_per_byte(self, device_type: str, tensor_degree: int) -> float | None:
@@ -194,10 +200,8 @@ class TimeProfile:
         measured sizes interpolated and extrapolated as layer times are: [Note: time vs micro-batch size]);
         the degree-1 value where that degree has none; 0 where the profile measured none. Kept in :attr:`kept`
         (a throughput search asks it for every stage it times)."""
-        key = ("overhead seconds", device_type, tensor_degree, samples)
-        if key not in self.kept:
-            self.kept[key] = self._overhead_seconds(device_type, tensor_degree, samples)
-        seconds: float = self.kept[key]
+        seconds: float = self.keep(("overhead seconds", device_type, tensor_degree, samples),
+                                   lambda: self._overhead_seconds(device_type, tensor_degree, samples))
         return seconds
 
     def _overhead_seconds(self, device_type: str, tensor_degree: int, samples: float) -> float:

@@ -143,7 +143,7 @@ class Feasibility:
         """The plan's predicted per-device peaks (None without a predictor, or where it cannot predict)."""
         if self.predictor is None:
             return None
-        key = json.dumps(plan.to_dict(), sort_keys=True)
+        key = _digest(plan)
         if key not in self._cache:
             try:
                 self._cache[key] = self.predictor.predict(plan)
@@ -266,7 +266,7 @@ class Feasibility:
                     " activation checkpointing; plans that differ cannot be predicted", math.nan)
         prediction = self.prediction(plan)
         if prediction is None:
-            return "unpredictable", self._why.get(json.dumps(plan.to_dict(), sort_keys=True), ""), math.nan
+            return "unpredictable", self._why.get(_digest(plan), ""), math.nan
         peak = float(prediction.peak_memory_bytes)
         for d in prediction.devices:
             capacity = self.cluster.memory_of(d.device)
