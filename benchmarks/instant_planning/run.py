@@ -103,7 +103,7 @@ def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | 
     from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.search.memory.space import PlanSpace
     from hybridplan.workflows.runs import plan_from_choices
-    from hybridplan.workflows.sampling import sample_plans
+    from hybridplan.workflows.sampling import StageFilter, sample_plans
 
     _, shape, batch, micro = CASES[name]
     model = _model(name)
@@ -127,15 +127,15 @@ def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | 
             print(f"{name}: chosen {plan.describe()}: worst {result['chosen']['worst_error_pct']}%", flush=True)
             _save(out, result)
         rows = result.setdefault("random", {})
-        if random_plans:  # the space (and its sampler's tables) only when plans are asked for: minutes on 8x8
+        if random_plans:  # the space (and its sampler's counts) only when plans are asked for
             space = PlanSpace.for_cluster(cluster, predictor.num_layers, composite=True, zero=True, recompute=True,
                                           cross_node=True)
 
-            def keep(choice: Any, after: int) -> bool:
+            def admits(choice: Any) -> bool:
                 cfg = space.configs[choice.config]
                 return bool(predictor.allowed(choice.start, choice.stop, cfg.kind, cfg.degree, **cfg.model_kwargs))
 
-            for i, choices in enumerate(sample_plans(space, random_plans, seed=0, keep=keep)):
+            for i, choices in enumerate(sample_plans(space, random_plans, seed=0, keep=StageFilter(admits))):
                 if str(i) in rows:
                     continue
                 drawn = plan_from_choices(space, choices, schedule="1f1b", global_batch_size=batch,

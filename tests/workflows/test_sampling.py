@@ -48,3 +48,26 @@ def test_errors():
         sample_plans(PlanSpace(4, 1, 2), -1)
     with pytest.raises(PlanError, match="has every stage admitted"):
         sample_plans(PlanSpace(4, 1, 2), 3, keep=lambda c, after: False)
+
+
+@pytest.mark.parametrize("shape", [(7, 2, 2, False), (9, 1, 4, False), (6, 3, 4, False)])
+def test_a_stage_filter_counts_and_draws_as_the_general_keep(shape):
+    """A StageFilter is counted without the stages placed; the counts and the draws must be the general keep's."""
+    from hybridplan.workflows.sampling import StageFilter
+
+    space = PlanSpace(*shape)
+    admits = lambda c: (c.stop - c.start + c.config) % 3 != 0  # noqa: E731  (an arbitrary mix of kept stages)
+    general = lambda c, after: admits(c)  # noqa: E731
+    expected = sum(all(admits(c) for c in p) for p in enumerate_plans(space))
+    assert expected > 20
+    assert count_kept_plans(space, StageFilter(admits)) == count_kept_plans(space, general) == expected
+    assert sample_plans(space, 20, seed=5, keep=StageFilter(admits)) == sample_plans(space, 20, seed=5, keep=general)
+
+
+def test_no_filter_counts_as_the_general_counter():
+    from hybridplan.workflows.sampling import _Counter, _counter, _StageCounter
+
+    space = PlanSpace(18, 4, 4)
+    assert isinstance(_counter(space, None), _StageCounter)
+    root = (18, space.packing.start, 0)
+    assert _counter(space, None).count(*root) == _Counter(space, None).count(*root) == count_plans(space)
