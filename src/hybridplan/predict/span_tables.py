@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK
-from hybridplan.predict.rank_replay import RankReplay, replay_rows, several_forwards
+from hybridplan.predict.rank_replay import RankReplay, forwards_first, replay_rows, several_forwards
 from hybridplan.predict.zero_stage import depends_on_forwards, kept_replay
 from hybridplan.profiling.schedule_memory import peak_terms
 
@@ -48,13 +48,17 @@ def stage_memory_matrix(predictor: MemoryPredictor, kind: str, degree: int, stag
             return out
         return predictor.recomputed.stage_memory_matrix(kind, degree, stages_after, L,
                                                         tensor_degree=tensor_degree, zero=zero)
+    if zero and forwards_first(predictor.schedule, stages_after, predictor.num_microbatches):
+        # [Note: a 1F1B stage that runs every forward first] in predict/rank_replay.py
+        return predictor.retargeted(schedule="gpipe").stage_memory_matrix(kind, degree, stages_after, L,
+                                                                          tensor_degree=tensor_degree, zero=zero)
     if zero:
         source = kind if kind == "data+tensor" else predictor._zero_source(kind, zero)
         if source is None or predictor.zero_layout is None:
             return out
         base = predictor.stage_memory_matrix(source, degree, stages_after, L, tensor_degree=tensor_degree)
         finite = np.isfinite(base)
-        several = (depends_on_forwards(kind, zero)  # else the same rows at every position
+        several = (depends_on_forwards(predictor, kind, zero)  # else the same rows at every position
                    and several_forwards(predictor.schedule, stages_after, predictor.num_microbatches))
         classes = predictor.kept(("zero classes", kind, degree, tensor_degree, zero, several, L, finite.tobytes()),
                                  lambda: _ZeroClasses(predictor, L, finite, kind, degree, tensor_degree, zero, several))

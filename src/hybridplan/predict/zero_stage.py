@@ -25,8 +25,8 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
 from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, recomputed_floors,
-                                             recomputed_moments, scattered_gradients)
-from hybridplan.predict.rank_replay import RankReplay, several_forwards
+                                             recomputed_moments, recomputed_zero2_backwards, scattered_gradients)
+from hybridplan.predict.rank_replay import RankReplay, forwards_first, several_forwards
 from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, kept_forward_transient,
                                             unsharded_backward_bound, zero2_rows)
 from hybridplan.predict.zero3_transients import (loss_phases, prefetched_bytes, sharded_backward_floor,
@@ -62,7 +62,11 @@ def zero_tensor_peaks(predictor: MemoryPredictor, start: int, stop: int, zero: i
 
 def _replayed(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
               tensor_degree: int, stages_after: int) -> list[float] | None:
-    """:func:`zero_replay`'s ranks replayed at a position, the replay kept for the span's other positions."""
+    """:func:`zero_replay`'s ranks replayed at a position, the replay kept for the span's other positions; a 1F1B
+    position that runs every forward first as under GPipe ([Note: a 1F1B stage that runs every forward first] in
+    predict/rank_replay.py)."""
+    if forwards_first(predictor.schedule, stages_after, predictor.num_microbatches):
+        predictor = predictor.retargeted(schedule="gpipe")
     several = several_forwards(predictor.schedule, stages_after, predictor.num_microbatches)
     replay = kept_replay(predictor, start, stop, kind, zero, degree, tensor_degree, several)
     return None if replay is None else replay.peaks(predictor.schedule, stages_after, predictor.num_microbatches)
@@ -73,16 +77,17 @@ def kept_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
     """:func:`zero_replay`, made once per predictor and span class (:meth:`MemoryPredictor.span_class`): the
     positions of a span, the spans of a class, and a search's stage tables and plan predictions all ask it."""
     key = ("zero replay", predictor.span_class(start, stop), kind, zero, degree, tensor_degree,
-           depends_on_forwards(kind, zero) and several)
+           depends_on_forwards(predictor, kind, zero) and several)
     replay: RankReplay | None = predictor.kept(key, lambda: zero_replay(
         predictor, start, stop, kind, zero, degree, tensor_degree, several=several))
     return replay
 
 
-def depends_on_forwards(kind: str, zero: int) -> bool:
-    """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (a composed ZeRO-2/3 stage's first
-    backward: :func:`~hybridplan.predict.rank_replay.several_forwards`)."""
-    return kind == "data+tensor" and zero in (2, 3)
+def depends_on_forwards(predictor: MemoryPredictor, kind: str, zero: int) -> bool:
+    """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (:func:`~hybridplan.predict.rank_replay.
+    several_forwards`): a composed ZeRO-2/3 stage's first backward, and a recomputed ZeRO-2/3 data stage's ([Note: a
+    recomputed ZeRO-3 stage] in predict/zero3_transients.py)."""
+    return (kind == "data+tensor" and zero in (2, 3)) or (kind == "data" and zero in (2, 3) and predictor.recompute)
 
 
 def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -109,15 +114,21 @@ def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
         if wider is not None and predictor._wider_data("data", degree) is not None:  # the same Note, ZeRO-2's replay
             narrow, profiled = wider
             return _zero2_replay(narrow, start, stop, profiled, over=degree)
-        return _zero2_replay(predictor, start, stop, degree)
+        replay = _zero2_replay(predictor, start, stop, degree)
+        if replay is not None and predictor.recompute:  # at least ZeRO-3's ([Note: a recomputed ZeRO-2 data stage])
+            sharded = zero_replay(predictor, start, stop, kind, 3, degree, several=several)
+            if sharded is not None and sharded.base is None:
+                replay = replay.with_plain(sharded)
+        return replay
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
         return _shifted(narrow, start, stop, source, profiled,
                         [whole.wider_zero3_shift(start, stop, profiled, degree, r) for r in range(degree)],
-                        partial(_wider_zero3_quantities, narrow, over=degree))
+                        partial(_wider_zero3_quantities, narrow, over=degree, several=several))
     refine = None
     if zero == 3:
-        refine = partial(_zero3_quantities if _ruled(predictor, stop) else _unruled_quantities, predictor)
+        refine = (partial(_zero3_quantities, predictor, several=several) if _ruled(predictor, stop)
+                  else partial(_unruled_quantities, predictor))
     return _shifted(predictor, start, stop, source, degree, whole.shifts(start, stop, zero, degree), refine)
 
 
@@ -223,11 +234,13 @@ def _unruled_quantities(predictor: MemoryPredictor, start: int, stop: int, degre
     return q
 
 
-def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray, *,
+                      several: bool = True) -> np.ndarray:
     """A ZeRO-3 span's scenario quantities ``q`` with the rules applied: its forward transient from the
-    data stage's prefixes, its backwards raised to their floor, and under GPipe its later backward without the
-    prefetched layer ([Note: predicting ZeRO from a profile] in predict/zero_layout.py)."""
-    q = _floored_backwards(predictor, start, stop, degree, q.copy())
+    data stage's prefixes, its backwards raised to their floor (``several``: the first one follows two forwards or
+    more), and under GPipe its later backward without the prefetched layer ([Note: predicting ZeRO from a profile]
+    in predict/zero_layout.py)."""
+    q = _floored_backwards(predictor, start, stop, degree, q.copy(), several=several)
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)
     last_added = None
@@ -244,7 +257,7 @@ def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree:
 
 
 def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray, *,
-                            over: int) -> np.ndarray:
+                            over: int, several: bool = True) -> np.ndarray:
     """A ZeRO-3 span's quantities over ``over`` ranks from the scenario over ``degree`` (``q``, scaled to the
     replica's rows): its rules applied as at ``degree`` (fp32), then every transient raised by the most a layer's
     gathered bytes grow from ``degree`` to ``over`` ranks.
@@ -274,8 +287,8 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     first backward composed 38% high, hidden at x4 by the later backward that holds the gradients; at x8 the
     shards shrink and it sets the peak), not this composition's (docs/prediction.md)."""
     layout = predictor.zero_layout
-    rules = _zero3_quantities if _ruled(predictor, stop) else _unruled_quantities
-    out = rules(predictor, start, stop, degree, q.copy())
+    out = (_zero3_quantities(predictor, start, stop, degree, q.copy(), several=several) if _ruled(predictor, stop)
+           else _unruled_quantities(predictor, start, stop, degree, q.copy()))
     if layout is None:
         return out
     growth = max((wide - narrow for wide, narrow in zip(layout.gathered_bytes(start, stop, over),
@@ -341,11 +354,14 @@ def _sharded_forward(predictor: MemoryPredictor, start: int, stop: int, degree: 
                                      last_added=last_added)
 
 
-def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> np.ndarray:
+def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray, *,
+                       several: bool = True) -> np.ndarray:
     """``q`` (a ZeRO-3 span's quantities) with its backward transients raised to their floor from the data
     scenario's suffixes ([Note: the sharded backward's floor] in predict/zero3_transients.py), where those are known; at the
     model's last layer from its head's and loss's phases ([Note: the loss runs outside every FSDP unit] in
-    predict/zero3_transients.py)."""
+    predict/zero3_transients.py); recomputed, each layer's moment, and with ``several`` (the first backward follows
+    two forwards or more) the span's first layer with its last one gathered again ([Note: a first backward after
+    several forwards] there)."""
     table = predictor._scaled_table("data", degree, refined=False)  # the head's phase apart from the loss's
     if table is None or predictor.zero_layout is None:
         return q
@@ -371,6 +387,10 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
         moments = recomputed_moments(table, start, stop, predictor.zero_layout, degree)
         first, later = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=True,
                                          scattered=scattered.tolist())
+        layers = [j for j, size in enumerate(gathered) if size]
+        if several and len(layers) >= 2:  # as a composed stage's (predict/composed_zero.py): Llama-2-7B's layers
+            # [4, 7) as data x2 ZeRO-3 recomputed after 8 forwards, 337,657,856 bytes low without it
+            first = max(first, moments.first[layers[0]] + gathered[layers[-1]])
         out[INDEX["first_backward_transient"]] = max(out[INDEX["first_backward_transient"]], first)
         out[INDEX["backward_transient"]] = max(out[INDEX["backward_transient"]], later)
     return out
@@ -438,6 +458,13 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
                               unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree,
                                                   copies=layout.scatter_copies)),
     )
+    resharded, unsharded = None, predictor._scaled_table("data", degree, refined=False)
+    if predictor.recompute and stop < predictor.num_layers and unsharded is not None:  # [Note: a recomputed ZeRO-2
+        # data stage] in predict/composed_zero.py; at the model's last layer the loss's rules below
+        moments = recomputed_zero2_backwards(unsharded, start, stop, layout, degree)
+        if moments is not None:
+            first, later, resharded = moments
+            transients = replace(transients, first_backward=first, gathered_backward=later)
     ranks = over or degree
     if ranks != degree:
         wide = layout.gathered_bytes(start, stop, ranks)
@@ -449,7 +476,10 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
     vectors = []
     for r in range(ranks):
         v = q[:PEAK].copy()
-        v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
+        if resharded is None:
+            v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
+        else:
+            v[INDEX["backward_transient"]] = resharded
         if ranks == degree:
             v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
         else:
