@@ -29,7 +29,6 @@ if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
 __all__ = ["composed_zero3_quantities", "composed_zero3_replay", "composed_zero2_replay", "recomputed_moments", "recomputed_floors",
-           "recomputed_zero2_backwards",
            "scattered_gradients"]
 
 
@@ -220,40 +219,6 @@ def recomputed_floors(table: np.ndarray, moments: RecomputedBackwards, start: in
     return out[0], out[1]
 
 
-def recomputed_zero2_backwards(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int
-                               ) -> tuple[float, float, float] | None:
-    """A recomputed ZeRO-2 span's first backward, later backward that finds its layers gathered, and backward that
-    finds them resharded (above their levels) over ``data`` ranks, from the unsharded recomputed stage's scaled span
-    ``table``; None where its suffixes are unknown or no layer with parameters sets them.
-
-    [Note: a recomputed ZeRO-2 data stage] A recomputed ZeRO-2 stage holds at layer ``k`` the layer's moment ([Note:
-    a recomputed ZeRO-3 stage] in predict/zero3_transients.py) less the gathered bytes of layers ``k..`` (in its
-    level, or freed), and a backward after a backward finds them resharded and holds ZeRO-3's moment without the
-    prefetched layer; a data x tensor stage's (:func:`composed_zero2_replay`) and, since 30 Nov, a data stage's
-    (predict/zero_stage.py). The data stage took them from the ZeRO-3 scenario's suffixes before: their first
-    backward, measured after two forwards, holds FSDP2's spurious prefetch of the last layer, which ZeRO-2, its layers
-    gathered, never allocates, and their later backward was taken off the prefetched layer twice. Llama-2-7B's layers
-    [0, 4) and [2, 5) as data x2 ZeRO-2 recomputed, in 1F1B positions that run every forward first, were +1.97% and
-    +0.72% (benchmarks/instant_planning); to the byte so (the second at least its ZeRO-3 peak, as composed ZeRO-2 is).
-    """
-    names = [INDEX["first_backward_transient"], INDEX["backward_transient"]]
-    if np.isnan(table[start:stop, stop][:, names]).any():
-        return None
-    first, later, resharded = _zero2_moments(table, start, stop, layout, data)
-    return None if not (math.isfinite(first) and math.isfinite(later)) else (first, later, resharded)
-
-
-def _zero2_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> tuple[float, float, float]:
-    """:func:`recomputed_zero2_backwards`'s three values, unchecked (-inf where no layer with parameters sets one)."""
-    gathered = layout.gathered_bytes(start, stop, data)
-    moments = recomputed_moments(table, start, stop, layout, data)
-    first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
-    later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))
-    resharded = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=False,
-                                  scattered=scattered_gradients(layout, start, stop, data))[1]
-    return first, later, resharded
-
-
 def scattered_gradients(layout: ZeroLayout, start: int, stop: int, data: int) -> list[float]:
     """Per layer ``k`` of ``[start, stop)``: the whole gradients of the layers after it less the shards ZeRO-3 over
     ``data`` ranks keeps of them, what an unsharded stage's first backward suffix of layers ``k..`` holds beyond a
@@ -355,9 +320,13 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
                    unsharded_backward_bound(float(plain[INDEX[name]]), gathered, data, copies=layout.scatter_copies))
 
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        first, later, q[INDEX["backward_transient"]] = _zero2_moments(table, start, stop, layout, data)
+        moments = recomputed_moments(table, start, stop, layout, data)
+        first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
         if first == -math.inf:  # no layer with parameters sets its suffix: the floor's, as not recomputed
             first = gathered_backward("first_backward_transient")
+        later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))
+        q[INDEX["backward_transient"]] = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=False,
+                                                            scattered=scattered_gradients(layout, start, stop, data))[1]
     else:
         first, later = gathered_backward("first_backward_transient"), gathered_backward("backward_transient")
     transients = Zero2Transients(gathering_forward=max(float(q[INDEX["activation"]]) + total, gathering),

@@ -25,7 +25,7 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
 from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, recomputed_floors,
-                                             recomputed_moments, recomputed_zero2_backwards, scattered_gradients)
+                                             recomputed_moments, scattered_gradients)
 from hybridplan.predict.rank_replay import RankReplay, forwards_first, several_forwards
 from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, kept_forward_transient,
                                             unsharded_backward_bound, zero2_rows)
@@ -85,9 +85,9 @@ def kept_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
 
 def depends_on_forwards(predictor: MemoryPredictor, kind: str, zero: int) -> bool:
     """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (:func:`~hybridplan.predict.rank_replay.
-    several_forwards`): a composed ZeRO-2/3 stage's first backward, and a recomputed ZeRO-2/3 data stage's ([Note: a
+    several_forwards`): a composed ZeRO-2/3 stage's first backward, and a recomputed ZeRO-3 data stage's ([Note: a
     recomputed ZeRO-3 stage] in predict/zero3_transients.py)."""
-    return (kind == "data+tensor" and zero in (2, 3)) or (kind == "data" and zero in (2, 3) and predictor.recompute)
+    return (kind == "data+tensor" and zero in (2, 3)) or (kind == "data" and zero == 3 and predictor.recompute)
 
 
 def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -114,12 +114,7 @@ def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
         if wider is not None and predictor._wider_data("data", degree) is not None:  # the same Note, ZeRO-2's replay
             narrow, profiled = wider
             return _zero2_replay(narrow, start, stop, profiled, over=degree)
-        replay = _zero2_replay(predictor, start, stop, degree)
-        if replay is not None and predictor.recompute:  # at least ZeRO-3's ([Note: a recomputed ZeRO-2 data stage])
-            sharded = zero_replay(predictor, start, stop, kind, 3, degree, several=several)
-            if sharded is not None and sharded.base is None:
-                replay = replay.with_plain(sharded)
-        return replay
+        return _zero2_replay(predictor, start, stop, degree)
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
         return _shifted(narrow, start, stop, source, profiled,
@@ -458,13 +453,6 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
                               unsharded_backward_bound(float(plain[INDEX["backward_transient"]]), gathered, degree,
                                                   copies=layout.scatter_copies)),
     )
-    resharded, unsharded = None, predictor._scaled_table("data", degree, refined=False)
-    if predictor.recompute and stop < predictor.num_layers and unsharded is not None:  # [Note: a recomputed ZeRO-2
-        # data stage] in predict/composed_zero.py; at the model's last layer the loss's rules below
-        moments = recomputed_zero2_backwards(unsharded, start, stop, layout, degree)
-        if moments is not None:
-            first, later, resharded = moments
-            transients = replace(transients, first_backward=first, gathered_backward=later)
     ranks = over or degree
     if ranks != degree:
         wide = layout.gathered_bytes(start, stop, ranks)
@@ -476,10 +464,7 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
     vectors = []
     for r in range(ranks):
         v = q[:PEAK].copy()
-        if resharded is None:
-            v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
-        else:
-            v[INDEX["backward_transient"]] = resharded
+        v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
         if ranks == degree:
             v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
         else:
