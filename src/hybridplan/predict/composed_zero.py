@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
 __all__ = ["composed_zero3_quantities", "composed_zero3_replay", "composed_zero2_replay", "recomputed_moments", "recomputed_floors",
-           "scattered_gradients"]
+           "gathered_again", "scattered_gradients"]
 
 
 def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -219,6 +219,18 @@ def recomputed_floors(table: np.ndarray, moments: RecomputedBackwards, start: in
     return out[0], out[1]
 
 
+def gathered_again(moments: RecomputedBackwards, gathered: list[int]) -> float:
+    """A recomputed ZeRO-3 span's first backward after two forwards or more: its first layer with parameters, with
+    the previous micro-batch's last one gathered again ([Note: a first backward after several forwards] in
+    predict/zero3_transients.py); -inf where fewer than two layers have parameters.
+
+    >>> gathered_again(RecomputedBackwards([150, 100], [140, 100], [0, 40]), [40, 20])  # 150 + 20
+    170
+    """
+    layers = [j for j, size in enumerate(gathered) if size]
+    return moments.first[layers[0]] + gathered[layers[-1]] if len(layers) >= 2 else -math.inf
+
+
 def scattered_gradients(layout: ZeroLayout, start: int, stop: int, data: int) -> list[float]:
     """Per layer ``k`` of ``[start, stop)``: the whole gradients of the layers after it less the shards ZeRO-3 over
     ``data`` ranks keeps of them, what an unsharded stage's first backward suffix of layers ``k..`` holds beyond a
@@ -358,12 +370,9 @@ def _composed_zero3_ranks(predictor: MemoryPredictor, start: int, stop: int, kin
     if q is None or table is None:
         return None
     if several and predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
-        gathered = layout.gathered_bytes(start, stop, data)
-        layers = [j for j, size in enumerate(gathered) if size]
-        if len(layers) >= 2:  # the span's first layer with the previous micro-batch's last one gathered again
-            moment = recomputed_moments(table, start, stop, layout, data).first[layers[0]]
-            q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]),
-                                                       moment + gathered[layers[-1]])
+        moments = recomputed_moments(table, start, stop, layout, data)
+        q[INDEX["first_backward_transient"]] = max(float(q[INDEX["first_backward_transient"]]),
+                                                   gathered_again(moments, layout.gathered_bytes(start, stop, data)))
     elif several:  # [Note: a first backward after several forwards] in predict/zero3_transients.py
         floor = (_ending_prefetch_floor(table, start, stop, layout, data, _head_phase(predictor, kind, degree)[1])
                  if stop == predictor.num_layers else

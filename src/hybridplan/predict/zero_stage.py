@@ -24,8 +24,8 @@ import numpy as np
 
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
-from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, recomputed_floors,
-                                             recomputed_moments, scattered_gradients)
+from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, gathered_again,
+                                             recomputed_floors, recomputed_moments, scattered_gradients)
 from hybridplan.predict.rank_replay import RankReplay, forwards_first, several_forwards
 from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, kept_forward_transient,
                                             unsharded_backward_bound, zero2_rows)
@@ -382,10 +382,9 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
         moments = recomputed_moments(table, start, stop, predictor.zero_layout, degree)
         first, later = recomputed_floors(table, moments, start, stop, gathered, prefetch_later=True,
                                          scattered=scattered.tolist())
-        layers = [j for j, size in enumerate(gathered) if size]
-        if several and len(layers) >= 2:  # as a composed stage's (predict/composed_zero.py): Llama-2-7B's layers
-            # [4, 7) as data x2 ZeRO-3 recomputed after 8 forwards, 337,657,856 bytes low without it
-            first = max(first, moments.first[layers[0]] + gathered[layers[-1]])
+        if several:  # as a composed stage's: Llama-2-7B's layers [4, 7) as data x2 ZeRO-3 recomputed after 8
+            # forwards, 337,657,856 bytes low without it
+            first = max(first, gathered_again(moments, gathered))
         out[INDEX["first_backward_transient"]] = max(out[INDEX["first_backward_transient"]], first)
         out[INDEX["backward_transient"]] = max(out[INDEX["backward_transient"]], later)
     return out
