@@ -18,7 +18,8 @@ import numpy as np
 
 from hybridplan.predict.batch_scaling import PEAK, measured_at
 from hybridplan.predict.rank_replay import RankReplay
-from hybridplan.predict.zero2_replay import Zero2Transients, gathered_backward_transient, unsharded_backward_bound, zero2_rows
+from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, recomputed_first_backward,
+                                            unsharded_backward_bound, zero2_rows)
 from hybridplan.predict.zero3_transients import (RecomputedBackwards, first_backward_prefetch_floor, prefetched_bytes,
                                                  recomputed_backwards, reduce_scatter_floor, sharded_backward_floor,
                                                  sharded_forward_transient)
@@ -28,8 +29,8 @@ from hybridplan.profiling.quantities import INDEX
 if TYPE_CHECKING:
     from hybridplan.predict.memory import MemoryPredictor
 
-__all__ = ["composed_zero3_quantities", "composed_zero3_replay", "composed_zero2_replay", "recomputed_moments", "recomputed_floors",
-           "gathered_again", "scattered_gradients"]
+__all__ = ["composed_zero3_quantities", "composed_zero3_replay", "composed_zero2_replay", "recomputed_moments",
+           "recomputed_zero2_first", "recomputed_floors", "gathered_again", "scattered_gradients"]
 
 
 def composed_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, kind: str, degree: int,
@@ -195,6 +196,24 @@ def recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLay
                     for name in ("first_backward_transient", "backward_transient"))
     return recomputed_backwards(first, later, layout.gathered_bytes(start, stop, data), layout.layer_bytes(start, stop),
                                 layout.shard_bytes(start, stop, data))
+
+
+def recomputed_zero2_first(table: np.ndarray | None, start: int, stop: int, layout: ZeroLayout, data: int,
+                           ranks: int, several: bool) -> float | None:
+    """A recomputed ZeRO-2 stage's first backward over ``ranks`` ([Note: a recomputed ZeRO-2 first backward] in
+    predict/zero2_replay.py), from the unsharded recomputed stage's scaled span ``table`` at ``data`` ranks (its
+    gathered bytes: a wider stage adds their growth after); ``several``: it follows two forwards or more. None where
+    the suffixes are unknown."""
+    if table is None:
+        return None
+    first, later = (table[start:stop, stop, INDEX[name]] for name in ("first_backward_transient", "backward_transient"))
+    if np.isnan(first).any() or np.isnan(later).any():
+        return None
+    gathered = layout.gathered_bytes(start, stop, data)
+    moments = recomputed_backwards(first.tolist(), later.tolist(), gathered, layout.layer_bytes(start, stop),
+                                   layout.shard_bytes(start, stop, ranks))
+    return recomputed_first_backward(moments.first, gathered,
+                                     gathered_again(moments, gathered) if several else -math.inf)
 
 
 def recomputed_floors(table: np.ndarray, moments: RecomputedBackwards, start: int, stop: int, gathered: list[int], *,

@@ -2,14 +2,13 @@
 
 predict/zero_layout.py holds what ZeRO shards (the layout maths from the parameters' shapes) and
 predict/zero3_transients.py and predict/zero2_replay.py the rules, with their Notes ([Note: predicting ZeRO from a
-profile] in predict/zero_layout.py and those it names); this module applies them to the profiled
-scenarios' quantities that a :class:`~hybridplan.predict.memory.MemoryPredictor` scales to the plan's batch: a
-ZeRO-1 stage as its data (or, under data x tensor, tensor) scenario with each rank's ``static`` and step transient
-moved, ZeRO-3 from the ``data<d>-zero3`` scenario with the fp32 rules applied, ZeRO-2 replayed from both
-scenarios; a ZeRO-2/3 data x tensor stage, which no scenario measures, is composed from the unsharded tensor stage
-by predict/composed_zero.py. The functions take the predictor (its statistics, scaled tables and targets) rather than living in it,
-so that memory.py keeps the unsharded composition (scaling, degree fits, composite stages) and this module the
-ZeRO one.
+profile] in predict/zero_layout.py and those it names); this module applies them to the profiled scenarios' quantities
+that a :class:`~hybridplan.predict.memory.MemoryPredictor` scales to the plan's batch: a ZeRO-1 stage as its data (or,
+under data x tensor, tensor) scenario with each rank's ``static`` and step transient moved, ZeRO-3 from the
+``data<d>-zero3`` scenario with the fp32 rules applied, ZeRO-2 replayed from both scenarios; a ZeRO-2/3 data x tensor
+stage, which no scenario measures, is composed from the unsharded tensor stage by predict/composed_zero.py. The
+functions take the predictor (its statistics, scaled tables and targets) rather than living in it, so that memory.py
+keeps the unsharded composition (scaling, degree fits, composite stages) and this module the ZeRO one.
 """
 
 from __future__ import annotations
@@ -25,7 +24,8 @@ import numpy as np
 from hybridplan.plan import StagePlan
 from hybridplan.predict.batch_scaling import PEAK, loss_backward_bytes, loss_floor, span_in_units
 from hybridplan.predict.composed_zero import (composed_zero2_replay, composed_zero3_replay, gathered_again,
-                                             recomputed_floors, recomputed_moments, scattered_gradients)
+                                             recomputed_floors, recomputed_moments, recomputed_zero2_first,
+                                             scattered_gradients)
 from hybridplan.predict.rank_replay import RankReplay, forwards_first, several_forwards
 from hybridplan.predict.zero2_replay import (Zero2Transients, gathered_backward_transient, kept_forward_transient,
                                             unsharded_backward_bound, zero2_rows)
@@ -87,7 +87,7 @@ def depends_on_forwards(predictor: MemoryPredictor, kind: str, zero: int) -> boo
     """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (:func:`~hybridplan.predict.rank_replay.
     several_forwards`): a composed ZeRO-2/3 stage's first backward, and a recomputed ZeRO-3 data stage's ([Note: a
     recomputed ZeRO-3 stage] in predict/zero3_transients.py)."""
-    return (kind == "data+tensor" and zero in (2, 3)) or (kind == "data" and zero == 3 and predictor.recompute)
+    return (kind == "data+tensor" and zero in (2, 3)) or (kind == "data" and zero in (2, 3) and predictor.recompute)
 
 
 def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, zero: int, degree: int,
@@ -113,8 +113,8 @@ def zero_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
     if zero == 2:
         if wider is not None and predictor._wider_data("data", degree) is not None:  # the same Note, ZeRO-2's replay
             narrow, profiled = wider
-            return _zero2_replay(narrow, start, stop, profiled, over=degree)
-        return _zero2_replay(predictor, start, stop, degree)
+            return _zero2_replay(narrow, start, stop, profiled, over=degree, several=several)
+        return _zero2_replay(predictor, start, stop, degree, several=several)
     if wider is not None:  # [Note: a ZeRO-3 stage wider than the profiled ones]
         narrow, profiled = wider
         return _shifted(narrow, start, stop, source, profiled,
@@ -238,14 +238,8 @@ def _zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, degree:
     q = _floored_backwards(predictor, start, stop, degree, q.copy(), several=several)
     if predictor.schedule == "gpipe":
         q[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)
-    last_added = None
-    if stop == predictor.num_layers:  # [Note: the loss runs outside every FSDP unit] in predict/zero3_transients.py
-        head = _loss_phases(predictor, degree, "forward_transient", 2)
-        if head is not None:
-            module, loss = head
-            gathered = 2 * _last_gathered(predictor, degree)
-            last_added = gathered if loss == -math.inf else max(module + gathered, loss) - max(module, loss)
-    forward = _sharded_forward(predictor, start, stop, degree, keep=False, last_added=last_added)
+    forward = _sharded_forward(predictor, start, stop, degree, keep=False,
+                               last_added=_last_forward_added(predictor, stop, degree, kept=False))
     if forward is not None:
         q[INDEX["forward_transient"]] = forward
     return _loss_floored(predictor, start, stop, degree, q)  # the loss holds nothing gathered
@@ -291,6 +285,19 @@ def _wider_zero3_quantities(predictor: MemoryPredictor, start: int, stop: int, d
     for name in ("forward_transient", "first_backward_transient", "backward_transient"):
         out[INDEX[name]] += growth
     return out
+
+
+def _last_forward_added(predictor: MemoryPredictor, stop: int, degree: int, *, kept: bool) -> float | None:
+    """What a sharded forward adds at the model's last layer to the data stage's transient there ([Note: the loss
+    runs outside every FSDP unit] in predict/zero3_transients.py), None where the span ends before it or its phases
+    are unknown: the head's phase holds its gathered bytes twice (the all-gather's buffer and the copy), the loss's
+    none under ZeRO-3 and, ``kept`` (ZeRO-2, which reshards nothing after the forward), the gathered head once
+    (twice put Llama-3-70B's head alone as data x8 ZeRO-2 9.62% high: benchmarks/instant_planning)."""
+    head = _loss_phases(predictor, degree, "forward_transient", 2) if stop == predictor.num_layers else None
+    if head is None:
+        return None
+    (module, loss), gathered = head, _last_gathered(predictor, degree)
+    return 2 * gathered if loss == -math.inf else max(module + 2 * gathered, loss + kept * gathered) - max(module, loss)
 
 
 def _last_gathered(predictor: MemoryPredictor, degree: int) -> int:
@@ -392,31 +399,38 @@ def _floored_backwards(predictor: MemoryPredictor, start: int, stop: int, degree
 
 def _unfetched(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
     """How much lower a ZeRO-3 backward after a backward is than the profile's later backward, taken under a
-    schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero3_transients.py)."""
-    return int(predictor.kept(("unfetched", start, stop, degree),  # asked at every position: computed once
-                     lambda: _unfetched_bytes(predictor, start, stop, degree)))
+    schedule whose later backwards follow forwards ([Note: a backward after a backward] in predict/zero3_transients.py):
+    from the suffixes' backwards after a backward where the profile measured them (profiling/execution.py [Note: a
+    ZeRO-3 stage's steady backward]), whose highest is at the layer that sets the backward; after a forward, the
+    prefetched layer can lift an earlier suffix above it. Asked at every position: computed once."""
+    def unfetched() -> int:
+        table = predictor._scaled_table("data-zero3", degree, after_backward=True)
+        if predictor.profile_schedule in (None, "gpipe") or table is None or predictor.zero_layout is None:
+            return 0
+        suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]
+        return prefetched_bytes([-math.inf if math.isnan(v) else float(v) for v in suffix],
+                                predictor.zero_layout.gathered_bytes(start, stop, degree))
+    return int(predictor.kept(("unfetched", start, stop, degree), unfetched))
 
 
-def _unfetched_bytes(predictor: MemoryPredictor, start: int, stop: int, degree: int) -> int:
-    """:func:`_unfetched`, computed: from the suffixes' backwards after a backward where the profile measured them
-    (profiling/execution.py [Note: a ZeRO-3 stage's steady backward]), whose highest is at the layer that sets the
-    backward; after a forward, the prefetched layer can lift an earlier suffix above it."""
-    table = predictor._scaled_table("data-zero3", degree, after_backward=True)
-    if predictor.profile_schedule in (None, "gpipe") or table is None or predictor.zero_layout is None:
-        return 0
-    suffix = [table[j, stop, INDEX["backward_transient"]] for j in range(start, stop)]
-    return prefetched_bytes([-math.inf if math.isnan(v) else float(v) for v in suffix],
-                            predictor.zero_layout.gathered_bytes(start, stop, degree))
+def _after_backward(predictor: MemoryPredictor, start: int, stop: int, degree: int, q: np.ndarray) -> float:
+    """A ZeRO-2 backward after a backward, which finds its layers resharded: ZeRO-3's backward after a backward
+    ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero2_replay.py), the scenario's quantities ``q``
+    with the ZeRO-3 rules applied as under GPipe, whose later backwards all follow a backward."""
+    if not _ruled(predictor, stop):  # the scenario's later backward, taken after forwards
+        return float(q[INDEX["backward_transient"]]) - _unfetched(predictor, start, stop, degree)
+    return float(_zero3_quantities(predictor.retargeted(schedule="gpipe"), start, stop, degree, q, several=False)[
+        INDEX["backward_transient"]])
 
 
 def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int, *,
-                  over: int | None = None) -> RankReplay | None:
+                  over: int | None = None, several: bool = True) -> RankReplay | None:
     """Each rank's ZeRO-2 row ([Note: predicting ZeRO-2 from the ZeRO-3 scenario] in predict/zero2_replay.py): the
     ZeRO-3 scenario's quantities, its prefixes' forward and suffixes' backward transients, the data scenario's
     forward transient and the gathered parameter bytes; None without both scenarios at ``degree``.
     ``over``: the stage's ranks where more than ``degree`` ([Note: a ZeRO-3 stage wider than the profiled ones]:
     ``predictor`` is then at the replica's batch, each rank's shards, AdamW state and step moved to ``over`` ranks,
-    the layers gathered over them)."""
+    the layers gathered over them); ``several``: its first backward follows two forwards or more."""
     layout = predictor.zero_layout
     if (layout is None or predictor.method == "capture"
             or not {("data-zero3", degree), ("data", degree)} <= set(predictor.stats)):
@@ -427,7 +441,6 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
         return None
     gathered = layout.gathered_bytes(start, stop, degree)
     total = sum(gathered)
-
     table = predictor._scaled_table("data-zero3", degree)
     if table is None:
         return None
@@ -436,7 +449,8 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
         found = [table[a, b, INDEX[name]] for a, b in spans]
         return [-math.inf if math.isnan(v) else float(v) for v in found]
 
-    gathering = _sharded_forward(predictor, start, stop, degree, keep=True)
+    gathering = _sharded_forward(predictor, start, stop, degree, keep=True,
+                                last_added=_last_forward_added(predictor, stop, degree, kept=True))
     if gathering is None:
         return None
     gathering = max(gathering, _kept_zero3_forward(table, start, stop, gathered))
@@ -453,6 +467,10 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
                                                   copies=layout.scatter_copies)),
     )
     ranks = over or degree
+    if predictor.recompute and stop < predictor.num_layers:  # [Note: a recomputed ZeRO-2 first backward]
+        first = recomputed_zero2_first(predictor._scaled_table("data", degree), start, stop, layout, degree, ranks,
+                                       several)
+        transients = transients if first is None else replace(transients, first_backward=first)
     if ranks != degree:
         wide = layout.gathered_bytes(start, stop, ranks)
         growth = max((w - g for w, g in zip(wide, gathered)), default=0)
@@ -460,10 +478,11 @@ def _zero2_replay(predictor: MemoryPredictor, start: int, stop: int, degree: int
                              first_backward=transients.first_backward + growth,
                              gathered_backward=transients.gathered_backward + growth)
         total = sum(wide)
+    after_backward = _after_backward(predictor, start, stop, degree, q)
     vectors = []
     for r in range(ranks):
         v = q[:PEAK].copy()
-        v[INDEX["backward_transient"]] -= _unfetched(predictor, start, stop, degree)  # its only use: after a backward
+        v[INDEX["backward_transient"]] = after_backward  # its only use
         if ranks == degree:
             v[INDEX["static"]] += layout.static_delta(start, stop, 2, degree, r)
         else:
