@@ -32,6 +32,7 @@ def config(**kw) -> RunConfig:
         ("backend", "gpu", "backend 'gpu' is not supported", "['real', 'sim']"),
         ("device_type", "tpu", "device type 'tpu' is not supported", "['cpu', 'cuda']"),
         ("precision", "fp8", "precision 'fp8' is not supported", "['fp32', 'bf16', 'fp16']"),
+        ("zero1", "rows", "ZeRO-1 partition 'rows' is not supported", "['tensors', 'flat']"),
     ],
 )
 def test_closed_settings_are_checked_on_construction(field, value, message, choices):

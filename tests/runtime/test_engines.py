@@ -60,8 +60,10 @@ def test_engines_refuse_what_is_not_modelled_with_the_reason():
     tensor_last = make_plan("1f1b", 16, 4, [(0, 5, "none", [0]), (5, 10, "tensor", [1, 2])])
     assert engine_run_options("megatron", plan=tensor_last, precision="bf16") == {  # its loss on vocabulary shards
         "grad_accumulation": "fp32-buffer", "adamw": "fused", "loss": "vocab-parallel"}
-    with pytest.raises(UsageError, match="stage 0 .* is ZeRO-1: Megatron-LM's distributed optimizer splits one flat"):
-        engine_run_options("megatron", plan=_with(PLAN, 0, zero=1), precision="bf16")
+    assert engine_run_options("megatron", plan=_with(PLAN, 0, zero=1), precision="bf16") == {  # its distributed
+        "grad_accumulation": "fp32-buffer", "adamw": "fused", "zero1": "flat"}  # optimizer's flat partition
+    with pytest.raises(UsageError, match="stage 0 .* is ZeRO-3: Megatron-LM shards the optimizer state with its"):
+        engine_run_options("megatron", plan=_with(PLAN, 0, zero=3), precision="bf16")
     with pytest.raises(UsageError, match="Megatron-LM's fp16 training .* is not modelled yet"):
         engine_run_options("megatron", plan=PLAN, precision="fp16")
     for schedule in ("gpipe", "2bw"):  # Megatron-LM runs 1F1B: export turns these into it (docs/export.md)

@@ -18,6 +18,7 @@ from hybridplan.models.base import LayeredModel
 from hybridplan.models.zoo import resolve_model
 from hybridplan.plan import Plan
 from hybridplan.plan.cluster import Cluster
+from hybridplan.runtime.flat_zero1 import ZERO1_PARTITIONS, Zero1Partition
 from hybridplan.runtime.gpu_memory import check_cuda_capacity
 from hybridplan.runtime.grad_buffers import GRAD_ACCUMULATIONS, GradAccumulation
 from hybridplan.runtime.precision import ADAMW_STEPS, FSDP_REDUCES, AdamWStep, FsdpReduce, Precision, check_precision
@@ -127,6 +128,10 @@ class RunConfig:
     fsdp_reduce: FsdpReduce = "compute"
     """The dtype ZeRO-2/3 stages reduce-scatter gradients in under mixed precision: "compute" (the low dtype), or
     "fp32" as torchtitan does (runtime/precision.py ``FsdpReduce``)."""
+    zero1: Zero1Partition = "tensors"
+    """How ZeRO-1 stages split their optimizer state over the replicas: "tensors", whole tensors per rank (torch's
+    ZeroRedundancyOptimizer, this runtime's way), or "flat", one equal range of the flattened parameters per rank, as
+    DeepSpeed and Megatron-LM's distributed optimizer do (runtime/flat_zero1.py). It changes nothing elsewhere."""
 
     def __post_init__(self) -> None:
         # The closed sets are checked here, not only by mypy: configurations also come from JSON files
@@ -138,6 +143,7 @@ class RunConfig:
         _check_choice("AdamW implementation", self.adamw, ADAMW_STEPS)
         _check_choice("FSDP reduction dtype", self.fsdp_reduce, FSDP_REDUCES)
         _check_choice("loss", self.loss, LOSSES)
+        _check_choice("ZeRO-1 partition", self.zero1, ZERO1_PARTITIONS)
         if self.grad_accumulation != "autograd":
             _check_grad_buffers(self.plan)
         if self.iterations < 1:
@@ -178,6 +184,7 @@ class RunConfig:
             **({"adamw": self.adamw} if self.adamw != "default" else {}),
             **({"fsdp_reduce": self.fsdp_reduce} if self.fsdp_reduce != "compute" else {}),
             **({"loss": self.loss} if self.loss != "gathered" else {}),
+            **({"zero1": self.zero1} if self.zero1 != "tensors" else {}),
         }
 
 
@@ -250,6 +257,7 @@ def config_to_json(cfg: RunConfig) -> str:
         "adamw": cfg.adamw,
         "fsdp_reduce": cfg.fsdp_reduce,
         "loss": cfg.loss,
+        "zero1": cfg.zero1,
     }
     return json.dumps(data, indent=1)
 

@@ -8,9 +8,10 @@ yet AND it changes the memory of the plan asked about, :func:`engine_run_options
 instead of predicting this runtime's memory under the engine's name. "hybridplan" is the runtime's own way: no
 option set, every prediction as it was.
 
-Today the Megatron-LM profile sets two options: ``grad_accumulation``, its fp32 gradient buffers (``main_grad``),
-kept by default with bf16 and in fp32 training (docs/engines.md, section 1), and ``adamw``, its fused Adam step,
-in place without temporaries (section 3). The torchtitan profile sets ``fsdp_reduce`` (FSDP2 reduce-scatters the
+Today the Megatron-LM profile sets ``grad_accumulation``, its fp32 gradient buffers (``main_grad``), kept by
+default with bf16 and in fp32 training (docs/engines.md, section 1), ``adamw``, its fused Adam step, in place without
+temporaries (section 3), and on ZeRO-1 stages ``zero1``, its distributed optimizer's flat, evenly split partition
+(section 2). The torchtitan profile sets ``fsdp_reduce`` (FSDP2 reduce-scatters the
 gradients in fp32, section 8) and ``adamw`` (its fused default), for plans whose every stage is FSDP-sharded
 (ZeRO-2/3): torchtitan wraps every stage in FSDP2, and its stages recompute fully or selectively
 (``"recompute": "selective"``, its per-operation policy: runtime/checkpointing.py). Both compute a tensor-parallel
@@ -36,8 +37,7 @@ _NOT_MODELLED: dict[Engine, tuple[str, ...]] = {
     "hybridplan": (),
     "megatron": ("attention backend and dropout 0.1 (section 5)",
                  "tied embeddings' copy on the last stage (section 6)"),
-    "deepspeed": ("ZeRO's flat, evenly split partition (section 2)",
-                  "BF16_Optimizer's gradient buffer in the model dtype without ZeRO (section 1)",
+    "deepspeed": ("BF16_Optimizer's gradient buffer in the model dtype without ZeRO (section 1)",
                   "fused Adam's step (section 3)"),
     "torchtitan": ("FSDP2 on stages without data sharding (section 8)",),
 }
@@ -87,11 +87,13 @@ def engine_run_options(engine: str, *, plan: Plan, precision: str, model: Any = 
                          f" differs from {plan.schedule}'s", fix="predict the plan with schedule 1f1b (--schedule 1f1b,"
                          " or the plan's \"schedule\"), or hybridplan's runtime (--engine hybridplan)")
     for i, s in enumerate(plan.stages):
-        if s.zero:
-            raise UsageError(f"stage {i} ({s.describe()}) is ZeRO-{s.zero}: Megatron-LM's distributed optimizer"
-                             " splits one flat buffer evenly (docs/engines.md section 2), which is not modelled yet",
-                             fix="drop \"zero\" from the stage, or predict hybridplan's runtime (--engine hybridplan)")
-    return {"grad_accumulation": "fp32-buffer", "adamw": "fused", **_split_loss("Megatron-LM", plan, model)}
+        if s.zero >= 2:
+            raise UsageError(f"stage {i} ({s.describe()}) is ZeRO-{s.zero}: Megatron-LM shards the optimizer state"
+                             " with its distributed optimizer (ZeRO-1, docs/engines.md section 2), which is what is"
+                             " modelled", fix="give the stage \"zero\": 1 or none, or predict hybridplan's runtime"
+                             " (--engine hybridplan)")
+    flat = {"zero1": "flat"} if any(s.zero == 1 for s in plan.stages) else {}  # its distributed optimizer's split
+    return {"grad_accumulation": "fp32-buffer", "adamw": "fused", **flat, **_split_loss("Megatron-LM", plan, model)}
 
 
 def _split_loss(engine: str, plan: Plan, model: Any) -> dict[str, Any]:

@@ -135,7 +135,8 @@ def run_rank(
             if stage.zero == 1:
                 optimizer = zero1_optimizer(module, dp_group, learning_rate=cfg.learning_rate,
                                             weight_decay=cfg.weight_decay, foreach=cfg.device_type == "cuda",
-                                            precision=cfg.precision, loss_scale=cfg.loss_scale, adamw=cfg.adamw)
+                                            precision=cfg.precision, loss_scale=cfg.loss_scale, adamw=cfg.adamw,
+                                            partition=cfg.zero1)
             else:
                 optimizer = build_optimizer(
                     module,

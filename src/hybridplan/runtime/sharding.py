@@ -258,16 +258,28 @@ def _adamw_over_masters(masters: dict[int, torch.Tensor]) -> Any:
 
 def zero1_optimizer(module: nn.Module, dp_group: Any, *, learning_rate: float, weight_decay: float,
                     foreach: bool, precision: str = "fp32", loss_scale: float | None = None,
-                    adamw: str = "default") -> torch.optim.Optimizer:
+                    adamw: str = "default", partition: str = "tensors") -> torch.optim.Optimizer:
     """The stage's AdamW with its state sharded over ``dp_group`` (ZeRO-1; see :class:`ZeroOneOptimizer`).
 
     In mixed precision it casts ``module`` (built in fp32) to the low dtype as runtime/precision.py does, and the
     fp32 master copies, which ZeRO counts as optimizer state (Rajbhandari et al., section 3.1), are sharded with
     the moments: each replica keeps the masters of its share only, steps them and broadcasts the low-precision
-    parameters (DeepSpeed's ZeRO-1 does the same). ``adamw="fused"``: each share steps with torch's fused AdamW."""
+    parameters (DeepSpeed's ZeRO-1 does the same). ``adamw="fused"``: each share steps with torch's fused AdamW.
+    ``partition="flat"``: each replica's share is an equal range of the flattened parameters, not whole tensors
+    (runtime/flat_zero1.py)."""
+    from hybridplan.runtime.flat_zero1 import FlatZeroOneOptimizer
     from hybridplan.runtime.precision import cast_module, compute_dtype, loss_scale_of
 
     fused = adamw == "fused"
+    if partition == "flat":
+        params = [p for p in module.parameters() if p.requires_grad]
+        if precision == "fp32":
+            return FlatZeroOneOptimizer(params, dp_group, learning_rate=learning_rate, weight_decay=weight_decay,
+                                        fused=fused, foreach=foreach)
+        cast = [(p, m) for p, m in cast_module(module, compute_dtype(precision)) if p.requires_grad]
+        return FlatZeroOneOptimizer([p for p, _ in cast], dp_group, learning_rate=learning_rate,
+                                    weight_decay=weight_decay, masters=[m for _, m in cast],
+                                    loss_scale=loss_scale_of(precision, loss_scale), fused=fused)
     if precision == "fp32":
         return ZeroOneOptimizer([p for p in module.parameters() if p.requires_grad], dp_group,
                                 learning_rate=learning_rate, weight_decay=weight_decay, foreach=foreach, fused=fused)
