@@ -174,6 +174,8 @@ def test_database_of_another_campaign_is_refused(tmp_path, pipeline_only_db):
     (dict(global_batch_size=6), "does not split into 2 micro-batches"),
     (dict(batch_sizes=(16, 16)), "two different batch sizes"),
     (dict(scenarios=(Scenario("data", 8),)), "needs 8 devices per node"),
+    (dict(replica_batch_sizes=(5,)), "replica batch size 5 does not split into 2 micro-batches"),
+    (dict(replica_batch_sizes=(16,)), "replica batch size 16 .* or is profiled already"),
 ])
 def test_bad_campaigns(tmp_path, kw, message):
     with pytest.raises(ProfileError, match=message):
@@ -330,3 +332,32 @@ def test_zero_that_adds_nothing_says_so_and_which_batch_sizes_would():
             c = Campaign(config(**{"global_batch_size": 32, **kw}, num_microbatches=8, scenarios=None, zero=True), store,
                          progress=said.append)
         assert Scenario("data", 2, 3) in c.scenarios and not said
+
+
+def test_the_pipeline_and_tensor_scenarios_are_profiled_at_a_replicas_rows_too(tmp_path):
+    """[Note: a replica's rows are measured] (profiling/campaign.py): a replica batch is profiled in the pipeline and
+    tensor scenarios only (the data scenarios' replicas run those rows already) and loaded as a third size. A target
+    at those rows reads its own measurement, and the campaign's target the fit through the two larger sizes, as
+    without the third: gpt-tiny's first backward is no straight line through 2, 4 and 8 rows."""
+    from hybridplan.predict.batch_scaling import scaled_to_batch, span_in_units
+
+    store = ProfileStore(tmp_path / "p.sqlite")
+    Campaign(config(model="gpt-tiny", scenarios=(Scenario("none", 1), Scenario("tensor", 2), Scenario("data", 2)),
+                    replica_batch_sizes=(4,)), store).run()
+    stats = load_statistics(store)
+    rows = {key: sorted(s.microbatch_size for s in sizes) for key, sizes in stats.items()}
+    assert rows == {("none", 1): [2, 4, 8], ("tensor", 2): [2, 4, 8], ("data", 2): [4, 8]}
+    at = {s.microbatch_size: s for s in stats[("tensor", 2)]}
+    replica = MemoryPredictor.from_db(tmp_path / "p.sqlite").retargeted(global_batch_size=4)
+    target = MemoryPredictor.from_db(tmp_path / "p.sqlite")  # B = 32: 16 rows
+    differs = []
+    for span in ((0, 1), (1, 4), (3, 7)):
+        assert np.array_equal(replica.span_quantities(*span, "tensor", 2)[:8], span_in_units(at[2], *span)[:8])
+        fit = scaled_to_batch([span_in_units(at[b], *span) for b in (4, 8)], [at[4], at[8]], global_batch_size=32,
+                              microbatch_size=16)
+        through_the_smaller = scaled_to_batch([span_in_units(at[b], *span) for b in (2, 4)], [at[2], at[4]],
+                                              global_batch_size=32, microbatch_size=16)
+        assert np.array_equal(target.span_quantities(*span, "tensor", 2)[:8], fit[:8])
+        differs.append(not np.array_equal(fit[:8], through_the_smaller[:8]))
+    assert any(differs)
+    store.close()

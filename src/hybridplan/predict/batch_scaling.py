@@ -78,12 +78,16 @@ def _first_backward(v1: np.ndarray, v2: np.ndarray, target: np.ndarray, b1: int,
 
 def scaled_to_batch(values: list[np.ndarray], sizes: list[SpanStatistics], *, global_batch_size: int,
                     microbatch_size: int) -> np.ndarray:
-    """Linear fit through the two profiled batch sizes, evaluated at the target batch (seed 000 III-B2).
+    """Linear fit through two profiled batch sizes, evaluated at the target batch (seed 000 III-B2): the two
+    around the target's micro-batch, or the two nearest it beyond the profiled ones (a scenario profiled at a
+    replica's rows too has three: profiling/campaign.py [Note: a replica's rows are measured]).
 
     ``values`` hold one array per profiled size whose LAST axis runs over the statistics (a span's
     vector, or a whole ``[L, L+1, Q]`` table).
     """
-    (s1, v1), (s2, v2) = sorted(zip(sizes, values), key=lambda p: p[0].microbatch_size)[:2]
+    ordered = sorted(zip(sizes, values), key=lambda p: p[0].microbatch_size)
+    k = next((i for i in range(1, len(ordered)) if microbatch_size <= ordered[i][0].microbatch_size), len(ordered) - 1)
+    (s1, v1), (s2, v2) = ordered[k - 1], ordered[k]
     b1, b2, b = s1.microbatch_size, s2.microbatch_size, microbatch_size
     t = (b - b1) / (b2 - b1)
     out = v1 + (v2 - v1) * t

@@ -67,6 +67,9 @@ class CampaignConfig:
     """Schedule of the profiling runs; the statistics serve every schedule (profiling/quantities.py)."""
     batch_sizes: tuple[int, ...] | None = None
     """Profiled global batch sizes (two); default B/2 and B/4 (seed 000 III-A2)."""
+    replica_batch_sizes: tuple[int, ...] = ()
+    """Further global batch sizes profiled in the pipeline and tensor scenarios only: the rows of the replicas of
+    data and data x tensor stages below the profiled sizes ([Note: a replica's rows are measured])."""
     scenarios: tuple[Scenario, ...] | None = None
     """Default: pipeline, data2, data4, tensor2, tensor4 where possible (:func:`default_scenarios`)."""
     zero: bool = False
@@ -166,6 +169,7 @@ class Campaign:
         self._specs: list[Any] | None = None
         self.L = self.model.num_layers
         self.batch_sizes = self._batch_sizes()
+        self.replica_batch_sizes = self._replica_batch_sizes()
         micro = [b // cfg.num_microbatches for b in self.batch_sizes]
         self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro,
                                                                                            zero=cfg.zero)
@@ -189,6 +193,30 @@ class Campaign:
                     fix=f"choose a global batch whose halves and quarters are multiples of {m * g}, or set --profile-batch-sizes",
                 )
         return sorted(sizes)
+
+    def _replica_batch_sizes(self) -> list[int]:
+        """``replica_batch_sizes``, checked as the profiled sizes are.
+
+        [Note: a replica's rows are measured] A data x tensor stage over d replicas is its tensor stage at b/d rows
+        (predict/memory.py ``_replica``), and a data x d replica runs the pipeline stage's rows b/d ([Note: a data
+        replica's rows were profiled] in predict/batch_scaling.py). Where b/d lies below the profiled micro-batches,
+        a straight line through them extrapolates a maximum of regimes: Llama-3-70B's layer 38 as tensor x2
+        recomputed holds 3,139,485,696 bytes in its first backward at 4 rows (the end regime, [Note: the first
+        backward]), where the line through 8 and 16 rows gives 3,005,284,352; its data 4 x tensor 2 ZeRO-2/3 stages,
+        composed from it, were 0.9% to 1.6% low (benchmarks/instant_planning). Profiling the pipeline and tensor
+        scenarios at those rows too measures them; the data scenarios, whose replicas already run b/d rows of each
+        profiled size, are not."""
+        cfg, m, g = self.cfg, self.cfg.num_microbatches, self.model.sample_granularity
+        for b in cfg.replica_batch_sizes:
+            if b < m or b % m or (b // m) % g or b in self.batch_sizes:
+                raise ProfileError(f"replica batch size {b} does not split into {m} micro-batches of a multiple of {g}"
+                                   " sample(s), or is profiled already", fix="drop it, or choose another")
+        return sorted(cfg.replica_batch_sizes)
+
+    def sizes_of(self, scenario: Scenario) -> list[int]:
+        """The global batch sizes ``scenario`` is profiled at ([Note: a replica's rows are measured])."""
+        extra = self.replica_batch_sizes if scenario.kind in ("none", "tensor") and not scenario.zero else []
+        return sorted({*self.batch_sizes, *extra})
 
     def _check_scenarios(self, micro: list[int]) -> None:
         k = self.cfg.cluster.devices_per_node
@@ -226,6 +254,7 @@ class Campaign:
             "global_batch_size": cfg.global_batch_size,
             "num_microbatches": cfg.num_microbatches,
             "batch_sizes": self.batch_sizes,
+            **({"replica_batch_sizes": self.replica_batch_sizes} if self.replica_batch_sizes else {}),
             "seed": cfg.seed,
             "merge_to": cfg.merge_to,
             "run_options": cfg.run_options,
@@ -240,6 +269,8 @@ class Campaign:
         self.store.set_meta("identity", identity)
         for key in ("model", "num_layers", "global_batch_size", "num_microbatches", "batch_sizes"):
             self.store.set_meta(key, identity[key])
+        if self.replica_batch_sizes:
+            self.store.set_meta("replica_batch_sizes", self.replica_batch_sizes)
         self.store.set_meta("schedule", cfg.schedule)
         if self.store.get_meta("parameter_shapes") is None:
             self.store.set_meta("parameter_shapes", parameter_shapes(self.model))
@@ -296,7 +327,7 @@ class Campaign:
         record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say, self.memo)
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
-        plan = [(b, s) for s in order for b in self.batch_sizes]
+        plan = [(b, s) for s in order for b in self.sizes_of(s)]
         estimate = {key: self._estimate_runs(key[1]) for key in plan}
         summary.runs_total = sum(estimate.values())
         executed_seconds: list[float] = []
@@ -319,7 +350,7 @@ class Campaign:
         are only known after the pipeline scenario ran).
         """
         return [(batch, scenario, run) for scenario in sorted(self.scenarios, key=lambda s: s.degree > 1)
-                for batch in self.batch_sizes for run in self._planned_runs(scenario)]
+                for batch in self.sizes_of(scenario) for run in self._planned_runs(scenario)]
 
     def _merge(self) -> None:
         stats = statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))

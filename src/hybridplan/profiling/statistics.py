@@ -345,7 +345,8 @@ def load_statistics(store: ProfileStore) -> dict[tuple[str, int], list[SpanStati
         scenario = Scenario.parse(name)
         anchor = anchor_of(meta.get("neighbors", {}).get(name, 1))
         merged = bounds if bounds is not None and scenario.degree > 1 else None
-        for batch in meta["batch_sizes"]:
+        for batch in [*meta["batch_sizes"], *meta.get("replica_batch_sizes", [])]:  # a scenario not profiled at
+            # one (profiling/campaign.py [Note: a replica's rows are measured]) has no statistics there
             stats = statistics_of(store, scenario, batch, L if merged is None else len(merged) - 1, anchor, merged,
                                   recompute=recompute)
             if stats is not None:

@@ -21,7 +21,10 @@ them, at every position, in every scenario. Here the campaign runs with
   as data x2 ZeRO-3 recomputed: its later backward 1,045,479,424 / 1,473,822,720 / 2,451,652,608 bytes at
   micro-batches of 2 / 4 / 8, the line through 2 and 4 121,143,296 short at 8). Over the 228 stages of
   benchmarks/instant_planning's 21 Llama-2-7B plans on 2x8 the stages within 0.5% of their simulated devices went
-  from 208 to 217 (the measurement and the stage count: that benchmark's README);
+  from 208 to 217 (the measurement and the stage count: that benchmark's README); and, in the pipeline and tensor
+  scenarios, a quarter of the target too (:func:`_replica_batches`): the rows of a data x4 replica and of a data x
+  tensor stage's replicas over 4, which a line through the target and its half would extrapolate below
+  (profiling/campaign.py [Note: a replica's rows are measured]);
 
 and writes an ordinary profile database (its runs, measurements and statistics the same as a campaign that
 simulated every stage: tests/profiling/test_stage_memo.py), which the predictor and every search read as
@@ -71,6 +74,20 @@ def _profiled_batches(batch: int, microbatches: int, granularity: int = 1) -> tu
     if batch % 2 == 0 and half % microbatches == 0 and (half // microbatches) % granularity == 0:
         return batch, half
     return 2 * batch, batch
+
+
+def _replica_batches(batches: tuple[int, int], microbatches: int, per_node: int, granularity: int = 1) -> tuple[int, ...]:
+    """The further global batch the pipeline and tensor scenarios are profiled at (module note): half the smaller
+    profiled one, the rows of a data x4 replica at the target, where it splits into ``microbatches`` micro-batches of
+    a multiple of ``granularity`` samples and a node has the 4 devices such a replica group needs; else none.
+
+    >>> _replica_batches((64, 32), 8, 8), _replica_batches((64, 32), 8, 2), _replica_batches((16, 8), 8, 8)
+    ((16,), (), ())
+    """
+    quarter = min(batches) // 2
+    if per_node < 4 or min(batches) % 2 or quarter % microbatches or (quarter // microbatches) % granularity:
+        return ()
+    return (quarter,)
 
 
 _PROFILE_NAME = re.compile(r"[0-9a-f]{32}\.sqlite")
@@ -152,6 +169,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
                else f"no two layers of {model} are alike")
         say(f"note: {why}: every stage is simulated, none shared")
     batches = _profiled_batches(global_batch_size, num_microbatches, layered.sample_granularity)
+    replicas = _replica_batches(batches, num_microbatches, cluster.devices_per_node, layered.sample_granularity)
     scenarios = _scenarios(layered, cluster.devices_per_node, batches, num_microbatches, zero)
     memo = StageMemo(root / "stages", on_unusable=say)
     shape = Cluster.uniform(cluster.num_nodes, cluster.devices_per_node, device_type=device_type, memory_bytes=None,
@@ -159,7 +177,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
     options: dict[str, Any] = {"backend": "sim", "device_type": device_type, "precision": precision, **more}
     configs = [CampaignConfig(model=model, cluster=shape, global_batch_size=global_batch_size,
                               num_microbatches=num_microbatches, schedule=as_schedule(schedule), zero=zero, neighbors=_NEIGHBORS,
-                              batch_sizes=batches, scenarios=scenarios,
+                              batch_sizes=batches, replica_batch_sizes=replicas, scenarios=scenarios,
                               run_options={**options, **({"activation_checkpointing": True} if ac else {})})
                for ac in ((False, True) if recompute else (False,))]
     with tempfile.TemporaryDirectory(prefix="hybridplan-profile-") as scratch:
@@ -171,6 +189,7 @@ def simulated_profiles(model: str, cluster: Cluster, *, global_batch_size: int, 
                         "device": device_type, "batch": global_batch_size, "microbatches": num_microbatches,
                         "schedule": schedule, "options": cfg.run_options, "zero": zero, "neighbors": _NEIGHBORS,
                         "scenarios": [s.name for s in scenarios], "batch_sizes": batches,
+                        **({"replica_batch_sizes": replicas} if replicas else {}),
                         **({"gpu": gpu} if gpu is not None else {})}
             key = hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
             path = folder / f"{key}.sqlite"
@@ -213,7 +232,8 @@ def _question(model: str, cluster: Cluster, gpu: str | None, batch: int, microba
     identity = {"code": code_digest(), "config": load_hf_config(model), "shape": cluster.shape, "gpu": gpu,
                 "batch": batch, "microbatches": microbatches, "schedule": schedule, "precision": precision,
                 "device": device_type, "zero": zero, "recompute": recompute, "neighbors": _NEIGHBORS,
-                "profiled": "the target and its half",  # :func:`_profiled_batches` (a function of what is above)
+                # :func:`_profiled_batches` and :func:`_replica_batches` (functions of what is above)
+                "profiled": "the target and its half; a quarter in the pipeline and tensor scenarios",
                 **({"options": options} if options else {})}  # no key without options: earlier questions still hit
     return hashlib.sha256(json.dumps(identity, sort_keys=True, default=str).encode()).hexdigest()[:32]
 
