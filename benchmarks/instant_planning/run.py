@@ -65,17 +65,6 @@ def _plan_command(model: str, cluster: str, batch: int, micro: int, cache: Path,
     return time.perf_counter() - started
 
 
-def _profiles(cache: Path) -> tuple[Path, Path]:
-    import sqlite3
-
-    def recomputed(p: Path) -> bool:
-        row = sqlite3.connect(p).execute("SELECT value FROM meta WHERE key='identity'").fetchone()
-        return bool(json.loads(row[0])["run_options"].get("activation_checkpointing"))
-
-    found = sorted(p for p in (cache / "profiles").glob("*.sqlite") if not p.name.startswith("."))
-    return next(p for p in found if not recomputed(p)), next(p for p in found if recomputed(p))
-
-
 def _compare(model: str, cluster: Any, plan: Any, predictor: Any) -> dict[str, Any]:
     """Every device of ``plan``: composed peak against the simulated one."""
     from hybridplan.workflows.estimate_memory import estimate_plans
@@ -91,6 +80,15 @@ def _compare(model: str, cluster: Any, plan: Any, predictor: Any) -> dict[str, A
             "sim_seconds": round(time.perf_counter() - t0, 1)}
 
 
+def _predicted_again(row: dict[str, Any], plan: Any, predictor: Any) -> dict[str, Any]:
+    """``row`` (a :func:`_compare` result) with its devices predicted by ``predictor``, their simulated peaks kept."""
+    predicted = {d.device: d.peak_memory_bytes for d in predictor.predict(plan).devices}
+    devices = [{**d, "predicted": predicted[d["device"]],
+                "error_pct": round(100 * (predicted[d["device"]] - d["simulated"]) / d["simulated"], 3)}
+               for d in row["devices"]]
+    return {**row, "devices": devices, "worst_error_pct": max((abs(d["error_pct"]) for d in devices), default=0.0)}
+
+
 def _save(out: Path | None, result: dict[str, Any]) -> None:
     if out is not None:
         tmp = out.with_name(out.name + ".tmp")
@@ -100,7 +98,6 @@ def _save(out: Path | None, result: dict[str, Any]) -> None:
 
 def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | None) -> dict[str, Any]:
     from hybridplan.plan import Cluster, Plan
-    from hybridplan.predict.memory import MemoryPredictor
     from hybridplan.search.memory.space import PlanSpace
     from hybridplan.workflows.runs import plan_from_choices
     from hybridplan.workflows.sampling import StageFilter, sample_plans
@@ -112,20 +109,21 @@ def run_case(name: str, random_plans: int, out: Path | None, cache_root: Path | 
     with tempfile.TemporaryDirectory() as tmp:
         cache = cache_root or Path(tmp) / "cache"
         best = Path(tmp) / "best.json"
-        if "cold_s" not in result or cache_root is None:
+        if not any((cache / "profiles").glob("*.sqlite")):  # cold only from an empty cache
             result["cold_s"] = round(_plan_command(model, shape, batch, micro, cache, best), 1)
             print(f"{name}: cold {result['cold_s']} s", flush=True)
         result["warm_s"] = round(_plan_command(model, shape, batch, micro, cache, best), 1)
         print(f"{name}: warm {result['warm_s']} s", flush=True)
         _save(out, result)
-        db, rdb = _profiles(cache)
-        predictor = MemoryPredictor.from_db(db, recompute_db=rdb)
         cluster = Cluster.parse(shape, device_type="cuda", gpu=GPU)
+        predictor = _simulated_predictor(name, cluster, cache)  # this question's profiles (a kept cache may hold others)
         plan = Plan.load(best)
         if result.get("chosen", {}).get("plan") != plan.to_dict():
             result["chosen"] = _compare(model, cluster, plan, predictor)
             print(f"{name}: chosen {plan.describe()}: worst {result['chosen']['worst_error_pct']}%", flush=True)
-            _save(out, result)
+        else:  # the same plan: its simulated peaks stand, predicted again by this checkout
+            result["chosen"] = _predicted_again(result["chosen"], plan, predictor)
+        _save(out, result)
         rows = result.setdefault("random", {})
         if random_plans:  # the space (and its sampler's counts) only when plans are asked for
             space = PlanSpace.for_cluster(cluster, predictor.num_layers, composite=True, zero=True, recompute=True,
