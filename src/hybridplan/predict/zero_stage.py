@@ -85,8 +85,8 @@ def kept_replay(predictor: MemoryPredictor, start: int, stop: int, kind: str, ze
 
 def depends_on_forwards(predictor: MemoryPredictor, kind: str, zero: int) -> bool:
     """Whether the ranks of a ZeRO stage of ``kind`` differ with ``several`` (:func:`~hybridplan.predict.rank_replay.
-    several_forwards`): a composed ZeRO-2/3 stage's first backward, and a recomputed ZeRO-3 data stage's ([Note: a
-    recomputed ZeRO-3 stage] in predict/zero3_transients.py)."""
+    several_forwards`): a composed ZeRO-2/3 stage's first backward, and a recomputed ZeRO-2/3 data stage's ([Note: a
+    recomputed ZeRO-3 stage] in predict/zero3_transients.py, [Note: a recomputed ZeRO-2 first backward])."""
     return (kind == "data+tensor" and zero in (2, 3)) or (kind == "data" and zero in (2, 3) and predictor.recompute)
 
 
