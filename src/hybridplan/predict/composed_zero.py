@@ -197,13 +197,15 @@ def _ending_prefetch_floor(table: np.ndarray, start: int, stop: int, layout: Zer
         _head_input_held(gathered, layout.scatter_extra(start, stop, data))[1], again=gathered[-1])
 
 
-def recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int) -> RecomputedBackwards:
+def recomputed_moments(table: np.ndarray, start: int, stop: int, layout: ZeroLayout, data: int, *,
+                       shards_over: int | None = None) -> RecomputedBackwards:
     """Each layer's backward moment of a recomputed ZeRO-3 span over ``data`` ranks, from the unsharded recomputed
-    stage's scaled span ``table`` (:func:`recomputed_backwards`; its suffixes known: the caller checked)."""
+    stage's scaled span ``table`` (:func:`recomputed_backwards`; its suffixes known: the caller checked);
+    ``shards_over``: the ranks the gradient shards are over where more (a wider stage's)."""
     first, later = (table[start:stop, stop, INDEX[name]].tolist()
                     for name in ("first_backward_transient", "backward_transient"))
     return recomputed_backwards(first, later, layout.gathered_bytes(start, stop, data), layout.layer_bytes(start, stop),
-                                layout.shard_bytes(start, stop, data))
+                                layout.shard_bytes(start, stop, shards_over or data))
 
 
 def first_layer_scatter(layout: ZeroLayout, start: int, stop: int, data: int, *, first: bool,
@@ -239,12 +241,10 @@ def recomputed_zero2_first(table: np.ndarray | None, start: int, stop: int, layo
     the suffixes are unknown."""
     if table is None:
         return None
-    first, later = (table[start:stop, stop, INDEX[name]] for name in ("first_backward_transient", "backward_transient"))
-    if np.isnan(first).any() or np.isnan(later).any():
+    if np.isnan(table[start:stop, stop, [INDEX["first_backward_transient"], INDEX["backward_transient"]]]).any():
         return None
     gathered = layout.gathered_bytes(start, stop, data)
-    moments = recomputed_backwards(first.tolist(), later.tolist(), gathered, layout.layer_bytes(start, stop),
-                                   layout.shard_bytes(start, stop, ranks))
+    moments = recomputed_moments(table, start, stop, layout, data, shards_over=ranks)
     return recomputed_first_backward(moments.first, gathered,
                                      gathered_again(moments, gathered) if several else -math.inf)
 
@@ -385,7 +385,7 @@ def _composed_zero2(predictor: MemoryPredictor, start: int, stop: int, kind: str
 
     if predictor.recompute:  # [Note: a recomputed ZeRO-3 stage] in predict/zero3_transients.py
         moments = recomputed_moments(table, start, stop, layout, data)
-        first = max(v - sum(gathered[k:]) for k, v in enumerate(moments.first))
+        first = recomputed_first_backward(moments.first, gathered, -math.inf)  # kept for any count of forwards
         if first == -math.inf:  # no layer with parameters sets its suffix: the floor's, as not recomputed
             first = gathered_backward("first_backward_transient")
         later = max(v - sum(gathered[k:]) for k, v in enumerate(moments.later))

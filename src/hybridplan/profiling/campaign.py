@@ -31,10 +31,12 @@ from typing import TYPE_CHECKING, Any
 
 from hybridplan.plan.cluster import Cluster
 from hybridplan.errors import ProfileError
-from hybridplan.models.base import LayeredModel, parameter_shapes
+from hybridplan.models.base import parameter_shapes
 from hybridplan.plan import Plan, Schedule, as_schedule
 from hybridplan.plan import StagePlan
 from hybridplan.profiling.auxiliary_tables import record_auxiliary_tables
+from hybridplan.profiling.campaign_sizes import (check_scenarios, default_scenarios, no_zero_note, profiled_batch_sizes,
+                                                 replica_batch_sizes, sizes_of)
 from hybridplan.profiling.merger import LayerGroups, merge_layers
 from hybridplan.profiling.partitions import ProfilingRun, Scenario, Span, default_neighbors, pack_run, required_spans
 from hybridplan.profiling.execution import failed_stage, interrupted, measurements_of, run_plan, simulate_stages
@@ -113,25 +115,6 @@ class CampaignSummary:
     seconds: float = 0.0
 
 
-def default_scenarios(model: LayeredModel, cluster: Cluster, microbatch_sizes: list[int], *,
-                      zero: bool = False) -> list[Scenario]:
-    """Pipeline, and data/tensor at 2 and 4 where a node has the devices, the micro-batches split, and
-    (for tensor) at least one layer can be split; with ``zero``, data-parallel ZeRO-3 at each data degree too
-    (at most twice the runs: a ZeRO-3 scenario packs the same spans as its data scenario; predict/zero_layout.py)."""
-    out = [Scenario("none", 1)]
-    for degree in (2, 4):
-        if degree > cluster.devices_per_node:
-            continue
-        g = model.sample_granularity
-        if all(b % degree == 0 and (b // degree) % g == 0 for b in microbatch_sizes):
-            out.append(Scenario("data", degree))
-            if zero:
-                out.append(Scenario("data", degree, 3))
-        if any(model.tensor_parallel_problem(l, degree) is None for l in range(model.num_layers)):
-            out.append(Scenario("tensor", degree))
-    return out
-
-
 class Campaign:
     """Runs a :class:`CampaignConfig` into a :class:`ProfileStore`.
 
@@ -168,81 +151,21 @@ class Campaign:
         self._launcher = launch
         self._specs: list[Any] | None = None
         self.L = self.model.num_layers
-        self.batch_sizes = self._batch_sizes()
-        self.replica_batch_sizes = self._replica_batch_sizes()
+        g = self.model.sample_granularity
+        self.batch_sizes = profiled_batch_sizes(cfg.batch_sizes, cfg.global_batch_size, cfg.num_microbatches, g)
+        self.replica_batch_sizes = replica_batch_sizes(cfg.replica_batch_sizes, self.batch_sizes,
+                                                       cfg.num_microbatches, g)
         micro = [b // cfg.num_microbatches for b in self.batch_sizes]
         self.scenarios = list(cfg.scenarios) if cfg.scenarios else default_scenarios(self.model, cfg.cluster, micro,
                                                                                            zero=cfg.zero)
-        self._check_scenarios(micro)
+        check_scenarios(self.scenarios, cfg.cluster, micro, g)
         if cfg.zero and not cfg.scenarios and not any(s.zero for s in self.scenarios):
-            self.say(self._no_zero_note(micro))
+            self.say(no_zero_note(cfg.cluster, self.batch_sizes, cfg.num_microbatches, g))
         self.groups = LayerGroups(store.get_meta("merge_groups")) if store.get_meta("merge_groups") else None
         self._packed: dict[tuple[object, ...], ProfilingRun | None] = {}
         self._record_meta()
 
     # ------------------------------------------------------------------ setup
-    def _batch_sizes(self) -> list[int]:
-        cfg, m, g = self.cfg, self.cfg.num_microbatches, self.model.sample_granularity
-        sizes = list(cfg.batch_sizes) if cfg.batch_sizes else [cfg.global_batch_size // 2, cfg.global_batch_size // 4]
-        if len(set(sizes)) != 2:
-            raise ProfileError(f"profiling needs two different batch sizes, got {sizes}", fix="give two with --profile-batch-sizes")
-        for b in sizes:
-            if b < m or b % m or (b // m) % g:
-                raise ProfileError(
-                    f"profiled batch size {b} does not split into {m} micro-batches of a multiple of {g} sample(s)",
-                    fix=f"choose a global batch whose halves and quarters are multiples of {m * g}, or set --profile-batch-sizes",
-                )
-        return sorted(sizes)
-
-    def _replica_batch_sizes(self) -> list[int]:
-        """``replica_batch_sizes``, checked as the profiled sizes are.
-
-        [Note: a replica's rows are measured] A data x tensor stage over d replicas is its tensor stage at b/d rows
-        (predict/memory.py ``_replica``), and a data x d replica runs the pipeline stage's rows b/d ([Note: a data
-        replica's rows were profiled] in predict/batch_scaling.py). Where b/d lies below the profiled micro-batches,
-        a straight line through them extrapolates a maximum of regimes: Llama-3-70B's layer 38 as tensor x2
-        recomputed holds 3,139,485,696 bytes in its first backward at 4 rows (the end regime, [Note: the first
-        backward]), where the line through 8 and 16 rows gives 3,005,284,352; its data 4 x tensor 2 ZeRO-2/3 stages,
-        composed from it, were 0.9% to 1.6% low (benchmarks/instant_planning). Profiling the pipeline and tensor
-        scenarios at those rows too measures them; the data scenarios, whose replicas already run b/d rows of each
-        profiled size, are not."""
-        cfg, m, g = self.cfg, self.cfg.num_microbatches, self.model.sample_granularity
-        for b in cfg.replica_batch_sizes:
-            if b < m or b % m or (b // m) % g or b in self.batch_sizes:
-                raise ProfileError(f"replica batch size {b} does not split into {m} micro-batches of a multiple of {g}"
-                                   " sample(s), or is profiled already", fix="drop it, or choose another")
-        return sorted(cfg.replica_batch_sizes)
-
-    def sizes_of(self, scenario: Scenario) -> list[int]:
-        """The global batch sizes ``scenario`` is profiled at ([Note: a replica's rows are measured])."""
-        extra = self.replica_batch_sizes if scenario.kind in ("none", "tensor") and not scenario.zero else []
-        return sorted({*self.batch_sizes, *extra})
-
-    def _check_scenarios(self, micro: list[int]) -> None:
-        k = self.cfg.cluster.devices_per_node
-        for s in self.scenarios:
-            if s.degree > k:
-                raise ProfileError(f"scenario {s.name} needs {s.degree} devices per node, the cluster has {k}")
-            if s.kind == "data" and any(b % s.degree or (b // s.degree) % self.model.sample_granularity for b in micro):
-                raise ProfileError(
-                    f"scenario {s.name}: profiled micro-batch sizes {micro} do not split {s.degree} ways",
-                    fix="use a larger global batch or other --profile-batch-sizes",
-                )
-
-    def _no_zero_note(self, micro: list[int]) -> str:
-        """Why ``zero`` added no ZeRO-3 scenario (:func:`default_scenarios`), and the batch sizes that would add one."""
-        k, m, g = self.cfg.cluster.devices_per_node, self.cfg.num_microbatches, self.model.sample_granularity
-        head = "note: --zero adds no ZeRO-3 scenario: "
-        if k < 2:
-            return head + (f"ZeRO shards over data-parallel replicas within a node, and cluster {self.cfg.cluster.shape}"
-                           " has one device per node; profile on nodes of 2 or more devices")
-        unit = 2 * m * g  # a profiled batch of this many samples gives micro-batches that split 2 ways
-        return head + (f"the profiled batch sizes {self.batch_sizes} over {m} micro-batches give micro-batches of {micro}"
-                       f" sample(s), which do not all split 2 ways{f' into multiples of {g}' if g > 1 else ''}, so no"
-                       f" data-parallel scenario applies; profiled batch sizes that are multiples of {unit} would"
-                       f" (--profile-batch-sizes {unit},{2 * unit}, or a --global-batch-size that is a multiple of"
-                       f" {4 * unit}: its halves and quarters are profiled)")
-
     def _record_meta(self) -> None:
         cfg = self.cfg
         identity = {
@@ -327,7 +250,7 @@ class Campaign:
         record_auxiliary_tables(self.store, self.model, self.scenarios, self.cfg.run_options, self.say, self.memo)
         # The pipeline scenario first: the layer merger needs its statistics.
         order = sorted(self.scenarios, key=lambda s: s.degree > 1)
-        plan = [(b, s) for s in order for b in self.sizes_of(s)]
+        plan = [(b, s) for s in order for b in sizes_of(s, self.batch_sizes, self.replica_batch_sizes)]
         estimate = {key: self._estimate_runs(key[1]) for key in plan}
         summary.runs_total = sum(estimate.values())
         executed_seconds: list[float] = []
@@ -350,7 +273,8 @@ class Campaign:
         are only known after the pipeline scenario ran).
         """
         return [(batch, scenario, run) for scenario in sorted(self.scenarios, key=lambda s: s.degree > 1)
-                for batch in self.sizes_of(scenario) for run in self._planned_runs(scenario)]
+                for batch in sizes_of(scenario, self.batch_sizes, self.replica_batch_sizes)
+                for run in self._planned_runs(scenario)]
 
     def _merge(self) -> None:
         stats = statistics_of(self.store, Scenario("none", 1), max(self.batch_sizes), self.L, self.anchor(Scenario("none", 1)))

@@ -55,6 +55,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridplan.plan import Cluster, as_schedule
+from hybridplan.profiling.campaign_sizes import splits
 
 __all__ = ["SimulatedProfiles", "default_cache_dir", "simulated_profiles", "cache_entries", "clear_cache",
            "CACHE_ENV"]
@@ -70,10 +71,7 @@ def _profiled_batches(batch: int, microbatches: int, granularity: int = 1) -> tu
     """The two global batches the simulated profile measures (module note): the target ``batch`` and its half, or
     twice the target where the half does not split into ``microbatches`` micro-batches of a multiple of
     ``granularity`` samples (a micro-batch of one sample: one and two are measured)."""
-    half = batch // 2
-    if batch % 2 == 0 and half % microbatches == 0 and (half // microbatches) % granularity == 0:
-        return batch, half
-    return 2 * batch, batch
+    return (batch, batch // 2) if batch % 2 == 0 and splits(batch // 2, microbatches, granularity) else (2 * batch, batch)
 
 
 def _replica_batches(batches: tuple[int, int], microbatches: int, per_node: int, granularity: int = 1) -> tuple[int, ...]:
@@ -85,9 +83,7 @@ def _replica_batches(batches: tuple[int, int], microbatches: int, per_node: int,
     ((16,), (), ())
     """
     quarter = min(batches) // 2
-    if per_node < 4 or min(batches) % 2 or quarter % microbatches or (quarter // microbatches) % granularity:
-        return ()
-    return (quarter,)
+    return (quarter,) if per_node >= 4 and min(batches) % 2 == 0 and splits(quarter, microbatches, granularity) else ()
 
 
 _PROFILE_NAME = re.compile(r"[0-9a-f]{32}\.sqlite")
@@ -272,7 +268,7 @@ def _remember(root: Path, question: str, paths: list[Path]) -> None:
 def _scenarios(model: Any, per_node: int, batches: tuple[int, int], microbatches: int, zero: bool) -> tuple[Any, ...]:
     """The campaign's default scenarios at the profiled ``batches``, and tensor-parallel ones at every power of two up
     to the node (module note)."""
-    from hybridplan.profiling.campaign import default_scenarios
+    from hybridplan.profiling.campaign_sizes import default_scenarios
     from hybridplan.profiling.partitions import Scenario
 
     micro = [b // microbatches for b in batches]
